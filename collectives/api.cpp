@@ -1,0 +1,277 @@
+// The public C++ API (include/coccl/communicator.hpp) over CommImpl.
+#include <atomic>
+#include <boost/asio/append.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <coccl/coccl.hpp>
+#include <cstdlib>
+#include <cstring>
+
+#include "collectives/comm.hpp"
+#include "runtime/log.hpp"
+#include "runtime/params.hpp"
+#include "transport/hmac.hpp"
+
+namespace coccl {
+
+namespace asio = boost::asio;
+
+int runtime_version() noexcept { return version_major * 10000 + version_minor * 100 + version_patch; }
+
+namespace {
+
+// The engine lives until the process exits: roots and communicators share it, and tearing its
+// threads down during static destruction would race with late users.
+std::shared_ptr<runtime::Engine> engine() {
+  static auto* e = new std::shared_ptr<runtime::Engine>(runtime::Engine::instance());
+  return *e;
+}
+
+transport::Secret make_secret() {
+  transport::Secret s;
+  detail::random_bytes(s);
+  return s;
+}
+
+[[noreturn]] void invalid(const std::string& why) {
+  throw std::system_error(make_error_code(errc::invalid_argument), why);
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0') invalid(std::string(name) + " is not an integer: '" + v + "'");
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+UniqueId UniqueId::create() {
+  auto e = engine();
+  transport::RootAddress root;
+  root.secret = make_secret();
+  root.endpoint = transport::start_root(
+      e->thread(0), asio::ip::tcp::endpoint(transport::local_addresses().front(), 0), root.secret);
+  return transport::encode(root);
+}
+
+std::string UniqueId::to_string() const {
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (auto b : bytes) {
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
+UniqueId UniqueId::from_string(std::string_view text) {
+  UniqueId id;
+  if (text.size() != id.bytes.size() * 2) invalid("UniqueId text must be 256 hex digits");
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    invalid("UniqueId text must be hex digits");
+  };
+  for (std::size_t i = 0; i < id.bytes.size(); ++i)
+    id.bytes[i] = static_cast<std::uint8_t>(digit(text[2 * i]) * 16 + digit(text[2 * i + 1]));
+  return id;
+}
+
+namespace detail {
+
+void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
+  if (!impl) {
+    asio::post(engine()->thread(0).executor(),
+               asio::append(std::move(handler), make_error_code(errc::aborted)));
+    return;
+  }
+  impl->submit(std::move(args), std::move(handler));
+}
+
+void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
+  struct Result {
+    std::atomic<int> done{0};
+    std::error_code ec;
+  };
+  auto result = std::make_shared<Result>();
+  submit(impl, std::move(args), [result](std::error_code e) {
+    result->ec = e;
+    result->done.store(1, std::memory_order_release);
+    result->done.notify_one();
+  });
+  result->done.wait(0, std::memory_order_acquire);
+  ec = result->ec;
+}
+
+asio::awaitable<void> create_on_proxy(std::shared_ptr<CommImpl> impl,
+                                      transport::RootAddress root) {
+  co_await impl->rendezvous(root);
+}
+
+void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {
+  auto e = engine();
+  auto fallback = e->thread(0).executor();
+  auto finish = [&handler, fallback](std::error_code ec, Communicator c) {
+    asio::post(fallback, asio::append(std::move(handler), ec, std::move(c)));
+  };
+  transport::RootAddress root;
+  std::shared_ptr<CommImpl> impl;
+  try {
+    if (nranks <= 0) invalid("nranks must be positive, got " + std::to_string(nranks));
+    if (rank < 0 || rank >= nranks)
+      invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) +
+              ")");
+    root = transport::decode(id);
+    impl = std::make_shared<CommImpl>(e, root.secret, rank, nranks);
+  } catch (const std::system_error& err) {
+    COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
+    finish(err.code(), Communicator());
+    return;
+  }
+  auto ex = impl->executor();
+  auto boxed = std::make_unique<CreateHandler>(std::move(handler));
+  asio::co_spawn(ex, create_on_proxy(impl, root),
+                 [impl, h = std::move(boxed), fallback](std::exception_ptr ep) mutable {
+                   std::error_code ec;
+                   if (ep) {
+                     try {
+                       std::rethrow_exception(ep);
+                     } catch (const std::system_error& err) {
+                       ec = err.code();
+                       impl->fail(ec, err.what(), false);
+                     } catch (const boost::system::system_error& err) {
+                       ec = make_error_code(errc::peer_lost);
+                       impl->fail(ec, err.what(), false);
+                     } catch (const std::exception& err) {
+                       ec = make_error_code(errc::internal);
+                       impl->fail(ec, err.what(), false);
+                     }
+                     COCCL_WARN(init, impl->rank(), "communicator creation failed: %s",
+                                impl->last_error().c_str());
+                   }
+                   Communicator c = ec ? Communicator() : Communicator(impl);
+                   asio::post(fallback, asio::append(std::move(*h), ec, std::move(c)));
+                 });
+}
+
+}  // namespace detail
+
+Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
+  struct Result {
+    std::atomic<int> done{0};
+    std::error_code ec;
+    Communicator comm;
+  };
+  auto result = std::make_shared<Result>();
+  detail::submit_create(id, rank, nranks, [result](std::error_code ec, Communicator c) {
+    result->ec = ec;
+    result->comm = std::move(c);
+    result->done.store(1, std::memory_order_release);
+    result->done.notify_one();
+  });
+  result->done.wait(0, std::memory_order_acquire);
+  if (result->ec)
+    throw std::system_error(result->ec, "coccl: rank " + std::to_string(rank) +
+                                            " could not join the communicator");
+  return std::move(result->comm);
+}
+
+Communicator Communicator::from_env() {
+  int rank = env_int("RANK", env_int("OMPI_COMM_WORLD_RANK", env_int("SLURM_PROCID", -1)));
+  int size = env_int("WORLD_SIZE", env_int("OMPI_COMM_WORLD_SIZE", env_int("SLURM_NTASKS", -1)));
+  if (rank < 0 || size <= 0)
+    invalid("no launcher environment: set RANK and WORLD_SIZE (torchrun), or run under mpirun "
+            "or srun");
+  std::string where = params::comm_id.get();
+  if (where.empty()) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    const char* port = std::getenv("MASTER_PORT");
+    if (!addr || !port)
+      invalid("no rendezvous address: set COCCL_COMM_ID=host:port or MASTER_ADDR/MASTER_PORT");
+    where = std::string(addr) + ":" + port;
+  }
+  transport::RootAddress root;
+  root.endpoint = transport::parse_endpoint(where);
+  std::string secret_hex = params::secret.get();
+  if (!secret_hex.empty()) {
+    if (secret_hex.size() != 32) invalid("COCCL_SECRET must be 32 hex digits");
+    auto id = UniqueId::from_string(secret_hex + std::string(224, '0'));
+    std::memcpy(root.secret.data(), id.bytes.data(), root.secret.size());
+  } else {
+    std::string seed = "coccl-env|" + where;
+    for (const char* v : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"})
+      if (const char* x = std::getenv(v)) seed += std::string("|") + x;
+    auto d = detail::sha256(seed.data(), seed.size());
+    std::memcpy(root.secret.data(), d.data(), root.secret.size());
+  }
+  if (rank == 0) {
+    // Rank 0 hosts the root on the agreed port, on every interface.
+    asio::ip::tcp::endpoint any(root.endpoint.address().is_v4()
+                                    ? asio::ip::address(asio::ip::address_v4::any())
+                                    : asio::ip::address(asio::ip::address_v6::any()),
+                                root.endpoint.port());
+    transport::start_root(engine()->thread(0), any, root.secret);
+  }
+  return create(transport::encode(root), rank, size);
+}
+
+int Communicator::rank() const {
+  if (!impl_) invalid("empty communicator");
+  return impl_->rank();
+}
+
+int Communicator::size() const {
+  if (!impl_) invalid("empty communicator");
+  return impl_->size();
+}
+
+boost::asio::any_io_executor Communicator::executor() const {
+  if (!impl_) invalid("empty communicator");
+  return impl_->executor();
+}
+
+std::string Communicator::last_error() const { return impl_ ? impl_->last_error() : "empty communicator"; }
+
+Communicator Communicator::split(int color, int key) {
+  if (!impl_) invalid("empty communicator");
+  const int n = size(), me = rank();
+  // Everyone shares (color, key); the first member of each new group creates its root and shares
+  // its id, then each member joins its group. Two all_gathers of the parent, O(n) each.
+  std::vector<std::int64_t> mine{color, key}, all(2 * n);
+  all_gather(mine.data(), all.data(), 2, DataType::int64);
+  std::vector<int> members;
+  if (color >= 0) {
+    for (int r = 0; r < n; ++r)
+      if (all[2 * r] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  }
+  bool leader = !members.empty() && members.front() == me;
+  UniqueId id{};
+  if (leader) id = UniqueId::create();
+  std::vector<std::uint8_t> ids(n * id.bytes.size());
+  all_gather(id.bytes.data(), ids.data(), id.bytes.size(), DataType::uint8);
+  if (color < 0) return Communicator();
+  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
+  return create(id, new_rank, static_cast<int>(members.size()));
+}
+
+void Communicator::destroy() {
+  if (!impl_) return;
+  impl_->destroy();
+  impl_.reset();
+}
+
+void Communicator::abort() {
+  if (!impl_) return;
+  impl_->abort();
+  impl_.reset();
+}
+
+}  // namespace coccl

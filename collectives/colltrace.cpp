@@ -1,0 +1,43 @@
+#include "collectives/colltrace.hpp"
+
+#include <cstdio>
+
+namespace coccl::detail {
+
+CollTrace::Entry& CollTrace::begin(std::uint64_t seq, const char* op, std::size_t count, int type,
+                                   int root) {
+  Entry& e = ring_[recorded_++ % ring_.size()];
+  e = Entry{seq, op, count, type, root, State::started, std::chrono::steady_clock::now(), {}};
+  return e;
+}
+
+void CollTrace::end(std::uint64_t seq, bool ok) {
+  for (Entry& e : ring_)
+    if (e.seq == seq && e.state == State::started) {
+      e.state = ok ? State::done : State::failed;
+      e.ended = std::chrono::steady_clock::now();
+    }
+}
+
+std::string CollTrace::json(int rank) const {
+  static const char* names[] = {"enqueued", "started", "done", "failed"};
+  std::string out = "{\"rank\":" + std::to_string(rank) + ",\"ops\":[";
+  std::size_t n = recorded_ < ring_.size() ? recorded_ : ring_.size();
+  auto now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    const Entry& e = ring_[(recorded_ - n + i) % ring_.size()];
+    auto end = e.state == State::started ? now : e.ended;
+    long long us =
+        std::chrono::duration_cast<std::chrono::microseconds>(end - e.started).count();
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"seq\":%llu,\"op\":\"%s\",\"count\":%zu,\"type\":%d,\"root\":%d,"
+                  "\"state\":\"%s\",\"us\":%lld}",
+                  i ? "," : "", static_cast<unsigned long long>(e.seq), e.op, e.count, e.type,
+                  e.root, names[static_cast<int>(e.state)], us);
+    out += buf;
+  }
+  return out + "]}";
+}
+
+}  // namespace coccl::detail

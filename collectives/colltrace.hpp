@@ -1,0 +1,37 @@
+// CollTrace: a ring of a communicator's recent operations with their state and times, dumped as
+// JSON when an operation fails or times out, so a hang names the stuck rank and operation.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace coccl::detail {
+
+class CollTrace {
+ public:
+  enum class State { enqueued, started, done, failed };
+  struct Entry {
+    std::uint64_t seq = 0;
+    const char* op = "";
+    std::size_t count = 0;
+    int type = 0;
+    int root = 0;
+    State state = State::enqueued;
+    std::chrono::steady_clock::time_point started{}, ended{};
+  };
+
+  explicit CollTrace(std::size_t capacity) : ring_(capacity ? capacity : 1) {}
+
+  Entry& begin(std::uint64_t seq, const char* op, std::size_t count, int type, int root);
+  void end(std::uint64_t seq, bool ok);
+  /// The ring as a JSON object: {"rank":R,"ops":[{"seq":..,"op":..,"state":..,"us":..},..]}.
+  std::string json(int rank) const;
+
+ private:
+  std::vector<Entry> ring_;
+  std::uint64_t recorded_ = 0;
+};
+
+}  // namespace coccl::detail

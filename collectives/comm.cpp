@@ -1,0 +1,261 @@
+#include "collectives/comm.hpp"
+
+#include <atomic>
+#include <boost/asio/append.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <future>
+
+#include "collectives/algorithms.hpp"
+#include "runtime/log.hpp"
+#include "runtime/params.hpp"
+
+namespace coccl::detail {
+
+CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
+                   int rank, int nranks)
+    : engine_(std::move(engine)),
+      thread_(engine_->next_thread()),
+      ex_(thread_.executor()),
+      rank_(rank),
+      size_(nranks),
+      watchdog_(ex_),
+      trace_(static_cast<std::size_t>(std::max<std::int64_t>(1, params::colltrace_size.get()))),
+      algo_(params::algo.get()),
+      oneshot_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::oneshot_max.get()))),
+      timeout_(runtime::default_timeout()) {
+  transport::LinkOptions opts{
+      params::transport.get(),
+      static_cast<std::size_t>(std::max<std::int64_t>(2, params::slots.get())),
+      static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64};
+  if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm")
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "COCCL_TRANSPORT must be auto, tcp or shm, not '" + opts.transport +
+                                "'");
+  // Peers registers a poller on the proxy thread, so it is built there.
+  std::promise<void> built;
+  asio::post(ex_, [&] {
+    try {
+      peers_ = std::make_unique<transport::Peers>(
+          thread_, secret, rank, nranks, opts,
+          [this](int peer, std::error_code ec, const std::string& why) {
+            (void)peer;
+            fail(ec, why);
+          });
+      built.set_value();
+    } catch (...) {
+      built.set_exception(std::current_exception());
+    }
+  });
+  built.get_future().get();
+}
+
+CommImpl::~CommImpl() {
+  // The sockets and timers belong to the proxy thread: close them there. The engine outlives the
+  // posted work because the lambda holds it.
+  if (thread_.in_thread()) {
+    peers_.reset();
+    return;
+  }
+  std::promise<void> done;
+  asio::post(ex_, [&] {
+    watchdog_.cancel();
+    peers_.reset();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+asio::awaitable<void> CommImpl::rendezvous(transport::RootAddress root) {
+  co_await peers_->rendezvous(root);
+  arm_watchdog();
+}
+
+void CommImpl::start(std::vector<transport::PeerInfo> table) {
+  peers_->set_table(std::move(table));
+  arm_watchdog();
+}
+
+void CommImpl::arm_watchdog() {
+  auto period = std::clamp<std::chrono::steady_clock::duration>(
+      timeout_ / 8, std::chrono::milliseconds(10), std::chrono::seconds(1));
+  watchdog_.expires_after(period);
+  watchdog_.async_wait([w = weak_from_this()](boost::system::error_code ec) {
+    auto self = w.lock();
+    if (ec || !self || self->error() || !self->peers_) return;
+    auto now = std::chrono::steady_clock::now();
+    for (const auto& c : self->peers_->connections()) {
+      auto since = c->blocked_since();
+      if (since && now - *since > self->timeout_) {
+        double s = std::chrono::duration<double>(now - *since).count();
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "no progress from rank %d for %.1f s (COCCL_TIMEOUT) in %s #%llu", c->peer(),
+                      s, self->op_name_, static_cast<unsigned long long>(self->seq_));
+        self->fail(make_error_code(errc::timed_out), buf);
+        return;
+      }
+    }
+    self->arm_watchdog();
+  });
+}
+
+void CommImpl::submit(OpArgs args, OpHandler handler) {
+  if (std::string why = validate(args, rank_, size_); !why.empty()) {
+    COCCL_WARN(coll, rank_, "%s: %s", name_of(args.kind), why.c_str());
+    // Nothing was sent; the handler still runs outside this call, on its own executor.
+    asio::post(ex_, asio::append(std::move(handler), make_error_code(errc::invalid_argument)));
+    return;
+  }
+  // The handler travels boxed: a lambda holding an any_completion_handler by value looks
+  // copyable to Asio, and copying one wraps it in itself.
+  auto boxed = std::make_unique<OpHandler>(std::move(handler));
+  asio::post(ex_, [self = shared_from_this(), args = std::move(args),
+                   h = std::move(boxed)]() mutable {
+    if (self->closed_ || !self->peers_) {
+      self->complete(*h, make_error_code(errc::aborted));
+      return;
+    }
+    self->queue_.push_back(Queued{std::move(args), std::move(*h)});
+    if (!self->draining_) {
+      self->draining_ = true;
+      asio::co_spawn(self->ex_, self->drain(), asio::detached);
+    }
+  });
+}
+
+void CommImpl::complete(OpHandler& h, std::error_code ec) {
+  asio::dispatch(ex_, asio::append(std::move(h), ec));
+}
+
+asio::awaitable<void> CommImpl::drain() {
+  auto self = shared_from_this();
+  while (!queue_.empty()) {
+    Queued q = std::move(queue_.front());
+    queue_.pop_front();
+    if (auto ec = error()) {
+      complete(q.handler, ec);
+      continue;
+    }
+    ++seq_;
+    fingerprint_ = fingerprint_of(q.args);
+    op_name_ = name_of(q.args.kind);
+    trace_.begin(seq_, op_name_, q.args.count, static_cast<int>(q.args.type), q.args.root);
+    std::error_code ec;
+    try {
+      co_await run_op(*this, q.args);
+    } catch (const std::system_error& e) {
+      // Algorithms fail the communicator before they throw; this covers anything else.
+      fail(e.code(), e.what());
+      ec = error();
+    } catch (const std::exception& e) {
+      fail(make_error_code(errc::internal), e.what());
+      ec = error();
+    }
+    if (!ec) ec = error();
+    trace_.end(seq_, !ec);
+    complete(q.handler, ec);
+  }
+  draining_ = false;
+}
+
+void CommImpl::fail(std::error_code ec, const std::string& why, bool notify) {
+  std::string text;
+  {
+    std::lock_guard lock(error_mutex_);
+    if (error_) return;
+    error_ = ec;
+    error_text_ = "rank " + std::to_string(rank_) + ": " + why;
+    text = error_text_;
+  }
+  // A peer leaving while nothing runs here (it destroyed its communicator first) is routine.
+  if (ec != errc::aborted && draining_) {
+    COCCL_WARN(coll, rank_, "communicator failed: %s", text.c_str());
+    COCCL_WARN(coll, rank_, "colltrace %s", trace_.json(rank_).c_str());
+  } else {
+    COCCL_INFO(coll, rank_, "communicator closed: %s", text.c_str());
+  }
+  watchdog_.cancel();
+  if (peers_) peers_->shutdown(ec, text, notify);
+}
+
+void CommImpl::check() const {
+  std::lock_guard lock(error_mutex_);
+  if (error_) throw LinkError(error_, error_text_);
+}
+
+std::string CommImpl::last_error() const {
+  std::lock_guard lock(error_mutex_);
+  return error_text_;
+}
+
+std::error_code CommImpl::error() const {
+  std::lock_guard lock(error_mutex_);
+  return error_;
+}
+
+void CommImpl::abort() {
+  auto work = [this] {
+    closed_ = true;
+    fail(make_error_code(errc::aborted), "aborted by the application");
+  };
+  if (thread_.in_thread()) {
+    work();
+    return;
+  }
+  std::promise<void> done;
+  asio::post(ex_, [&] {
+    work();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+void CommImpl::destroy() {
+  if (thread_.in_thread())
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "destroy() would wait for itself on the proxy thread; use abort()");
+  // Queued operations finish first: a barrier-like marker is the end of the queue.
+  std::promise<void> done;
+  asio::post(ex_, [&] {
+    closed_ = true;
+    if (!draining_) {
+      done.set_value();
+      return;
+    }
+    // Poll the drain state from the proxy thread; operations end on their own (or by deadline).
+    auto timer = std::make_shared<asio::steady_timer>(ex_);
+    auto check = std::make_shared<std::function<void()>>();
+    *check = [this, timer, check, &done] {
+      if (!draining_) {
+        done.set_value();
+        *check = nullptr;
+        return;
+      }
+      timer->expires_after(std::chrono::microseconds(200));
+      timer->async_wait([check](boost::system::error_code) {
+        if (*check) (*check)();
+      });
+    };
+    (*check)();
+  });
+  done.get_future().wait();
+  std::promise<void> closed;
+  asio::post(ex_, [&] {
+    {
+      std::lock_guard lock(error_mutex_);
+      if (!error_) {
+        error_ = make_error_code(errc::aborted);
+        error_text_ = "rank " + std::to_string(rank_) + ": communicator destroyed";
+      }
+    }
+    watchdog_.cancel();
+    if (peers_) peers_->shutdown(make_error_code(errc::aborted), "destroyed", false);
+    closed.set_value();
+  });
+  closed.get_future().wait();
+}
+
+}  // namespace coccl::detail

@@ -1,0 +1,110 @@
+// The communicator's state and its operation pipeline. Everything here runs on the
+// communicator's proxy thread except submit(), last_error() and the immutable rank/size.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <coccl/communicator.hpp>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "collectives/colltrace.hpp"
+#include "runtime/engine.hpp"
+#include "transport/bootstrap.hpp"
+
+namespace coccl::detail {
+
+namespace asio = boost::asio;
+
+/// Thrown inside algorithms once the communicator has failed; carries its error.
+using transport::LinkError;
+
+class CommImpl : public std::enable_shared_from_this<CommImpl> {
+ public:
+  CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret, int rank,
+           int nranks);
+  ~CommImpl();
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  asio::any_io_executor executor() const { return ex_; }
+  transport::Peers& peers() { return *peers_; }
+
+  /// Proxy thread: joins via the root.
+  asio::awaitable<void> rendezvous(transport::RootAddress root);
+  /// Proxy thread: joins with a table gathered elsewhere (split); starts the watchdog.
+  void start(std::vector<transport::PeerInfo> table);
+
+  /// Any thread: validates and queues an operation.
+  void submit(OpArgs args, OpHandler handler);
+
+  /// Proxy thread: fails the communicator (idempotent). `notify` tells connected peers.
+  void fail(std::error_code ec, const std::string& why, bool notify = true);
+  /// Proxy thread: throws LinkError with the communicator's error if it has failed.
+  void check() const;
+
+  /// Any thread.
+  std::string last_error() const;
+  std::error_code error() const;
+
+  /// Any thread: stop now (errc::aborted). Returns once the proxy thread has shut it down.
+  void abort();
+  /// Any thread: wait for queued operations, then close without messages.
+  void destroy();
+
+  /// Proxy thread: the sequence number and fingerprint of the running operation.
+  std::uint64_t seq() const noexcept { return seq_; }
+  std::uint32_t fingerprint() const noexcept { return fingerprint_; }
+  const char* op_name() const noexcept { return op_name_; }
+
+  CollTrace& trace() noexcept { return trace_; }
+
+  /// Proxy thread: COCCL_ALGO as read at creation.
+  const std::string& forced_algo() const noexcept { return algo_; }
+  std::size_t oneshot_max() const noexcept { return oneshot_max_; }
+
+ private:
+  struct Queued {
+    OpArgs args;
+    OpHandler handler;
+  };
+  asio::awaitable<void> drain();
+  void arm_watchdog();
+  void complete(OpHandler& h, std::error_code ec);
+
+  std::shared_ptr<runtime::Engine> engine_;
+  runtime::ProxyThread& thread_;
+  asio::any_io_executor ex_;
+  int rank_;
+  int size_;
+  std::unique_ptr<transport::Peers> peers_;
+  std::deque<Queued> queue_;
+  bool draining_ = false;
+  bool closed_ = false;  // destroyed or aborted: no new operations
+  std::uint64_t seq_ = 0;
+  std::uint32_t fingerprint_ = 0;
+  const char* op_name_ = "";
+  asio::steady_timer watchdog_;
+  CollTrace trace_;
+  std::string algo_;
+  std::size_t oneshot_max_;
+  std::chrono::steady_clock::duration timeout_;
+
+  mutable std::mutex error_mutex_;  // error_/error_text_ are read from user threads
+  std::error_code error_;
+  std::string error_text_;
+};
+
+/// Checks an operation's arguments against the communicator; returns an empty string when they
+/// are valid, else the reason.
+std::string validate(const OpArgs& a, int rank, int nranks);
+
+/// Fingerprint of an operation (kind, type, op, count, root) that every rank must agree on.
+std::uint32_t fingerprint_of(const OpArgs& a);
+
+/// Name of an operation kind ("all_reduce", ...).
+const char* name_of(OpKind k) noexcept;
+
+}  // namespace coccl::detail

@@ -1,0 +1,341 @@
+// coccl/communicator.hpp: the communicator and its collective operations.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <coccl/error.hpp>
+#include <coccl/types.hpp>
+#include <coccl/unique_id.hpp>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace coccl {
+
+class Communicator;
+
+namespace detail {
+
+class CommImpl;
+
+enum class OpKind : int {
+  all_reduce,
+  broadcast,
+  reduce,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  all_to_allv,
+  gather,
+  scatter,
+  p2p,
+  barrier,
+};
+
+/// One point-to-point transfer of a group.
+struct P2POp {
+  bool is_send;
+  void* buffer;  // const for sends
+  std::size_t count;
+  DataType type;
+  int peer;
+};
+
+/// The arguments of one operation, as submitted.
+struct OpArgs {
+  OpKind kind;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::float32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+  std::vector<P2POp> p2p;
+};
+
+using OpHandler = boost::asio::any_completion_handler<void(std::error_code)>;
+using CreateHandler = boost::asio::any_completion_handler<void(std::error_code, Communicator)>;
+
+void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler);
+void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler);
+void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
+
+}  // namespace detail
+
+/// A group of ranks that run collectives together.
+///
+/// A Communicator is a cheap handle (copies share one communicator). Its state lives on one proxy
+/// thread of the process engine; every operation may be started from any thread. Operations of one
+/// communicator run one after another in the order they were started, and every rank must start
+/// the same collectives in the same order (a mismatch is detected and fails with errc::mismatch).
+///
+/// Each operation has two forms:
+///  - `async_x(..., token)`: an Asio asynchronous operation with completion signature
+///    `void(std::error_code)`. It never completes inside the initiating call. With
+///    `asio::use_awaitable`, `co_await` yields the std::error_code. The buffers must stay valid
+///    until completion. Cancelling an operation (through its cancellation slot, type terminal) is
+///    not supported per operation: call abort() to stop a communicator.
+///  - `x(...)`: blocks the calling thread; throws std::system_error on failure, or, with a trailing
+///    `std::error_code&`, reports the error there.
+///
+/// Failures are terminal: after a peer is lost, times out (COCCL_TIMEOUT) or a mismatch is found,
+/// the operation in flight and every later one fail with the same error, and last_error() names
+/// the rank and operation. Host-memory buffers only in this header; counts are in elements.
+class Communicator {
+ public:
+  /// An empty handle (no communicator).
+  Communicator() = default;
+
+  /// Joins communicator `id` as `rank` of `nranks`; blocks until every rank has joined (or
+  /// COCCL_TIMEOUT passes). Throws std::system_error on failure.
+  static Communicator create(const UniqueId& id, int rank, int nranks);
+
+  /// Asynchronous create; completion signature `void(std::error_code, Communicator)`.
+  template <typename Token>
+  static auto async_create(const UniqueId& id, int rank, int nranks, Token&& token) {
+    return boost::asio::async_initiate<Token, void(std::error_code, Communicator)>(
+        [](auto handler, UniqueId id, int rank, int nranks) {
+          detail::submit_create(id, rank, nranks, detail::CreateHandler(std::move(handler)));
+        },
+        token, id, rank, nranks);
+  }
+
+  /// Creates the communicator described by launcher environment variables: torchrun (RANK,
+  /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or Slurm
+  /// (SLURM_PROCID, SLURM_NTASKS). The rendezvous address comes from COCCL_COMM_ID (host:port) or
+  /// MASTER_ADDR:MASTER_PORT; rank 0 runs the bootstrap root there. The secret comes from
+  /// COCCL_SECRET (32 hex digits); without it it is derived from the address, which keeps
+  /// strangers out only by accident, so set COCCL_SECRET where the network is shared.
+  static Communicator from_env();
+
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+  /// This rank, 0 .. size()-1.
+  int rank() const;
+  /// Number of ranks.
+  int size() const;
+  /// The executor of this communicator's proxy thread. Coroutines that await collectives there
+  /// resume without crossing threads (the lowest latency).
+  boost::asio::any_io_executor executor() const;
+  /// Description of the first error (empty if none), naming the peer rank and the operation.
+  std::string last_error() const;
+
+  // ---- Collectives. `send` may equal `recv` (in place) where both exist. ----
+
+  /// recv[i] = op over all ranks of send[i], for i < count.
+  template <typename Token>
+  auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op, Token&& token) {
+    return run(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), token);
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+    block(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0));
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                  std::error_code& ec) {
+    block(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), ec);
+  }
+
+  /// Copies root's `send` (count elements) into every rank's `recv`; `send` is read on root only.
+  template <typename Token>
+  auto async_broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
+                       Token&& token) {
+    return run(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root),
+               token);
+  }
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
+    block(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root));
+  }
+
+  /// root's recv[i] = op over all ranks of send[i]; `recv` is used on root only.
+  template <typename Token>
+  auto async_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                    int root, Token&& token) {
+    return run(make(detail::OpKind::reduce, send, recv, count, type, op, root), token);
+  }
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+              int root) {
+    block(make(detail::OpKind::reduce, send, recv, count, type, op, root));
+  }
+
+  /// recv[r*count .. (r+1)*count) = rank r's send[0 .. count). In place when
+  /// send == recv + rank*count.
+  template <typename Token>
+  auto async_all_gather(const void* send, void* recv, std::size_t count, DataType type,
+                        Token&& token) {
+    return run(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), token);
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type) {
+    block(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0));
+  }
+
+  /// recv[0 .. count) = op over ranks of their send[rank*count .. (rank+1)*count). `send` holds
+  /// size()*count elements. In place when recv == send + rank*count.
+  template <typename Token>
+  auto async_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                            ReduceOp op, Token&& token) {
+    return run(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), token);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op) {
+    block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
+  }
+
+  /// Rank r's recv[p*count ..] = rank p's send[r*count ..], `count` elements per peer.
+  template <typename Token>
+  auto async_all_to_all(const void* send, void* recv, std::size_t count, DataType type,
+                        Token&& token) {
+    return run(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), token);
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
+    block(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0));
+  }
+
+  /// All-to-all with per-peer counts and displacements (elements); each vector has size()
+  /// entries. recv_counts[p] on rank r must equal send_counts[r] on rank p. Not in place.
+  template <typename Token>
+  auto async_all_to_allv(const void* send, std::vector<std::size_t> send_counts,
+                         std::vector<std::size_t> send_displs, void* recv,
+                         std::vector<std::size_t> recv_counts,
+                         std::vector<std::size_t> recv_displs, DataType type, Token&& token) {
+    return run(make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                      std::move(recv_counts), std::move(recv_displs), type),
+               token);
+  }
+  void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
+                   std::vector<std::size_t> send_displs, void* recv,
+                   std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                   DataType type) {
+    block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                 std::move(recv_counts), std::move(recv_displs), type));
+  }
+
+  /// root's recv[r*count ..] = rank r's send[0 .. count); `recv` is used on root only.
+  template <typename Token>
+  auto async_gather(const void* send, void* recv, std::size_t count, DataType type, int root,
+                    Token&& token) {
+    return run(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), token);
+  }
+  void gather(const void* send, void* recv, std::size_t count, DataType type, int root) {
+    block(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root));
+  }
+
+  /// Rank r's recv[0 .. count) = root's send[r*count ..]; `send` is used on root only.
+  template <typename Token>
+  auto async_scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
+                     Token&& token) {
+    return run(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), token);
+  }
+  void scatter(const void* send, void* recv, std::size_t count, DataType type, int root) {
+    block(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root));
+  }
+
+  /// Completes on every rank once all ranks have entered it.
+  template <typename Token>
+  auto async_barrier(Token&& token) {
+    return run(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8,
+                    ReduceOp::sum, 0),
+               token);
+  }
+  void barrier() {
+    block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0));
+  }
+
+  /// A group of sends and receives that progress together, so any exchange pattern is free of
+  /// deadlock (like ncclGroupStart/End around ncclSend/ncclRecv). Transfers between one pair of
+  /// ranks in one direction are matched in order; a send's count must equal the matching
+  /// receive's. Ranks not named by any transfer need not call it.
+  template <typename Token>
+  auto async_send_recv(std::vector<detail::P2POp> ops, Token&& token) {
+    detail::OpArgs a;
+    a.kind = detail::OpKind::p2p;
+    a.p2p = std::move(ops);
+    return run(std::move(a), token);
+  }
+  void send_recv(std::vector<detail::P2POp> ops) {
+    detail::OpArgs a;
+    a.kind = detail::OpKind::p2p;
+    a.p2p = std::move(ops);
+    block(std::move(a));
+  }
+  /// A send of `count` elements to `peer` (for send_recv groups).
+  static detail::P2POp send_op(const void* buf, std::size_t count, DataType type, int peer) {
+    return {true, const_cast<void*>(buf), count, type, peer};
+  }
+  /// A receive of `count` elements from `peer` (for send_recv groups).
+  static detail::P2POp recv_op(void* buf, std::size_t count, DataType type, int peer) {
+    return {false, buf, count, type, peer};
+  }
+  /// Single send and receive (a group of one).
+  void send(const void* buf, std::size_t count, DataType type, int peer) {
+    send_recv({send_op(buf, count, type, peer)});
+  }
+  void recv(void* buf, std::size_t count, DataType type, int peer) {
+    send_recv({recv_op(buf, count, type, peer)});
+  }
+
+  /// Collective over this communicator: ranks passing the same `color` (>= 0) form a new
+  /// communicator, ordered by `key` then by rank. A negative color joins none and returns an empty
+  /// handle. Throws std::system_error on failure.
+  Communicator split(int color, int key);
+
+  /// Waits for this rank's operations in flight to finish, then releases the communicator. Other
+  /// handles to it become unusable (operations fail with errc::aborted). Sends no message.
+  void destroy();
+
+  /// Stops the communicator now: operations in flight and queued fail with errc::aborted, peers
+  /// are told, connections close. Returns promptly even if a peer is dead or silent.
+  void abort();
+
+ private:
+  explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
+  friend void detail::submit_create(UniqueId, int, int, detail::CreateHandler);
+  friend class detail::CommImpl;
+
+  static detail::OpArgs make(detail::OpKind k, const void* send, void* recv, std::size_t count,
+                             DataType type, ReduceOp op, int root) {
+    detail::OpArgs a;
+    a.kind = k;
+    a.send = send;
+    a.recv = recv;
+    a.count = count;
+    a.type = type;
+    a.op = op;
+    a.root = root;
+    return a;
+  }
+  static detail::OpArgs make_v(const void* send, std::vector<std::size_t> sc,
+                               std::vector<std::size_t> sd, void* recv,
+                               std::vector<std::size_t> rc, std::vector<std::size_t> rd,
+                               DataType type) {
+    detail::OpArgs a = make(detail::OpKind::all_to_allv, send, recv, 0, type, ReduceOp::sum, 0);
+    a.send_counts = std::move(sc);
+    a.send_displs = std::move(sd);
+    a.recv_counts = std::move(rc);
+    a.recv_displs = std::move(rd);
+    return a;
+  }
+  template <typename Token>
+  auto run(detail::OpArgs args, Token& token) {
+    return boost::asio::async_initiate<Token, void(std::error_code)>(
+        [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args) {
+          detail::submit(impl, std::move(args), detail::OpHandler(std::move(handler)));
+        },
+        token, impl_, std::move(args));
+  }
+  void block(detail::OpArgs args) {
+    std::error_code ec;
+    block(std::move(args), ec);
+    if (ec) throw std::system_error(ec, last_error());
+  }
+  void block(detail::OpArgs args, std::error_code& ec) {
+    detail::run_blocking(impl_, std::move(args), ec);
+  }
+
+  std::shared_ptr<detail::CommImpl> impl_;
+};
+
+}  // namespace coccl

@@ -1,0 +1,98 @@
+// Deadlines: every wait in the library has one. A wait either completes, or its deadline turns it
+// into errc::timed_out (never a hang).
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/append.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+
+namespace coccl::runtime {
+
+namespace asio = boost::asio;
+
+/// COCCL_TIMEOUT as a duration.
+std::chrono::steady_clock::duration default_timeout();
+
+/// Closes an I/O object (socket, acceptor) if it is still open when `limit` passes, so a silent or
+/// half-open peer fails the pending operation instead of holding it forever.
+template <typename IoObject>
+class CloseAfter {
+ public:
+  CloseAfter(IoObject& io, std::chrono::steady_clock::duration limit)
+      : timer_(io.get_executor(), limit), fired_(std::make_shared<bool>(false)) {
+    timer_.async_wait([&io, fired = fired_](boost::system::error_code ec) {
+      if (ec) return;
+      *fired = true;
+      boost::system::error_code ignored;
+      io.close(ignored);
+    });
+  }
+  ~CloseAfter() { timer_.cancel(); }
+  CloseAfter(const CloseAfter&) = delete;
+  CloseAfter& operator=(const CloseAfter&) = delete;
+  /// True if the deadline passed and the object was closed.
+  bool fired() const noexcept { return *fired_; }
+
+ private:
+  asio::steady_timer timer_;
+  std::shared_ptr<bool> fired_;
+};
+
+/// A single-threaded queue of values with one waiter at a time and a deadline per wait. Values
+/// pushed before anyone waits are kept in order.
+template <typename T>
+class Mailbox {
+ public:
+  explicit Mailbox(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+
+  void push(T v) {
+    items_.push_back(std::move(v));
+    wake({});
+  }
+  /// Fails the current and every later wait with `ec`.
+  void fail(boost::system::error_code ec) {
+    failure_ = ec;
+    wake(ec);
+  }
+
+  /// Waits for a value; throws boost::system::system_error(timed_out) when `limit` passes, or the
+  /// failure given to fail().
+  asio::awaitable<T> pop(std::chrono::steady_clock::duration limit) {
+    if (items_.empty() && !failure_) {
+      asio::steady_timer timer(ex_, limit);
+      timer.async_wait([this](boost::system::error_code ec) {
+        if (!ec) wake(asio::error::timed_out);
+      });
+      co_await asio::async_initiate<decltype(asio::use_awaitable),
+                                    void(boost::system::error_code)>(
+          [this](auto h) { waiter_.emplace(std::move(h)); }, asio::use_awaitable);
+    }
+    if (items_.empty()) throw boost::system::system_error(failure_ ? *failure_ : asio::error::timed_out);
+    T v = std::move(items_.front());
+    items_.pop_front();
+    co_return v;
+  }
+
+ private:
+  void wake(boost::system::error_code ec) {
+    if (!waiter_) return;
+    // Through append: a lambda holding an any_completion_handler looks copyable to Asio.
+    asio::post(ex_, asio::append(std::move(*waiter_), ec));
+    waiter_.reset();
+  }
+
+  asio::any_io_executor ex_;
+  std::deque<T> items_;
+  std::optional<boost::system::error_code> failure_;
+  // Never assigned: Boost 1.81's any_completion_handler move assignment recurses without end.
+  std::optional<asio::any_completion_handler<void(boost::system::error_code)>> waiter_;
+};
+
+}  // namespace coccl::runtime

@@ -1,0 +1,94 @@
+#include "runtime/engine.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "runtime/log.hpp"
+#include "runtime/params.hpp"
+
+namespace coccl::runtime {
+
+ProxyThread::ProxyThread(int index)
+    : index_(index), guard_(asio::make_work_guard(ctx_)), thread_([this] { run(); }) {}
+
+ProxyThread::~ProxyThread() {
+  stop_.store(true, std::memory_order_relaxed);
+  guard_.reset();
+  ctx_.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProxyThread::add_poller(Poller* p) { pollers_.push_back(p); }
+
+void ProxyThread::remove_poller(Poller* p) {
+  pollers_.erase(std::remove(pollers_.begin(), pollers_.end(), p), pollers_.end());
+}
+
+bool ProxyThread::poll_pollers() {
+  bool progress = false;
+  // Index loop: a poller may complete a handler that registers or removes pollers.
+  for (std::size_t i = 0; i < pollers_.size(); ++i) progress |= pollers_[i]->poll();
+  return progress;
+}
+
+void ProxyThread::run() {
+  using clock = std::chrono::steady_clock;
+  const auto spin = std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()));
+  COCCL_INFO(proxy, -1, "proxy thread %d started (spin %lld us)", index_,
+             static_cast<long long>(spin.count()));
+  auto last_progress = clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    bool progress = poll_pollers();
+    progress |= ctx_.poll() > 0;
+    if (ctx_.stopped()) break;
+    if (progress) {
+      last_progress = clock::now();
+      continue;
+    }
+    bool waiting = std::any_of(pollers_.begin(), pollers_.end(),
+                               [](const Poller* p) { return p->waiting(); });
+    if (clock::now() - last_progress < spin) {
+      // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
+      // yielding lets the peer we wait for run instead of burning our time slice.
+      ::sched_yield();
+      continue;
+    }
+    if (waiting) {
+      ctx_.run_one_for(std::chrono::microseconds(200));
+    } else {
+      ctx_.run_one();
+    }
+    last_progress = clock::now();
+  }
+}
+
+Engine::Engine(int threads) {
+  threads = std::max(1, threads);
+  for (int i = 0; i < threads; ++i) threads_.push_back(std::make_unique<ProxyThread>(i));
+}
+
+Engine::~Engine() = default;
+
+std::shared_ptr<Engine> Engine::instance() {
+  static std::mutex m;
+  static std::weak_ptr<Engine> weak;
+  std::lock_guard lock(m);
+  auto e = weak.lock();
+  if (!e) {
+    static std::once_flag printed;
+    std::call_once(printed, [] {
+      if (log::enabled(log::Level::info, log::Subsys::env)) config::print_parameters();
+    });
+    e = std::make_shared<Engine>(static_cast<int>(params::proxy_threads.get()));
+    weak = e;
+  }
+  return e;
+}
+
+ProxyThread& Engine::next_thread() {
+  return *threads_[next_.fetch_add(1, std::memory_order_relaxed) % threads_.size()];
+}
+
+}  // namespace coccl::runtime

@@ -1,0 +1,47 @@
+#include "runtime/params.hpp"
+
+namespace coccl::params {
+
+config::Param<double> timeout_s{
+    "COCCL_TIMEOUT", 300.0,
+    "seconds a communicator waits for a peer to make progress (or for bootstrap) before failing "
+    "with timed_out"};
+config::Param<std::string> socket_ifname{
+    "COCCL_SOCKET_IFNAME", "",
+    "network interface(s) for sockets: a name prefix such as eth, ^lo to exclude, =eth0 exact",
+    "NCCL_SOCKET_IFNAME"};
+config::Param<std::string> algo{
+    "COCCL_ALGO", "",
+    "force an algorithm for all_reduce: oneshot, ring or direct (empty: choose by size)",
+    "NCCL_ALGO"};
+config::Param<std::string> proto{"COCCL_PROTO", "",
+                                 "force a device protocol: LL or Simple (empty: choose by size)",
+                                 "NCCL_PROTO"};
+config::Param<std::string> transport{
+    "COCCL_TRANSPORT", "auto",
+    "transport between ranks: auto (shm on one host, tcp across hosts), tcp or shm"};
+config::Param<bool> shm_disable{"COCCL_SHM_DISABLE", false,
+                                "never use the shared-memory transport", "NCCL_SHM_DISABLE"};
+config::Param<std::int64_t> proxy_threads{
+    "COCCL_PROXY_THREADS", 1, "proxy threads of the process engine (communicators are spread)"};
+config::Param<std::int64_t> spin_us{
+    "COCCL_SPIN_US", 2000,
+    "microseconds a proxy thread polls without progress before it sleeps on its event sources"};
+config::Param<std::int64_t> slot_bytes{
+    "COCCL_SLOT_BYTES", 256 << 10, "bytes per slot of a connection's receive ring"};
+config::Param<std::int64_t> slots{"COCCL_SLOTS", 8,
+                                  "slots per connection receive ring (pipelining depth)"};
+config::Param<std::int64_t> oneshot_max{
+    "COCCL_ALLREDUCE_ONESHOT_MAX", 64 << 10,
+    "largest host all_reduce (bytes) run by the latency-bound one-shot algorithm"};
+config::Param<std::string> comm_id{
+    "COCCL_COMM_ID", "",
+    "host:port of the bootstrap root for communicators made from the environment",
+    "NCCL_COMM_ID"};
+config::Param<std::string> secret{
+    "COCCL_SECRET", "",
+    "32 hex digits: bootstrap secret for communicators made from the environment"};
+config::Param<std::int64_t> colltrace_size{"COCCL_COLLTRACE_SIZE", 64,
+                                           "operations kept per communicator by CollTrace"};
+
+}  // namespace coccl::params

@@ -1,0 +1,26 @@
+// Every COCCL_* parameter of the library, in one place, so the list is the documentation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/config.hpp"
+
+namespace coccl::params {
+
+extern config::Param<double> timeout_s;             // COCCL_TIMEOUT
+extern config::Param<std::string> socket_ifname;    // COCCL_SOCKET_IFNAME
+extern config::Param<std::string> algo;             // COCCL_ALGO
+extern config::Param<std::string> proto;            // COCCL_PROTO
+extern config::Param<std::string> transport;        // COCCL_TRANSPORT
+extern config::Param<bool> shm_disable;             // COCCL_SHM_DISABLE
+extern config::Param<std::int64_t> proxy_threads;   // COCCL_PROXY_THREADS
+extern config::Param<std::int64_t> spin_us;         // COCCL_SPIN_US
+extern config::Param<std::int64_t> slot_bytes;      // COCCL_SLOT_BYTES
+extern config::Param<std::int64_t> slots;           // COCCL_SLOTS
+extern config::Param<std::int64_t> oneshot_max;     // COCCL_ALLREDUCE_ONESHOT_MAX
+extern config::Param<std::string> comm_id;          // COCCL_COMM_ID
+extern config::Param<std::string> secret;           // COCCL_SECRET
+extern config::Param<std::int64_t> colltrace_size;  // COCCL_COLLTRACE_SIZE
+
+}  // namespace coccl::params

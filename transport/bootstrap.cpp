@@ -1,0 +1,494 @@
+#include "transport/bootstrap.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <coccl/error.hpp>
+#include <cstring>
+#include <fstream>
+
+#include "runtime/log.hpp"
+#include "runtime/params.hpp"
+#include "transport/hmac.hpp"
+#include "transport/tcp.hpp"
+
+namespace coccl::transport {
+
+namespace {
+
+constexpr std::uint32_t id_magic = 0x31444343u;  // "CCD1"
+constexpr std::uint32_t hello_magic = 0x4f4c4548u;
+// Hellos and connection requests are small; a table is 32 bytes a rank.
+constexpr std::size_t max_small_frame = 4096;
+constexpr std::size_t max_table_frame = 64u << 20;
+
+using tcp = asio::ip::tcp;
+
+[[noreturn]] void bad(const std::string& what) {
+  throw std::system_error(make_error_code(errc::bad_message), what);
+}
+
+std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& t) {
+  Writer w;
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(t.size()));
+  for (const PeerInfo& p : t) w.put(p);
+  return std::move(w.bytes());
+}
+
+std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks) {
+  Reader r(payload);
+  auto n = r.get<std::uint32_t>();
+  if (static_cast<int>(n) != nranks) bad("address table has the wrong size");
+  std::vector<PeerInfo> t(n);
+  for (auto& p : t) p = r.get<PeerInfo>();
+  if (!r.done()) bad("trailing bytes after the address table");
+  return t;
+}
+
+struct Root : std::enable_shared_from_this<Root> {
+  Root(asio::any_io_executor ex, const Secret& s) : acceptor(ex), secret(s), deadline(ex) {}
+  tcp::acceptor acceptor;
+  Secret secret;
+  asio::steady_timer deadline;
+  int nranks = -1;
+  int arrived = 0;
+  bool done = false;
+  std::vector<PeerInfo> table;
+  std::vector<bool> seen;
+  std::shared_ptr<tcp::socket> rank0;
+
+  void finish() {
+    done = true;
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    deadline.cancel();
+  }
+};
+
+asio::awaitable<void> root_distribute(std::shared_ptr<Root> root) {
+  auto payload = encode_table(root->table);
+  auto sock = root->rank0;
+  try {
+    runtime::CloseAfter guard(*sock, runtime::default_timeout());
+    co_await write_frame(*sock, root->secret, FrameType::table, payload);
+  } catch (const std::exception& e) {
+    COCCL_WARN(boot, -1, "bootstrap root: sending the table to rank 0 failed: %s", e.what());
+  }
+}
+
+asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock) {
+  int rank = -1, nranks = -1;
+  PeerInfo info{};
+  try {
+    runtime::CloseAfter guard(*sock, runtime::default_timeout());
+    Frame f = co_await read_frame(*sock, root->secret, max_small_frame);
+    if (f.type != FrameType::hello) bad("expected a hello");
+    Reader r(f.payload);
+    if (r.get<std::uint32_t>() != hello_magic) bad("bad hello");
+    rank = r.get<std::int32_t>();
+    nranks = r.get<std::int32_t>();
+    info = r.get<PeerInfo>();
+    if (!r.done()) bad("trailing bytes in hello");
+  } catch (const std::exception& e) {
+    // Wrong secret, garbage, or a connection that never spoke: drop it, keep serving the rest.
+    COCCL_WARN(boot, -1, "bootstrap root: dropped a connection: %s", e.what());
+    co_return;
+  }
+  if (root->done) co_return;
+  if (nranks <= 0 || rank < 0 || rank >= nranks || (root->nranks > 0 && nranks != root->nranks)) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped hello with rank %d of %d (expected size %d)",
+               rank, nranks, root->nranks);
+    co_return;
+  }
+  if (root->nranks < 0) {
+    root->nranks = nranks;
+    root->table.resize(nranks);
+    root->seen.assign(nranks, false);
+  }
+  if (root->seen[rank]) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", rank);
+    co_return;
+  }
+  root->seen[rank] = true;
+  root->table[rank] = info;
+  if (rank == 0) root->rank0 = sock;
+  if (++root->arrived == root->nranks) {
+    root->finish();
+    co_await root_distribute(root);
+  }
+}
+
+asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
+  while (!root->done) {
+    auto sock = std::make_shared<tcp::socket>(root->acceptor.get_executor());
+    boost::system::error_code ec;
+    try {
+      co_await root->acceptor.async_accept(*sock, asio::use_awaitable);
+    } catch (const boost::system::system_error& e) {
+      ec = e.code();
+    }
+    if (ec) {
+      if (!root->done) COCCL_WARN(boot, -1, "bootstrap root stopped: %s", ec.message().c_str());
+      co_return;
+    }
+    asio::co_spawn(root->acceptor.get_executor(), root_handle(root, sock), asio::detached);
+  }
+}
+
+asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp::endpoint ep,
+                                                   std::chrono::steady_clock::time_point until) {
+  // The root or peer may not listen yet (launchers start ranks in any order): retry refusals.
+  for (;;) {
+    auto sock = std::make_shared<tcp::socket>(ex);
+    boost::system::error_code ec;
+    {
+      runtime::CloseAfter guard(*sock, until - std::chrono::steady_clock::now());
+      try {
+        co_await sock->async_connect(ep, asio::use_awaitable);
+      } catch (const boost::system::system_error& e) {
+        ec = e.code();
+      }
+      if (guard.fired()) ec = asio::error::timed_out;
+    }
+    if (!ec) co_return sock;
+    if (std::chrono::steady_clock::now() >= until || ec == asio::error::timed_out)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              "cannot connect to " + ep.address().to_string() + ":" +
+                                  std::to_string(ep.port()) + ": " + ec.message());
+    asio::steady_timer t(ex, std::chrono::milliseconds(20));
+    co_await t.async_wait(asio::use_awaitable);
+  }
+}
+
+}  // namespace
+
+asio::ip::tcp::endpoint PeerInfo::endpoint() const {
+  if (family == 4) {
+    asio::ip::address_v4::bytes_type b;
+    std::memcpy(b.data(), addr.data(), 4);
+    return {asio::ip::address_v4(b), port};
+  }
+  asio::ip::address_v6::bytes_type b;
+  std::memcpy(b.data(), addr.data(), 16);
+  return {asio::ip::address_v6(b), port};
+}
+
+PeerInfo PeerInfo::from(const asio::ip::tcp::endpoint& ep) {
+  PeerInfo p{};
+  if (ep.address().is_v4()) {
+    auto b = ep.address().to_v4().to_bytes();
+    std::memcpy(p.addr.data(), b.data(), 4);
+    p.family = 4;
+  } else {
+    auto b = ep.address().to_v6().to_bytes();
+    std::memcpy(p.addr.data(), b.data(), 16);
+    p.family = 6;
+  }
+  p.port = ep.port();
+  p.host_hash = transport::host_hash();
+  p.pid = ::getpid();
+  return p;
+}
+
+RootAddress decode(const UniqueId& id) {
+  Reader r(id.bytes);
+  if (r.get<std::uint32_t>() != id_magic)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "not a coccl UniqueId (was it created by UniqueId::create?)");
+  RootAddress root;
+  root.secret = r.get<Secret>();
+  PeerInfo p = r.get<PeerInfo>();
+  if (p.family != 4 && p.family != 6)
+    throw std::system_error(make_error_code(errc::invalid_argument), "corrupt UniqueId");
+  root.endpoint = p.endpoint();
+  return root;
+}
+
+UniqueId encode(const RootAddress& root) {
+  Writer w;
+  w.put(id_magic).put(root.secret).put(PeerInfo::from(root.endpoint));
+  UniqueId id;
+  std::memcpy(id.bytes.data(), w.bytes().data(), w.bytes().size());
+  return id;
+}
+
+std::uint64_t host_hash() {
+  static const std::uint64_t h = [] {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string text = host;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(boot, id);
+    text += "|" + id;
+    auto d = detail::sha256(text.data(), text.size());
+    std::uint64_t v;
+    std::memcpy(&v, d.data(), sizeof v);
+    return v;
+  }();
+  return h;
+}
+
+asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
+                                   const asio::ip::tcp::endpoint& endpoint, const Secret& secret) {
+  auto root = std::make_shared<Root>(thread.executor(), secret);
+  root->acceptor.open(endpoint.protocol());
+  root->acceptor.set_option(tcp::acceptor::reuse_address(true));
+  root->acceptor.bind(endpoint);
+  root->acceptor.listen(asio::socket_base::max_listen_connections);
+  auto bound = root->acceptor.local_endpoint();
+  // Nobody completed the rendezvous in time: stop serving (ranks fail with their own deadline).
+  root->deadline.expires_after(runtime::default_timeout());
+  root->deadline.async_wait([root](boost::system::error_code ec) {
+    if (!ec && !root->done) {
+      COCCL_WARN(boot, -1, "bootstrap root: %d of %d ranks arrived before COCCL_TIMEOUT",
+                 root->arrived, root->nranks);
+      root->finish();
+    }
+  });
+  asio::co_spawn(thread.executor(), root_accept(root), asio::detached);
+  return bound;
+}
+
+Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int nranks,
+             LinkOptions options, FailureHandler on_failure)
+    : thread_(thread),
+      ex_(thread.executor()),
+      secret_(secret),
+      rank_(rank),
+      nranks_(nranks),
+      options_(std::move(options)),
+      on_failure_(std::move(on_failure)),
+      acceptor_(ex_),
+      table_box_(ex_),
+      by_peer_(nranks, nullptr),
+      connecting_(nranks, false) {
+  for (int i = 0; i < nranks; ++i) ready_.push_back(nullptr);
+  auto addrs = local_addresses();
+  tcp::endpoint ep(addrs.front(), 0);
+  acceptor_.open(ep.protocol());
+  acceptor_.bind(ep);
+  acceptor_.listen(asio::socket_base::max_listen_connections);
+  thread_.add_poller(&poller_);
+  accept_loop();
+}
+
+Peers::~Peers() {
+  *alive_ = false;
+  thread_.remove_poller(&poller_);
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+PeerInfo Peers::self_info() const { return PeerInfo::from(acceptor_.local_endpoint()); }
+
+void Peers::accept_loop() {
+  auto sock = std::make_shared<tcp::socket>(ex_);
+  acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
+    if (!*alive || ec) return;
+    asio::co_spawn(ex_, handle_incoming(sock), asio::detached);
+    accept_loop();
+  });
+}
+
+asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
+  auto alive = alive_;
+  Frame f;
+  try {
+    runtime::CloseAfter guard(*s, runtime::default_timeout());
+    f = co_await read_frame(*s, secret_, max_table_frame);
+  } catch (const std::exception& e) {
+    if (*alive) COCCL_WARN(boot, rank_, "dropped an incoming connection: %s", e.what());
+    co_return;
+  }
+  if (!*alive || shut_) co_return;
+  if (f.type == FrameType::table) {
+    table_box_.push(std::move(f.payload));
+    co_return;
+  }
+  try {
+    if (f.type != FrameType::connect) bad("unexpected frame");
+    Reader r(f.payload);
+    int from = r.get<std::int32_t>();
+    int to = r.get<std::int32_t>();
+    if (to != rank_ || from < 0 || from >= rank_) bad("connection request for the wrong rank");
+    incoming_.try_emplace(from, ex_).first->second.push(Incoming{s, std::move(f.payload)});
+  } catch (const std::exception& e) {
+    COCCL_WARN(boot, rank_, "dropped an incoming connection: %s", e.what());
+  }
+}
+
+asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
+  auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
+  auto sock = co_await dial(ex_, table_[child].endpoint(), until);
+  runtime::CloseAfter guard(*sock, runtime::default_timeout());
+  co_await write_frame(*sock, secret_, FrameType::table, payload);
+}
+
+asio::awaitable<void> Peers::rendezvous(RootAddress root) {
+  auto limit = runtime::default_timeout();
+  auto until = std::chrono::steady_clock::now() + limit;
+  auto sock = co_await dial(ex_, root.endpoint, until);
+  {
+    Writer w;
+    w.put(hello_magic).put<std::int32_t>(rank_).put<std::int32_t>(nranks_).put(self_info());
+    runtime::CloseAfter guard(*sock, limit);
+    co_await write_frame(*sock, secret_, FrameType::hello, w.bytes());
+  }
+  std::vector<std::uint8_t> payload;
+  if (rank_ == 0) {
+    runtime::CloseAfter guard(*sock, limit);
+    Frame f;
+    try {
+      f = co_await read_frame(*sock, secret_, max_table_frame);
+    } catch (const boost::system::system_error& e) {
+      throw std::system_error(make_error_code(errc::timed_out),
+                              "bootstrap: no address table from the root (" +
+                                  std::string(e.what()) + "); did all " +
+                                  std::to_string(nranks_) + " ranks start?");
+    }
+    if (f.type != FrameType::table) bad("expected the address table");
+    payload = std::move(f.payload);
+  } else {
+    sock.reset();
+    try {
+      payload = co_await table_box_.pop(limit);
+    } catch (const boost::system::system_error&) {
+      throw std::system_error(make_error_code(errc::timed_out),
+                              "bootstrap: rank " + std::to_string(rank_) +
+                                  " got no address table within COCCL_TIMEOUT; did all " +
+                                  std::to_string(nranks_) + " ranks start?");
+    }
+  }
+  table_ = decode_table(payload, nranks_);
+  for (int child : {2 * rank_ + 1, 2 * rank_ + 2})
+    if (child < nranks_) co_await forward_table(child, payload);
+  COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
+}
+
+bool Peers::use_shm(int peer) const {
+  if (options_.transport == "tcp" || params::shm_disable.get()) return false;
+  return table_[peer].host_hash == table_[rank_].host_hash;
+}
+
+asio::awaitable<Connection*> Peers::get(int peer) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_)
+    throw std::system_error(make_error_code(errc::internal), "no connection to self");
+  if (by_peer_[peer]) co_return by_peer_[peer];
+  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  if (connecting_[peer]) {
+    // Another coroutine is making this link: wait for it.
+    if (!ready_[peer]) ready_[peer] = std::make_unique<runtime::Mailbox<int>>(ex_);
+    auto* box = ready_[peer].get();
+    int ok = co_await box->pop(runtime::default_timeout());
+    box->push(ok);  // pass the news on to the next waiter
+    if (!ok || !by_peer_[peer])
+      throw LinkError(make_error_code(errc::peer_lost),
+                      "connection to rank " + std::to_string(peer) + " failed");
+    co_return by_peer_[peer];
+  }
+  connecting_[peer] = true;
+  try {
+    co_await connect(peer);
+  } catch (...) {
+    if (ready_[peer]) ready_[peer]->push(0);
+    connecting_[peer] = false;
+    throw;
+  }
+  if (ready_[peer]) ready_[peer]->push(1);
+  co_return by_peer_[peer];
+}
+
+asio::awaitable<void> Peers::connect(int peer) {
+  auto limit = runtime::default_timeout();
+  bool shm = use_shm(peer);
+  std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
+  std::shared_ptr<tcp::socket> sock;
+  std::unique_ptr<ShmSegment> own, theirs;
+  try {
+    if (peer > rank_) {
+      sock = co_await dial(ex_, table_[peer].endpoint(), std::chrono::steady_clock::now() + limit);
+      runtime::CloseAfter guard(*sock, limit);
+      if (shm) own = ShmSegment::create(seg_bytes);
+      Writer w;
+      w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint8_t>(shm);
+      w.put<std::uint64_t>(options_.slots).put<std::uint64_t>(options_.slot_bytes);
+      std::string name = own ? own->name() : "";
+      w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
+      co_await write_frame(*sock, secret_, FrameType::connect, w.bytes());
+      Frame f = co_await read_frame(*sock, secret_, max_small_frame);
+      if (f.type != FrameType::accept) bad("expected accept");
+      Reader r(f.payload);
+      auto their_name = r.get_bytes();
+      if (shm) {
+        theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+        own->unlink();  // the peer mapped it before accepting
+      }
+    } else {
+      auto it = incoming_.try_emplace(peer, ex_).first;
+      Incoming in;
+      try {
+        in = co_await it->second.pop(limit);
+      } catch (const boost::system::system_error&) {
+        throw std::system_error(make_error_code(errc::timed_out),
+                                "rank " + std::to_string(peer) + " did not connect within " +
+                                    "COCCL_TIMEOUT");
+      }
+      sock = in.socket;
+      runtime::CloseAfter guard(*sock, limit);
+      Reader r(in.payload);
+      r.get<std::int32_t>();
+      r.get<std::int32_t>();
+      bool their_shm = r.get<std::uint8_t>() != 0;
+      auto slots = r.get<std::uint64_t>();
+      auto slot_bytes = r.get<std::uint64_t>();
+      auto their_name = r.get_bytes();
+      if (their_shm != shm || slots != options_.slots || slot_bytes != options_.slot_bytes)
+        bad("rank " + std::to_string(peer) + " uses different link settings");
+      if (shm) {
+        theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+        own = ShmSegment::create(seg_bytes);
+      }
+      Writer w;
+      std::string name = own ? own->name() : "";
+      w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
+      co_await write_frame(*sock, secret_, FrameType::accept, w.bytes());
+    }
+  } catch (const boost::system::system_error& e) {
+    throw LinkError(make_error_code(errc::peer_lost),
+                    "cannot connect to rank " + std::to_string(peer) + ": " + e.what());
+  }
+  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  std::unique_ptr<SocketConnection> c;
+  if (shm)
+    c = std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
+                                        options_.slot_bytes, std::move(own), std::move(theirs),
+                                        poller_, on_failure_);
+  else
+    c = std::make_unique<TcpConnection>(rank_, peer, std::move(*sock), options_.slots,
+                                        options_.slot_bytes, on_failure_);
+  c->start();
+  COCCL_INFO(net, rank_, "connected to rank %d over %s", peer, c->kind());
+  by_peer_[peer] = c.get();
+  conns_.push_back(std::move(c));
+}
+
+void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
+  if (shut_) return;
+  shut_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  table_box_.fail(asio::error::operation_aborted);
+  for (auto& [peer, box] : incoming_) box.fail(asio::error::operation_aborted);
+  for (auto& box : ready_)
+    if (box) box->push(0);
+  for (auto& c : conns_) {
+    if (notify) c->send_abort(ec, why);
+    c->close(ec, why);
+  }
+}
+
+}  // namespace coccl::transport

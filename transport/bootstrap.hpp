@@ -1,0 +1,127 @@
+// Bootstrap: forming a communicator from a UniqueId, and the per-communicator listener that
+// accepts peer connections (made lazily, lower rank dials).
+//
+// Rendezvous: each rank opens a listener, then sends an authenticated hello (rank, size, listener
+// address, host identity) to the root. When all have arrived the root sends the address table to
+// rank 0 only and closes; the table then flows down a binary tree (rank r forwards it to 2r+1 and
+// 2r+2), so the root does O(N) work and every rank has the table after O(log N) rounds.
+#pragma once
+
+#include <array>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <coccl/unique_id.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/deadline.hpp"
+#include "runtime/engine.hpp"
+#include "transport/connection.hpp"
+#include "transport/shm.hpp"
+#include "transport/wire.hpp"
+
+namespace coccl::transport {
+
+/// What every rank knows about every other: where it listens and which host it is on.
+struct PeerInfo {
+  std::array<std::uint8_t, 16> addr;  // IPv4 in the first 4 bytes when family == 4
+  std::uint8_t family;                // 4 or 6
+  std::uint16_t port;
+  std::uint64_t host_hash;  // same value <=> same host (shared memory possible)
+  std::int32_t pid;
+
+  asio::ip::tcp::endpoint endpoint() const;
+  static PeerInfo from(const asio::ip::tcp::endpoint& ep);
+};
+
+/// The parts of a UniqueId.
+struct RootAddress {
+  asio::ip::tcp::endpoint endpoint;
+  Secret secret;
+};
+RootAddress decode(const UniqueId& id);
+UniqueId encode(const RootAddress& root);
+
+/// Starts a bootstrap root on `thread`, listening on `endpoint` (port 0 picks one). Returns the
+/// endpoint it listens on. The root serves one communicator.
+asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
+                                   const asio::ip::tcp::endpoint& endpoint, const Secret& secret);
+
+/// This host's identity: hash of host name and boot id.
+std::uint64_t host_hash();
+
+/// Connection settings fixed when the communicator is created.
+struct LinkOptions {
+  std::string transport;  // auto, tcp or shm
+  std::size_t slots;
+  std::size_t slot_bytes;
+};
+
+/// One communicator's view of its peers: its listener, the address table and the connections,
+/// made on first use. Lives on the communicator's proxy thread.
+class Peers {
+ public:
+  Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int nranks,
+        LinkOptions options, FailureHandler on_failure);
+  ~Peers();
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return nranks_; }
+  const Secret& secret() const noexcept { return secret_; }
+  const std::vector<PeerInfo>& table() const noexcept { return table_; }
+  /// This rank's entry (its listener).
+  PeerInfo self_info() const;
+
+  /// Rendezvous through the root of `root`; fills the table.
+  asio::awaitable<void> rendezvous(RootAddress root);
+  /// Uses a table gathered another way (split).
+  void set_table(std::vector<PeerInfo> table) { table_ = std::move(table); }
+
+  /// The connection to `peer`, made now if needed. Throws LinkError/system_error on failure.
+  asio::awaitable<Connection*> get(int peer);
+
+  /// Sends an abort notice on every open connection, then closes them and the listener.
+  void shutdown(std::error_code ec, const std::string& why, bool notify);
+
+  /// The connection to `peer` if it is open, else null.
+  Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// Open connections (for the watchdog).
+  const std::vector<std::unique_ptr<Connection>>& connections() const { return conns_; }
+  /// The poller of this communicator's shm links.
+  ShmPoller& shm_poller() noexcept { return poller_; }
+
+ private:
+  struct Incoming {
+    std::shared_ptr<asio::ip::tcp::socket> socket;
+    std::vector<std::uint8_t> payload;
+  };
+  void accept_loop();
+  asio::awaitable<void> handle_incoming(std::shared_ptr<asio::ip::tcp::socket> s);
+  asio::awaitable<void> connect(int peer);
+  bool use_shm(int peer) const;
+  asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
+
+  runtime::ProxyThread& thread_;
+  asio::any_io_executor ex_;
+  Secret secret_;
+  int rank_;
+  int nranks_;
+  LinkOptions options_;
+  FailureHandler on_failure_;
+  asio::ip::tcp::acceptor acceptor_;
+  std::vector<PeerInfo> table_;
+  runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
+  std::map<int, runtime::Mailbox<Incoming>> incoming_;
+  std::vector<std::unique_ptr<Connection>> conns_;      // in creation order
+  std::vector<Connection*> by_peer_;                     // nranks entries
+  std::vector<std::unique_ptr<runtime::Mailbox<int>>> ready_;  // waiters for a link being made
+  std::vector<bool> connecting_;
+  ShmPoller poller_;
+  bool shut_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace coccl::transport

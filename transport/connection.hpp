@@ -1,0 +1,101 @@
+// A connection to one peer rank: ordered puts into the peer's receive ring, each with a
+// notification the peer waits on, plus control frames (abort notices) on the same link.
+//
+// This is coccl's single connection model (after NCCLX's CTran mapper): the receive ring is the
+// peer's registered buffer, a put copies a chunk into the next ring slot and notifies the peer, the
+// peer waits for the notification, uses the chunk in place (reduces from it or copies it out) and
+// releases the slot, which returns a credit to the sender. tcp carries a put as header + payload;
+// shm copies into a ring mapped from the peer's memory and publishes it with a release store.
+//
+// All members are called on the owning communicator's proxy thread. Per direction, at most one
+// coroutine at a time waits (the algorithms give each peer one sending and one receiving
+// coroutine), so puts and waits stay in order.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <system_error>
+
+namespace coccl::transport {
+
+namespace asio = boost::asio;
+
+/// Thrown by put() and wait() when the connection (and so the communicator) has failed. It carries
+/// the communicator-level description: which peer, what happened.
+class LinkError : public std::system_error {
+ public:
+  LinkError(std::error_code ec, const std::string& what) : std::system_error(ec, what) {}
+};
+
+/// A received chunk, valid until release().
+struct Chunk {
+  std::byte* data;
+  std::size_t size;
+  std::uint32_t fingerprint;
+};
+
+/// Called once when the link fails: peer EOF/reset, an abort notice, a protocol error.
+using FailureHandler = std::function<void(int peer, std::error_code, const std::string&)>;
+
+class Connection {
+ public:
+  Connection(int self, int peer, FailureHandler on_failure)
+      : self_(self), peer_(peer), on_failure_(std::move(on_failure)) {}
+  virtual ~Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  int peer() const noexcept { return peer_; }
+  /// "tcp" or "shm".
+  virtual const char* kind() const noexcept = 0;
+  /// Largest single put.
+  virtual std::size_t slot_bytes() const noexcept = 0;
+
+  /// Copies [src, src+n) into the peer's next ring slot and notifies it. Completes once `src`
+  /// may be reused. `fingerprint` identifies the operation; the receiver checks it. Throws
+  /// LinkError when the link has failed.
+  virtual asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) = 0;
+
+  /// Waits for the next chunk from the peer. Throws LinkError when the link has failed.
+  virtual asio::awaitable<Chunk> wait() = 0;
+
+  /// Releases the oldest chunk returned by wait(); its slot goes back to the sender.
+  virtual void release() = 0;
+
+  /// Best effort: tells the peer why this communicator is failing (the peer fails with
+  /// errc::remote_error and this text).
+  virtual void send_abort(std::error_code ec, const std::string& why) = 0;
+
+  /// Fails every pending and future put/wait with `ec`/`why` and closes the link. Idempotent.
+  virtual void close(std::error_code ec, const std::string& why) = 0;
+
+  /// When a put or wait has been blocked on this peer since, if one is.
+  std::optional<std::chrono::steady_clock::time_point> blocked_since() const noexcept {
+    return blocked_since_;
+  }
+
+ protected:
+  // Reports the first failure to the communicator.
+  void report_failure(std::error_code ec, const std::string& why) {
+    if (reported_) return;
+    reported_ = true;
+    if (on_failure_) on_failure_(peer_, ec, why);
+  }
+
+  int self_;
+  int peer_;
+  std::optional<std::chrono::steady_clock::time_point> blocked_since_;
+
+ private:
+  FailureHandler on_failure_;
+  bool reported_ = false;
+};
+
+}  // namespace coccl::transport

@@ -1,0 +1,213 @@
+#include "transport/shm.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/use_awaitable.hpp>
+#include <coccl/error.hpp>
+#include <cstring>
+
+#include "transport/hmac.hpp"
+
+namespace coccl::transport {
+
+// Ring layout at the start of a segment. Head and tail live on their own cache lines: the sender
+// writes head, the receiver writes tail, and sharing a line would bounce it on every chunk.
+struct ShmRing {
+  alignas(64) std::atomic<std::uint64_t> head;  // chunks published by the sender
+  alignas(64) std::atomic<std::uint64_t> tail;  // chunks released by the receiver
+};
+// Per-slot metadata (size, fingerprint) follows the ring header, two words per slot.
+constexpr std::size_t meta_offset = 128;
+static_assert(sizeof(ShmRing) <= meta_offset);
+
+namespace {
+
+constexpr std::size_t data_offset(std::size_t slots) {
+  return (meta_offset + slots * 8 + 4095) / 4096 * 4096;
+}
+
+std::atomic<std::uint32_t>& meta(void* ring, std::size_t i) {
+  return reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<char*>(ring) + meta_offset)[i];
+}
+
+asio::awaitable<void> suspend(Waiter& slot) {
+  co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
+      [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
+}
+
+std::system_error sys_error(const std::string& what) {
+  return std::system_error(errno, std::system_category(), what);
+}
+
+}  // namespace
+
+std::unique_ptr<ShmSegment> ShmSegment::create(std::size_t bytes) {
+  std::array<std::uint8_t, 8> rnd{};
+  detail::random_bytes(rnd);
+  char name[64];
+  std::snprintf(name, sizeof name, "/coccl-%d-%02x%02x%02x%02x%02x%02x%02x%02x", ::getpid(),
+                rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+  int fd = ::shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throw sys_error(std::string("shm_open ") + name);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    auto e = sys_error("ftruncate shm segment");
+    ::close(fd);
+    ::shm_unlink(name);
+    throw e;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    auto e = sys_error("mmap shm segment");
+    ::shm_unlink(name);
+    throw e;
+  }
+  return std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, true));
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, std::size_t bytes) {
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
+      name.rfind("/coccl-", 0) != 0)
+    throw std::system_error(make_error_code(errc::bad_message), "bad shm segment name");
+  int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) throw sys_error("shm_open " + name);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
+    ::close(fd);
+    throw std::system_error(make_error_code(errc::bad_message), "shm segment too small");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw sys_error("mmap " + name);
+  auto seg = std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, false));
+  // Once both sides hold a mapping the name only risks a leak if a process dies.
+  seg->unlink();
+  return seg;
+}
+
+void ShmSegment::unlink() noexcept {
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+ShmSegment::~ShmSegment() {
+  if (owner_) unlink();
+  ::munmap(data_, bytes_);
+}
+
+bool ShmPoller::poll() {
+  bool progress = false;
+  for (std::size_t i = 0; i < active_.size();) {
+    if (!active_[i]->check()) {
+      active_[i] = active_.back();
+      active_.pop_back();
+      progress = true;
+    } else {
+      ++i;
+    }
+  }
+  return progress;
+}
+
+void ShmPoller::activate(ShmConnection* c) {
+  if (std::find(active_.begin(), active_.end(), c) == active_.end()) active_.push_back(c);
+}
+
+void ShmPoller::forget(ShmConnection* c) {
+  active_.erase(std::remove(active_.begin(), active_.end(), c), active_.end());
+}
+
+std::size_t ShmConnection::segment_bytes(std::size_t slots, std::size_t slot_bytes) {
+  return data_offset(slots) + slots * slot_bytes;
+}
+
+ShmConnection::ShmConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
+                             std::size_t slot_bytes, std::unique_ptr<ShmSegment> own,
+                             std::unique_ptr<ShmSegment> peer_ring, ShmPoller& poller,
+                             FailureHandler on_failure)
+    : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
+      slots_(slots),
+      slot_bytes_(slot_bytes),
+      own_(std::move(own)),
+      peer_(std::move(peer_ring)),
+      recv_ring_(static_cast<ShmRing*>(own_->data())),
+      send_ring_(static_cast<ShmRing*>(peer_->data())),
+      poller_(poller) {}
+
+ShmConnection::~ShmConnection() { poller_.forget(this); }
+
+bool ShmConnection::can_put() const noexcept {
+  return sent_ - send_ring_->tail.load(std::memory_order_acquire) < slots_;
+}
+
+bool ShmConnection::can_recv() const noexcept {
+  return recv_ring_->head.load(std::memory_order_acquire) > consumed_;
+}
+
+bool ShmConnection::check() {
+  if (recv_waiter_ && (closed_ || can_recv())) resume(recv_waiter_);
+  if (credit_waiter_ && (closed_ || can_put())) resume(credit_waiter_);
+  return recv_waiter_.has_value() || credit_waiter_.has_value();
+}
+
+asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
+  if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
+  while (!closed_ && !can_put()) {
+    blocked_since_ = std::chrono::steady_clock::now();
+    poller_.activate(this);
+    try {
+      co_await suspend(credit_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+    blocked_since_.reset();
+  }
+  if (closed_) throw_failure();
+  std::size_t slot = sent_ % slots_;
+  auto* base = static_cast<std::byte*>(peer_->data()) + data_offset(slots_);
+  if (n) std::memcpy(base + slot * slot_bytes_, src, n);
+  meta(send_ring_, 2 * slot).store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
+  meta(send_ring_, 2 * slot + 1).store(fp, std::memory_order_relaxed);
+  ++sent_;
+  // Publishes the payload and the metadata above.
+  send_ring_->head.store(sent_, std::memory_order_release);
+}
+
+asio::awaitable<Chunk> ShmConnection::wait() {
+  while (!closed_ && !can_recv()) {
+    blocked_since_ = std::chrono::steady_clock::now();
+    poller_.activate(this);
+    try {
+      co_await suspend(recv_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+    blocked_since_.reset();
+  }
+  if (closed_) throw_failure();
+  std::size_t slot = consumed_ % slots_;
+  ++consumed_;
+  auto* base = static_cast<std::byte*>(own_->data()) + data_offset(slots_);
+  co_return Chunk{base + slot * slot_bytes_,
+                  meta(recv_ring_, 2 * slot).load(std::memory_order_relaxed),
+                  meta(recv_ring_, 2 * slot + 1).load(std::memory_order_relaxed)};
+}
+
+void ShmConnection::release() {
+  ++released_;
+  // The receiver is done reading the slot before the sender may overwrite it.
+  recv_ring_->tail.store(released_, std::memory_order_release);
+}
+
+asio::awaitable<void> ShmConnection::on_put(const LinkHeader&) {
+  throw std::system_error(make_error_code(errc::bad_message), "data frame on an shm link");
+  co_return;
+}
+
+void ShmConnection::fail_waiters() {
+  resume(recv_waiter_, asio::error::operation_aborted);
+  resume(credit_waiter_, asio::error::operation_aborted);
+}
+
+}  // namespace coccl::transport

@@ -1,0 +1,99 @@
+// shm transport for ranks on one host: each side owns a receive ring in a shared-memory segment
+// that the peer maps; a put is a memcpy into the peer's next slot followed by a release store of
+// the ring's head; the receiver polls the head (through ShmPoller on its proxy thread), uses the
+// slot in place and publishes its tail to return the slot. The TCP socket that set the link up
+// stays open to detect a dead peer and carry abort notices.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.hpp"
+#include "transport/socket_connection.hpp"
+
+namespace coccl::transport {
+
+class ShmConnection;
+struct ShmRing;
+
+/// A shared-memory segment: created here (owner) or mapped from a peer.
+class ShmSegment {
+ public:
+  /// Creates a segment of `bytes`, named uniquely; the name travels to the peer.
+  static std::unique_ptr<ShmSegment> create(std::size_t bytes);
+  /// Maps a peer's segment by name and unlinks the name (it is no longer needed once mapped).
+  static std::unique_ptr<ShmSegment> open(const std::string& name, std::size_t bytes);
+  ~ShmSegment();
+  void* data() const noexcept { return data_; }
+  const std::string& name() const noexcept { return name_; }
+  /// Removes the name (idempotent); mapped memory stays valid.
+  void unlink() noexcept;
+
+ private:
+  ShmSegment(std::string name, void* data, std::size_t bytes, bool owner)
+      : name_(std::move(name)), data_(data), bytes_(bytes), owner_(owner) {}
+  std::string name_;
+  void* data_;
+  std::size_t bytes_;
+  bool owner_;
+  bool linked_ = true;
+};
+
+/// Polls the shm connections of one communicator that have a waiter. Lives on its proxy thread.
+class ShmPoller final : public runtime::Poller {
+ public:
+  bool poll() override;
+  bool waiting() const override { return !active_.empty(); }
+  void activate(ShmConnection* c);
+  void forget(ShmConnection* c);
+
+ private:
+  std::vector<ShmConnection*> active_;
+};
+
+class ShmConnection final : public SocketConnection {
+ public:
+  /// Bytes of a ring segment for these parameters.
+  static std::size_t segment_bytes(std::size_t slots, std::size_t slot_bytes);
+
+  /// `own` is this side's receive ring (created here), `peer` the peer's (mapped).
+  ShmConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
+                std::size_t slot_bytes, std::unique_ptr<ShmSegment> own,
+                std::unique_ptr<ShmSegment> peer_ring, ShmPoller& poller,
+                FailureHandler on_failure);
+  ~ShmConnection() override;
+
+  const char* kind() const noexcept override { return "shm"; }
+  std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
+  asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
+  asio::awaitable<Chunk> wait() override;
+  void release() override;
+
+  /// Called by ShmPoller: resumes waiters whose condition holds. Returns true while a waiter is
+  /// still pending.
+  bool check();
+
+ private:
+  asio::awaitable<void> on_put(const LinkHeader& h) override;
+  void on_credit(std::uint64_t) override {}
+  void fail_waiters() override;
+  bool can_put() const noexcept;
+  bool can_recv() const noexcept;
+
+  std::size_t slots_;
+  std::size_t slot_bytes_;
+  std::unique_ptr<ShmSegment> own_;
+  std::unique_ptr<ShmSegment> peer_;
+  ShmRing* recv_ring_;
+  ShmRing* send_ring_;
+  ShmPoller& poller_;
+  std::uint64_t sent_ = 0;      // puts published into the peer's ring
+  std::uint64_t consumed_ = 0;  // chunks handed out by wait()
+  std::uint64_t released_ = 0;  // chunks released
+  Waiter recv_waiter_;
+  Waiter credit_waiter_;
+};
+
+}  // namespace coccl::transport

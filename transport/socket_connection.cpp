@@ -1,0 +1,163 @@
+#include "transport/socket_connection.hpp"
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <coccl/error.hpp>
+
+#include "runtime/log.hpp"
+
+namespace coccl::transport {
+
+namespace {
+// Abort notices carry a short reason; a larger one is a protocol error.
+constexpr std::size_t max_abort_text = 4096;
+}  // namespace
+
+SocketConnection::SocketConnection(int self, int peer, asio::ip::tcp::socket socket,
+                                   FailureHandler on_failure)
+    : Connection(self, peer, std::move(on_failure)), socket_(std::move(socket)) {
+  boost::system::error_code ignored;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+}
+
+SocketConnection::~SocketConnection() {
+  // The reader coroutine may still be parked in the executor; it checks `alive` before touching
+  // this object.
+  *alive_ = false;
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+}
+
+void SocketConnection::start() {
+  asio::co_spawn(socket_.get_executor(), read_loop(alive_), asio::detached);
+}
+
+asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
+  for (;;) {
+    LinkHeader h{};
+    boost::system::error_code ec;
+    try {
+      co_await asio::async_read(socket_, asio::buffer(&h, sizeof h), asio::use_awaitable);
+      if (!*alive) co_return;
+      switch (h.type) {
+        case LinkHeader::put:
+          co_await on_put(h);
+          break;
+        case LinkHeader::credit:
+          on_credit(h.length);
+          break;
+        case LinkHeader::abort: {
+          if (h.length > max_abort_text) throw std::system_error(make_error_code(errc::bad_message));
+          std::string text(h.length, '\0');
+          co_await asio::async_read(socket_, asio::buffer(text), asio::use_awaitable);
+          if (!*alive) co_return;
+          auto code = static_cast<errc>(h.fingerprint);
+          if (h.fingerprint < 1 || h.fingerprint > static_cast<std::uint32_t>(errc::cuda_error))
+            code = errc::remote_error;
+          close(make_error_code(code), "rank " + std::to_string(peer_) + " aborted: " + text);
+          co_return;
+        }
+        default:
+          throw std::system_error(make_error_code(errc::bad_message));
+      }
+    } catch (const boost::system::system_error& e) {
+      ec = e.code();
+    } catch (const std::system_error& e) {
+      if (!*alive) co_return;
+      close(e.code(), "rank " + std::to_string(peer_) + ": protocol error: " + e.what());
+      co_return;
+    }
+    if (!*alive) co_return;
+    if (ec) {
+      if (!closed_)
+        close(make_error_code(errc::peer_lost),
+              "lost rank " + std::to_string(peer_) + " (connection " + ec.message() + ")");
+      co_return;
+    }
+  }
+}
+
+void SocketConnection::enqueue(LinkHeader h, const void* data, std::size_t n, Resume done) {
+  queue_.push_back(Pending{h, data, n, std::move(done)});
+  if (!writing_) write_next();
+}
+
+void SocketConnection::write_next() {
+  if (queue_.empty() || closed_) {
+    writing_ = false;
+    return;
+  }
+  writing_ = true;
+  Pending& p = queue_.front();
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(&p.header, sizeof p.header),
+                                         asio::buffer(p.data, p.size)};
+  asio::async_write(socket_, bufs,
+                    [this, alive = alive_](boost::system::error_code ec, std::size_t) {
+                      if (!*alive) return;
+                      if (queue_.empty()) return;
+                      Pending done = std::move(queue_.front());
+                      queue_.pop_front();
+                      if (done.done) resume_now(done.done, ec);
+                      if (ec) {
+                        if (!closed_)
+                          close(make_error_code(errc::peer_lost),
+                                "lost rank " + std::to_string(peer_) + " (send " + ec.message() +
+                                    ")");
+                        return;
+                      }
+                      write_next();
+                    });
+}
+
+void SocketConnection::send_abort(std::error_code ec, const std::string& why) {
+  // Only when no frame is half-written: the notice must not land inside another frame. The write
+  // is non-blocking so that a stopped peer with a full socket buffer cannot hang an abort.
+  if (closed_ || writing_) return;
+  std::string text = why.substr(0, max_abort_text);
+  // The peer fails with the same coccl error (a lost rank stays "peer lost" everywhere).
+  auto code = ec.category() == error_category() ? static_cast<std::uint32_t>(ec.value())
+                                                : static_cast<std::uint32_t>(errc::remote_error);
+  LinkHeader h{LinkHeader::abort, code, text.size()};
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(&h, sizeof h), asio::buffer(text)};
+  boost::system::error_code ignored;
+  socket_.non_blocking(true, ignored);
+  socket_.write_some(bufs, ignored);
+}
+
+void SocketConnection::resume(Waiter& w, boost::system::error_code ec) {
+  if (!w) return;
+  resume_now(*w, ec);
+  w.reset();
+}
+
+void SocketConnection::resume_now(Resume& r, boost::system::error_code ec) {
+  if (!r) return;
+  // Through append, not a lambda: a lambda holding an any_completion_handler looks copyable to
+  // Asio, and copying one wraps it in itself.
+  asio::post(socket_.get_executor(), asio::append(std::move(r), ec));
+}
+
+void SocketConnection::close(std::error_code ec, const std::string& why) {
+  if (closed_) return;
+  closed_ = true;
+  error_ = ec;
+  error_text_ = why;
+  COCCL_INFO(net, self_, "connection to rank %d closed: %s", peer_, why.c_str());
+  for (auto& p : queue_)
+    if (p.done) resume_now(p.done, asio::error::operation_aborted);
+  queue_.clear();
+  fail_waiters();
+  boost::system::error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  report_failure(ec, why);
+}
+
+void SocketConnection::throw_failure() const { throw LinkError(error_, error_text_); }
+
+}  // namespace coccl::transport

@@ -1,0 +1,76 @@
+// The part of a connection that lives on a TCP socket: an ordered write queue, a reader coroutine
+// that dispatches incoming frames, peer-loss detection (EOF or reset) and abort notices. The tcp
+// transport carries its data on it; shm uses it only for liveness and abort notices.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "transport/connection.hpp"
+
+namespace coccl::transport {
+
+/// Frame header on an established connection (not authenticated: the link was authenticated
+/// when it was set up, and the data path must stay cheap).
+struct LinkHeader {
+  enum Type : std::uint32_t { put = 1, credit = 2, abort = 3 };
+  std::uint32_t type;
+  std::uint32_t fingerprint;
+  std::uint64_t length;
+};
+
+using Resume = asio::any_completion_handler<void(boost::system::error_code)>;
+// A parked waiter. Held in an optional and never assigned: Boost 1.81's any_completion_handler
+// move assignment wraps the source in itself and recurses without end.
+using Waiter = std::optional<Resume>;
+
+class SocketConnection : public Connection {
+ public:
+  SocketConnection(int self, int peer, asio::ip::tcp::socket socket, FailureHandler on_failure);
+  ~SocketConnection() override;
+
+  void send_abort(std::error_code ec, const std::string& why) override;
+  void close(std::error_code ec, const std::string& why) override;
+
+  /// Starts the reader coroutine; call once the derived object is fully built.
+  void start();
+
+ protected:
+  // Queues a frame; `done` (optional) runs once its bytes are handed to the kernel.
+  void enqueue(LinkHeader h, const void* data, std::size_t n, Resume done);
+  // Reads the payload of a put frame (tcp) or rejects it (shm).
+  virtual asio::awaitable<void> on_put(const LinkHeader& h) = 0;
+  virtual void on_credit(std::uint64_t n) = 0;
+  // Fails the derived class's waiters.
+  virtual void fail_waiters() = 0;
+  // Resumes a suspended coroutine with `ec` from the executor (never inline).
+  void resume(Waiter& w, boost::system::error_code ec = {});
+  void resume_now(Resume& r, boost::system::error_code ec);
+  // Throws the stored failure.
+  [[noreturn]] void throw_failure() const;
+
+  asio::ip::tcp::socket socket_;
+  bool closed_ = false;
+  std::error_code error_;
+  std::string error_text_;
+
+ private:
+  struct Pending {
+    LinkHeader header;
+    const void* data;
+    std::size_t size;
+    Resume done;
+  };
+  asio::awaitable<void> read_loop(std::shared_ptr<bool> alive);
+  void write_next();
+
+  std::deque<Pending> queue_;
+  bool writing_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace coccl::transport

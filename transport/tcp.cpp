@@ -1,0 +1,97 @@
+#include "transport/tcp.hpp"
+
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <coccl/error.hpp>
+
+namespace coccl::transport {
+
+namespace {
+asio::awaitable<void> suspend(Waiter& slot) {
+  co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
+      [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
+}
+}  // namespace
+
+TcpConnection::TcpConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
+                             std::size_t slot_bytes, FailureHandler on_failure)
+    : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
+      slots_(slots),
+      slot_bytes_(slot_bytes),
+      ring_(new std::byte[slots * slot_bytes]),
+      sizes_(slots),
+      fingerprints_(slots) {}
+
+asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
+  if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
+  while (!closed_ && sent_ - acked_ >= slots_) {
+    blocked_since_ = std::chrono::steady_clock::now();
+    try {
+      co_await suspend(credit_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+    blocked_since_.reset();
+  }
+  if (closed_) throw_failure();
+  ++sent_;
+  bool failed = false;
+  try {
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
+        [&](auto handler) {
+          enqueue(LinkHeader{LinkHeader::put, fp, n}, src, n, std::move(handler));
+        },
+        asio::use_awaitable);
+  } catch (const boost::system::system_error&) {
+    failed = true;
+  }
+  if (failed || closed_) throw_failure();
+}
+
+asio::awaitable<Chunk> TcpConnection::wait() {
+  while (!closed_ && filled_ == consumed_) {
+    blocked_since_ = std::chrono::steady_clock::now();
+    try {
+      co_await suspend(recv_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+    blocked_since_.reset();
+  }
+  // Data already received is still delivered after a failure only if complete: a failed link
+  // fails the operation anyway, so report the failure first.
+  if (closed_) throw_failure();
+  std::size_t slot = consumed_ % slots_;
+  ++consumed_;
+  co_return Chunk{ring_.get() + slot * slot_bytes_, sizes_[slot], fingerprints_[slot]};
+}
+
+void TcpConnection::release() {
+  ++released_;
+  if (closed_) return;
+  enqueue(LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0, {});
+}
+
+asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h) {
+  // The sender holds a credit for this slot, so it is free; a peer that ignores credits or
+  // sends oversized frames is broken.
+  if (h.length > slot_bytes_ || filled_ - released_ >= slots_)
+    throw std::system_error(make_error_code(errc::bad_message), "put without credit");
+  std::size_t slot = filled_ % slots_;
+  co_await asio::async_read(socket_, asio::buffer(ring_.get() + slot * slot_bytes_, h.length),
+                            asio::use_awaitable);
+  sizes_[slot] = static_cast<std::uint32_t>(h.length);
+  fingerprints_[slot] = h.fingerprint;
+  ++filled_;
+  resume(recv_waiter_);
+}
+
+void TcpConnection::on_credit(std::uint64_t n) {
+  acked_ += n;
+  resume(credit_waiter_);
+}
+
+void TcpConnection::fail_waiters() {
+  resume(recv_waiter_, asio::error::operation_aborted);
+  resume(credit_waiter_, asio::error::operation_aborted);
+}
+
+}  // namespace coccl::transport

@@ -1,0 +1,42 @@
+// tcp transport: a put is a frame header plus payload on the socket; the receiver's reader
+// coroutine reads the payload straight into the next slot of its receive ring and notifies the
+// waiter; releasing a slot sends a credit frame back.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "transport/socket_connection.hpp"
+
+namespace coccl::transport {
+
+class TcpConnection final : public SocketConnection {
+ public:
+  TcpConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
+                std::size_t slot_bytes, FailureHandler on_failure);
+
+  const char* kind() const noexcept override { return "tcp"; }
+  std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
+  asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
+  asio::awaitable<Chunk> wait() override;
+  void release() override;
+
+ private:
+  asio::awaitable<void> on_put(const LinkHeader& h) override;
+  void on_credit(std::uint64_t n) override;
+  void fail_waiters() override;
+
+  std::size_t slots_;
+  std::size_t slot_bytes_;
+  std::unique_ptr<std::byte[]> ring_;
+  std::vector<std::uint32_t> sizes_;
+  std::vector<std::uint32_t> fingerprints_;
+  // Receive side: chunks fully read, handed to wait(), released.
+  std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
+  // Send side: puts issued, slots the peer has released.
+  std::uint64_t sent_ = 0, acked_ = 0;
+  Waiter recv_waiter_;
+  Waiter credit_waiter_;
+};
+
+}  // namespace coccl::transport
