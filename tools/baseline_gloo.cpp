@@ -44,7 +44,16 @@
 
 namespace {
 
-enum class coll_kind { allreduce, allgather, broadcast, reduce, reducescatter, alltoall, gather, scatter };
+enum class coll_kind {
+  allreduce,
+  allgather,
+  broadcast,
+  reduce,
+  reducescatter,
+  alltoall,
+  gather,
+  scatter
+};
 enum class reduce_op { sum, prod, min, max };
 enum class data_type { int8, uint8, int32, uint32, int64, uint64, float16, float32, float64 };
 
@@ -83,10 +92,20 @@ std::uint64_t parse_size(std::string_view text) {
   if (text.empty()) usage_error("empty size");
   std::uint64_t shift = 0;
   switch (text.back()) {
-    case 'k': case 'K': shift = 10; break;
-    case 'm': case 'M': shift = 20; break;
-    case 'g': case 'G': shift = 30; break;
-    default: break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      break;
+    default:
+      break;
   }
   if (shift != 0) text.remove_suffix(1);
   std::string digits(text);
@@ -121,14 +140,22 @@ coll_kind parse_coll(const std::string& s) {
 
 const char* coll_name(coll_kind c) {
   switch (c) {
-    case coll_kind::allreduce: return "allreduce";
-    case coll_kind::allgather: return "allgather";
-    case coll_kind::broadcast: return "broadcast";
-    case coll_kind::reduce: return "reduce";
-    case coll_kind::reducescatter: return "reducescatter";
-    case coll_kind::alltoall: return "alltoall";
-    case coll_kind::gather: return "gather";
-    case coll_kind::scatter: return "scatter";
+    case coll_kind::allreduce:
+      return "allreduce";
+    case coll_kind::allgather:
+      return "allgather";
+    case coll_kind::broadcast:
+      return "broadcast";
+    case coll_kind::reduce:
+      return "reduce";
+    case coll_kind::reducescatter:
+      return "reducescatter";
+    case coll_kind::alltoall:
+      return "alltoall";
+    case coll_kind::gather:
+      return "gather";
+    case coll_kind::scatter:
+      return "scatter";
   }
   return "?";
 }
@@ -139,8 +166,8 @@ bool is_reduction(coll_kind c) {
 
 // Collectives whose size is the whole buffer across ranks, split N ways (nccl-tests semantics).
 bool is_split(coll_kind c) {
-  return c == coll_kind::allgather || c == coll_kind::reducescatter ||
-         c == coll_kind::alltoall || c == coll_kind::gather || c == coll_kind::scatter;
+  return c == coll_kind::allgather || c == coll_kind::reducescatter || c == coll_kind::alltoall ||
+         c == coll_kind::gather || c == coll_kind::scatter;
 }
 
 reduce_op parse_op(const std::string& s) {
@@ -153,10 +180,14 @@ reduce_op parse_op(const std::string& s) {
 
 const char* op_name(reduce_op op) {
   switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::prod: return "prod";
-    case reduce_op::min: return "min";
-    case reduce_op::max: return "max";
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::prod:
+      return "prod";
+    case reduce_op::min:
+      return "min";
+    case reduce_op::max:
+      return "max";
   }
   return "?";
 }
@@ -176,15 +207,24 @@ data_type parse_type(const std::string& s) {
 
 const char* type_name(data_type t) {
   switch (t) {
-    case data_type::int8: return "int8";
-    case data_type::uint8: return "uint8";
-    case data_type::int32: return "int32";
-    case data_type::uint32: return "uint32";
-    case data_type::int64: return "int64";
-    case data_type::uint64: return "uint64";
-    case data_type::float16: return "float16";
-    case data_type::float32: return "float32";
-    case data_type::float64: return "float64";
+    case data_type::int8:
+      return "int8";
+    case data_type::uint8:
+      return "uint8";
+    case data_type::int32:
+      return "int32";
+    case data_type::uint32:
+      return "uint32";
+    case data_type::int64:
+      return "int64";
+    case data_type::uint64:
+      return "uint64";
+    case data_type::float16:
+      return "float16";
+    case data_type::float32:
+      return "float32";
+    case data_type::float64:
+      return "float64";
   }
   return "?";
 }
@@ -199,23 +239,40 @@ options parse_args(int argc, char** argv) {
     }
     if (i + 1 >= argc) usage_error("missing value for '" + arg + "'");
     const std::string val = argv[++i];
-    if (arg == "--rank") o.rank = parse_int(val, 0);
-    else if (arg == "--nranks") o.nranks = parse_int(val, 1);
-    else if (arg == "--store") o.store = val;
-    else if (arg == "--coll") o.coll = parse_coll(val);
-    else if (arg == "-b" || arg == "--minbytes") o.min_bytes = parse_size(val);
-    else if (arg == "-e" || arg == "--maxbytes") o.max_bytes = parse_size(val);
-    else if (arg == "-f" || arg == "--stepfactor") o.step_factor = parse_size(val);
-    else if (arg == "-i" || arg == "--stepbytes") o.step_bytes = parse_size(val);
-    else if (arg == "-n" || arg == "--iters") o.iters = parse_int(val, 1);
-    else if (arg == "-w" || arg == "--warmup_iters") o.warmup = parse_int(val, 0);
-    else if (arg == "--repeat") o.repeat = parse_int(val, 1);
-    else if (arg == "-d" || arg == "--datatype") o.dtype = parse_type(val);
-    else if (arg == "-o" || arg == "--op") o.op = parse_op(val);
-    else if (arg == "-c" || arg == "--check") o.check = parse_int(val, 0) != 0;
-    else if (arg == "--algo") o.algo = val;
-    else if (arg == "--timeout") o.timeout_s = parse_int(val, 1);
-    else usage_error("unknown argument '" + arg + "'");
+    if (arg == "--rank")
+      o.rank = parse_int(val, 0);
+    else if (arg == "--nranks")
+      o.nranks = parse_int(val, 1);
+    else if (arg == "--store")
+      o.store = val;
+    else if (arg == "--coll")
+      o.coll = parse_coll(val);
+    else if (arg == "-b" || arg == "--minbytes")
+      o.min_bytes = parse_size(val);
+    else if (arg == "-e" || arg == "--maxbytes")
+      o.max_bytes = parse_size(val);
+    else if (arg == "-f" || arg == "--stepfactor")
+      o.step_factor = parse_size(val);
+    else if (arg == "-i" || arg == "--stepbytes")
+      o.step_bytes = parse_size(val);
+    else if (arg == "-n" || arg == "--iters")
+      o.iters = parse_int(val, 1);
+    else if (arg == "-w" || arg == "--warmup_iters")
+      o.warmup = parse_int(val, 0);
+    else if (arg == "--repeat")
+      o.repeat = parse_int(val, 1);
+    else if (arg == "-d" || arg == "--datatype")
+      o.dtype = parse_type(val);
+    else if (arg == "-o" || arg == "--op")
+      o.op = parse_op(val);
+    else if (arg == "-c" || arg == "--check")
+      o.check = parse_int(val, 0) != 0;
+    else if (arg == "--algo")
+      o.algo = val;
+    else if (arg == "--timeout")
+      o.timeout_s = parse_int(val, 1);
+    else
+      usage_error("unknown argument '" + arg + "'");
   }
   if (o.nranks < 1 || o.rank < 0 || o.rank >= o.nranks) usage_error("need 0 <= --rank < --nranks");
   if (o.store.empty()) usage_error("--store DIR is required");
@@ -259,10 +316,18 @@ double reduce_expected(reduce_op op, int nranks, std::size_t i) {
   for (int r = 1; r < nranks; ++r) {
     const double v = reduce_input(op, r, i);
     switch (op) {
-      case reduce_op::sum: acc += v; break;
-      case reduce_op::prod: acc *= v; break;
-      case reduce_op::min: acc = std::min(acc, v); break;
-      case reduce_op::max: acc = std::max(acc, v); break;
+      case reduce_op::sum:
+        acc += v;
+        break;
+      case reduce_op::prod:
+        acc *= v;
+        break;
+      case reduce_op::min:
+        acc = std::min(acc, v);
+        break;
+      case reduce_op::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   return acc;
@@ -281,7 +346,8 @@ T poison(double expected) {
 }
 
 template <typename T>
-std::int64_t count_wrong(const T* got, std::size_t n, const std::function<double(std::size_t)>& want) {
+std::int64_t count_wrong(const T* got, std::size_t n,
+                         const std::function<double(std::size_t)>& want) {
   std::int64_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (!(got[i] == as<T>(want(i)))) ++wrong;
@@ -363,10 +429,14 @@ struct result {
 template <typename T>
 const gloo::ReductionFunction<T>* legacy_reduction(reduce_op op) {
   switch (op) {
-    case reduce_op::sum: return gloo::ReductionFunction<T>::sum;
-    case reduce_op::prod: return gloo::ReductionFunction<T>::product;
-    case reduce_op::min: return gloo::ReductionFunction<T>::min;
-    case reduce_op::max: return gloo::ReductionFunction<T>::max;
+    case reduce_op::sum:
+      return gloo::ReductionFunction<T>::sum;
+    case reduce_op::prod:
+      return gloo::ReductionFunction<T>::product;
+    case reduce_op::min:
+      return gloo::ReductionFunction<T>::min;
+    case reduce_op::max:
+      return gloo::ReductionFunction<T>::max;
   }
   return nullptr;
 }
@@ -375,10 +445,14 @@ template <typename T>
 gloo::AllreduceOptions::Func reduction(reduce_op op) {
   using fn = void (*)(void*, const void*, const void*, std::size_t);
   switch (op) {
-    case reduce_op::sum: return static_cast<fn>(&gloo::sum<T>);
-    case reduce_op::prod: return static_cast<fn>(&gloo::product<T>);
-    case reduce_op::min: return static_cast<fn>(&gloo::min<T>);
-    case reduce_op::max: return static_cast<fn>(&gloo::max<T>);
+    case reduce_op::sum:
+      return static_cast<fn>(&gloo::sum<T>);
+    case reduce_op::prod:
+      return static_cast<fn>(&gloo::product<T>);
+    case reduce_op::min:
+      return static_cast<fn>(&gloo::min<T>);
+    case reduce_op::max:
+      return static_cast<fn>(&gloo::max<T>);
   }
   return {};
 }
@@ -425,8 +499,8 @@ std::vector<std::string> allreduce_algos(const std::string& spec) {
 }
 
 template <typename T>
-std::unique_ptr<allreduce_candidate<T>> make_allreduce(bench& b, const std::string& name,
-                                                       T* input, T* data, std::size_t count) {
+std::unique_ptr<allreduce_candidate<T>> make_allreduce(bench& b, const std::string& name, T* input,
+                                                       T* data, std::size_t count) {
   auto c = std::make_unique<allreduce_candidate<T>>();
   c->name = name;
   const reduce_op op = b.opts().op;
@@ -499,8 +573,9 @@ result run_allreduce(bench& b, const size_layout& l) {
       c->run();
       const std::int64_t wrong = count_wrong<T>(
           data.data(), l.count, [&](std::size_t i) { return reduce_expected(op, b.nranks(), i); });
-      if (wrong != 0) std::fprintf(stderr, "rank %d: %s: %lld wrong\n", b.rank(), name.c_str(),
-                                   static_cast<long long>(wrong));
+      if (wrong != 0)
+        std::fprintf(stderr, "rank %d: %s: %lld wrong\n", b.rank(), name.c_str(),
+                     static_cast<long long>(wrong));
       best.wrong += wrong;
     }
     b.barrier();
@@ -717,9 +792,8 @@ void run_all(bench& b) {
       if (o.check) r.wrong = b.sum_over_ranks(r.wrong);
       if (b.rank() == 0) {
         std::printf("coccl-baseline gloo %s %zu %zu %s %s %.3f %lld %s\n", coll_name(o.coll),
-                    l->bytes, l->count, type_name(o.dtype),
-                    reduction_coll ? op_name(o.op) : "none", r.time_us,
-                    static_cast<long long>(r.wrong), r.algo.c_str());
+                    l->bytes, l->count, type_name(o.dtype), reduction_coll ? op_name(o.op) : "none",
+                    r.time_us, static_cast<long long>(r.wrong), r.algo.c_str());
         std::fflush(stdout);
       }
     }
@@ -759,15 +833,33 @@ void run(const options& o) {
   }
   bench b(o, std::move(ctx), std::move(legacy_ctx));
   switch (o.dtype) {
-    case data_type::int8: run_all<std::int8_t>(b); break;
-    case data_type::uint8: run_all<std::uint8_t>(b); break;
-    case data_type::int32: run_all<std::int32_t>(b); break;
-    case data_type::uint32: run_all<std::uint32_t>(b); break;
-    case data_type::int64: run_all<std::int64_t>(b); break;
-    case data_type::uint64: run_all<std::uint64_t>(b); break;
-    case data_type::float16: run_all<_Float16>(b); break;
-    case data_type::float32: run_all<float>(b); break;
-    case data_type::float64: run_all<double>(b); break;
+    case data_type::int8:
+      run_all<std::int8_t>(b);
+      break;
+    case data_type::uint8:
+      run_all<std::uint8_t>(b);
+      break;
+    case data_type::int32:
+      run_all<std::int32_t>(b);
+      break;
+    case data_type::uint32:
+      run_all<std::uint32_t>(b);
+      break;
+    case data_type::int64:
+      run_all<std::int64_t>(b);
+      break;
+    case data_type::uint64:
+      run_all<std::uint64_t>(b);
+      break;
+    case data_type::float16:
+      run_all<_Float16>(b);
+      break;
+    case data_type::float32:
+      run_all<float>(b);
+      break;
+    case data_type::float64:
+      run_all<double>(b);
+      break;
   }
   // Nobody may close its connections while a peer still has a collective in flight.
   b.barrier();

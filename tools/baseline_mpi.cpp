@@ -26,7 +26,16 @@
 
 namespace {
 
-enum class coll_kind { allreduce, allgather, broadcast, reduce, reducescatter, alltoall, gather, scatter };
+enum class coll_kind {
+  allreduce,
+  allgather,
+  broadcast,
+  reduce,
+  reducescatter,
+  alltoall,
+  gather,
+  scatter
+};
 enum class reduce_op { sum, prod, min, max };
 enum class data_type { int8, uint8, int32, uint32, int64, uint64, float32, float64 };
 
@@ -56,7 +65,8 @@ void check_mpi(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw std::runtime_error(std::string(what) + ": " + std::string(text, static_cast<std::size_t>(len)));
+  throw std::runtime_error(std::string(what) + ": " +
+                           std::string(text, static_cast<std::size_t>(len)));
 }
 
 // Suffixes are binary, as in nccl-tests: 1K = 1024.
@@ -64,10 +74,20 @@ std::uint64_t parse_size(std::string_view text) {
   if (text.empty()) usage_error("empty size");
   std::uint64_t shift = 0;
   switch (text.back()) {
-    case 'k': case 'K': shift = 10; break;
-    case 'm': case 'M': shift = 20; break;
-    case 'g': case 'G': shift = 30; break;
-    default: break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      break;
+    default:
+      break;
   }
   if (shift != 0) text.remove_suffix(1);
   std::string digits(text);
@@ -102,14 +122,22 @@ coll_kind parse_coll(const std::string& s) {
 
 const char* coll_name(coll_kind c) {
   switch (c) {
-    case coll_kind::allreduce: return "allreduce";
-    case coll_kind::allgather: return "allgather";
-    case coll_kind::broadcast: return "broadcast";
-    case coll_kind::reduce: return "reduce";
-    case coll_kind::reducescatter: return "reducescatter";
-    case coll_kind::alltoall: return "alltoall";
-    case coll_kind::gather: return "gather";
-    case coll_kind::scatter: return "scatter";
+    case coll_kind::allreduce:
+      return "allreduce";
+    case coll_kind::allgather:
+      return "allgather";
+    case coll_kind::broadcast:
+      return "broadcast";
+    case coll_kind::reduce:
+      return "reduce";
+    case coll_kind::reducescatter:
+      return "reducescatter";
+    case coll_kind::alltoall:
+      return "alltoall";
+    case coll_kind::gather:
+      return "gather";
+    case coll_kind::scatter:
+      return "scatter";
   }
   return "?";
 }
@@ -120,8 +148,8 @@ bool is_reduction(coll_kind c) {
 
 // Collectives whose size is the whole buffer across ranks, split N ways (nccl-tests semantics).
 bool is_split(coll_kind c) {
-  return c == coll_kind::allgather || c == coll_kind::reducescatter ||
-         c == coll_kind::alltoall || c == coll_kind::gather || c == coll_kind::scatter;
+  return c == coll_kind::allgather || c == coll_kind::reducescatter || c == coll_kind::alltoall ||
+         c == coll_kind::gather || c == coll_kind::scatter;
 }
 
 reduce_op parse_op(const std::string& s) {
@@ -134,20 +162,28 @@ reduce_op parse_op(const std::string& s) {
 
 const char* op_name(reduce_op op) {
   switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::prod: return "prod";
-    case reduce_op::min: return "min";
-    case reduce_op::max: return "max";
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::prod:
+      return "prod";
+    case reduce_op::min:
+      return "min";
+    case reduce_op::max:
+      return "max";
   }
   return "?";
 }
 
 MPI_Op mpi_op(reduce_op op) {
   switch (op) {
-    case reduce_op::sum: return MPI_SUM;
-    case reduce_op::prod: return MPI_PROD;
-    case reduce_op::min: return MPI_MIN;
-    case reduce_op::max: return MPI_MAX;
+    case reduce_op::sum:
+      return MPI_SUM;
+    case reduce_op::prod:
+      return MPI_PROD;
+    case reduce_op::min:
+      return MPI_MIN;
+    case reduce_op::max:
+      return MPI_MAX;
   }
   return MPI_OP_NULL;
 }
@@ -169,28 +205,44 @@ data_type parse_type(const std::string& s) {
 
 const char* type_name(data_type t) {
   switch (t) {
-    case data_type::int8: return "int8";
-    case data_type::uint8: return "uint8";
-    case data_type::int32: return "int32";
-    case data_type::uint32: return "uint32";
-    case data_type::int64: return "int64";
-    case data_type::uint64: return "uint64";
-    case data_type::float32: return "float32";
-    case data_type::float64: return "float64";
+    case data_type::int8:
+      return "int8";
+    case data_type::uint8:
+      return "uint8";
+    case data_type::int32:
+      return "int32";
+    case data_type::uint32:
+      return "uint32";
+    case data_type::int64:
+      return "int64";
+    case data_type::uint64:
+      return "uint64";
+    case data_type::float32:
+      return "float32";
+    case data_type::float64:
+      return "float64";
   }
   return "?";
 }
 
 template <typename T>
 MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, std::int8_t>) return MPI_INT8_T;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return MPI_UINT8_T;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return MPI_UINT32_T;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
-  else if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else return MPI_DOUBLE;
+  if constexpr (std::is_same_v<T, std::int8_t>)
+    return MPI_INT8_T;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return MPI_UINT8_T;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return MPI_UINT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return MPI_UINT64_T;
+  else if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else
+    return MPI_DOUBLE;
 }
 
 options parse_args(int argc, char** argv) {
@@ -199,18 +251,30 @@ options parse_args(int argc, char** argv) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) usage_error("missing value for '" + arg + "'");
     const std::string val = argv[++i];
-    if (arg == "--coll") o.coll = parse_coll(val);
-    else if (arg == "-b" || arg == "--minbytes") o.min_bytes = parse_size(val);
-    else if (arg == "-e" || arg == "--maxbytes") o.max_bytes = parse_size(val);
-    else if (arg == "-f" || arg == "--stepfactor") o.step_factor = parse_size(val);
-    else if (arg == "-i" || arg == "--stepbytes") o.step_bytes = parse_size(val);
-    else if (arg == "-n" || arg == "--iters") o.iters = parse_int(val, 1);
-    else if (arg == "-w" || arg == "--warmup_iters") o.warmup = parse_int(val, 0);
-    else if (arg == "--repeat") o.repeat = parse_int(val, 1);
-    else if (arg == "-d" || arg == "--datatype") o.dtype = parse_type(val);
-    else if (arg == "-o" || arg == "--op") o.op = parse_op(val);
-    else if (arg == "-c" || arg == "--check") o.check = parse_int(val, 0) != 0;
-    else usage_error("unknown argument '" + arg + "'");
+    if (arg == "--coll")
+      o.coll = parse_coll(val);
+    else if (arg == "-b" || arg == "--minbytes")
+      o.min_bytes = parse_size(val);
+    else if (arg == "-e" || arg == "--maxbytes")
+      o.max_bytes = parse_size(val);
+    else if (arg == "-f" || arg == "--stepfactor")
+      o.step_factor = parse_size(val);
+    else if (arg == "-i" || arg == "--stepbytes")
+      o.step_bytes = parse_size(val);
+    else if (arg == "-n" || arg == "--iters")
+      o.iters = parse_int(val, 1);
+    else if (arg == "-w" || arg == "--warmup_iters")
+      o.warmup = parse_int(val, 0);
+    else if (arg == "--repeat")
+      o.repeat = parse_int(val, 1);
+    else if (arg == "-d" || arg == "--datatype")
+      o.dtype = parse_type(val);
+    else if (arg == "-o" || arg == "--op")
+      o.op = parse_op(val);
+    else if (arg == "-c" || arg == "--check")
+      o.check = parse_int(val, 0) != 0;
+    else
+      usage_error("unknown argument '" + arg + "'");
   }
   if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
   if (o.step_bytes == 0 && o.step_factor < 2) usage_error("-f must be at least 2");
@@ -252,10 +316,18 @@ double reduce_expected(reduce_op op, int nranks, std::size_t i) {
   for (int r = 1; r < nranks; ++r) {
     const double v = reduce_input(op, r, i);
     switch (op) {
-      case reduce_op::sum: acc += v; break;
-      case reduce_op::prod: acc *= v; break;
-      case reduce_op::min: acc = std::min(acc, v); break;
-      case reduce_op::max: acc = std::max(acc, v); break;
+      case reduce_op::sum:
+        acc += v;
+        break;
+      case reduce_op::prod:
+        acc *= v;
+        break;
+      case reduce_op::min:
+        acc = std::min(acc, v);
+        break;
+      case reduce_op::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   return acc;
@@ -269,7 +341,8 @@ T poison(double expected) {
 }
 
 template <typename T>
-std::int64_t count_wrong(const T* got, std::size_t n, const std::function<double(std::size_t)>& want) {
+std::int64_t count_wrong(const T* got, std::size_t n,
+                         const std::function<double(std::size_t)>& want) {
   std::int64_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (got[i] != static_cast<T>(want(i))) ++wrong;
@@ -355,7 +428,8 @@ result run_size(const options& o, int rank, int nranks, const size_layout& l) {
       call = [&] { check_mpi(MPI_Bcast(out.data(), cnt, type, root, comm), "MPI_Bcast"); };
       prepare_check = [&] {
         for (std::size_t i = 0; i < pc; ++i) {
-          out[i] = rank == root ? static_cast<T>(data_value(root, i)) : poison<T>(data_value(root, i));
+          out[i] =
+              rank == root ? static_cast<T>(data_value(root, i)) : poison<T>(data_value(root, i));
         }
       };
       verify = [&] {
@@ -394,13 +468,14 @@ result run_size(const options& o, int rank, int nranks, const size_layout& l) {
                   "MPI_Reduce_scatter_block");
       };
       prepare_check = [&, base] {
-        for (std::size_t i = 0; i < pc * n; ++i) in[i] = static_cast<T>(reduce_input(o.op, rank, i));
-        for (std::size_t j = 0; j < pc; ++j) out[j] = poison<T>(reduce_expected(o.op, nranks, base + j));
+        for (std::size_t i = 0; i < pc * n; ++i)
+          in[i] = static_cast<T>(reduce_input(o.op, rank, i));
+        for (std::size_t j = 0; j < pc; ++j)
+          out[j] = poison<T>(reduce_expected(o.op, nranks, base + j));
       };
       verify = [&, base] {
-        return count_wrong<T>(out.data(), pc, [&](std::size_t j) {
-          return reduce_expected(o.op, nranks, base + j);
-        });
+        return count_wrong<T>(
+            out.data(), pc, [&](std::size_t j) { return reduce_expected(o.op, nranks, base + j); });
       };
       break;
     }
@@ -436,7 +511,8 @@ result run_size(const options& o, int rank, int nranks, const size_layout& l) {
         for (std::size_t j = 0; j < pc; ++j) out[j] = poison<T>(data_value(root, base + j));
       };
       verify = [&, base] {
-        return count_wrong<T>(out.data(), pc, [&](std::size_t j) { return data_value(root, base + j); });
+        return count_wrong<T>(out.data(), pc,
+                              [&](std::size_t j) { return data_value(root, base + j); });
       };
       break;
     }
@@ -479,14 +555,30 @@ void run(const options& o) {
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &nranks), "MPI_Comm_size");
   switch (o.dtype) {
-    case data_type::int8: run_all<std::int8_t>(o, rank, nranks); break;
-    case data_type::uint8: run_all<std::uint8_t>(o, rank, nranks); break;
-    case data_type::int32: run_all<std::int32_t>(o, rank, nranks); break;
-    case data_type::uint32: run_all<std::uint32_t>(o, rank, nranks); break;
-    case data_type::int64: run_all<std::int64_t>(o, rank, nranks); break;
-    case data_type::uint64: run_all<std::uint64_t>(o, rank, nranks); break;
-    case data_type::float32: run_all<float>(o, rank, nranks); break;
-    case data_type::float64: run_all<double>(o, rank, nranks); break;
+    case data_type::int8:
+      run_all<std::int8_t>(o, rank, nranks);
+      break;
+    case data_type::uint8:
+      run_all<std::uint8_t>(o, rank, nranks);
+      break;
+    case data_type::int32:
+      run_all<std::int32_t>(o, rank, nranks);
+      break;
+    case data_type::uint32:
+      run_all<std::uint32_t>(o, rank, nranks);
+      break;
+    case data_type::int64:
+      run_all<std::int64_t>(o, rank, nranks);
+      break;
+    case data_type::uint64:
+      run_all<std::uint64_t>(o, rank, nranks);
+      break;
+    case data_type::float32:
+      run_all<float>(o, rank, nranks);
+      break;
+    case data_type::float64:
+      run_all<double>(o, rank, nranks);
+      break;
   }
 }
 

@@ -1,0 +1,125 @@
+// coccl_worker: one rank of a multi-rank test.
+//
+//   coccl_worker <scenario> <rank> <nranks> <unique-id-hex> [flags...]
+//
+// Joins the communicator, runs the scenario and exits 0 only if every check passed (see
+// worker.hpp for the other exit codes).
+#include "tests/multirank/worker.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+
+namespace coccl::test {
+
+bool Worker::has(const std::string& flag) const {
+  return std::find(args.begin(), args.end(), flag) != args.end();
+}
+
+bool Worker::expect_equal(const std::string& what, DataType t, const void* got, const void* want,
+                          std::size_t count) {
+  const std::size_t elt = size_of(t);
+  if (count == 0 || std::memcmp(got, want, count * elt) == 0) return true;
+  int shown = 0;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (std::memcmp(static_cast<const char*>(got) + i * elt,
+                    static_cast<const char*>(want) + i * elt, elt) == 0)
+      continue;
+    ++bad;
+    if (shown++ < 4)
+      std::printf("FAIL scenario=%s rank=%d %s index=%zu got=%s want=%s\n", scenario.c_str(), rank,
+                  what.c_str(), i, show(t, got, i).c_str(), show(t, want, i).c_str());
+  }
+  std::printf("FAIL scenario=%s rank=%d %s: %zu of %zu elements differ\n", scenario.c_str(), rank,
+              what.c_str(), bad, count);
+  std::fflush(stdout);
+  ++failures;
+  return false;
+}
+
+void Worker::fail(const std::string& what, const std::string& why) {
+  std::printf("FAIL scenario=%s rank=%d %s: %s\n", scenario.c_str(), rank, what.c_str(),
+              why.c_str());
+  std::fflush(stdout);
+  ++failures;
+}
+
+std::string describe(const char* coll, DataType t, ReduceOp op, std::size_t count,
+                     const std::string& extra) {
+  std::string s = std::string("coll=") + coll + " type=" + std::string(to_string(t)) +
+                  " op=" + std::string(to_string(op)) + " count=" + std::to_string(count);
+  if (!extra.empty()) s += " " + extra;
+  return s;
+}
+
+int report_error(Worker& w, const std::system_error& e, double seconds) {
+  const std::error_code ec = e.code();
+  std::printf("ERROR rank=%d category=%s value=%d after %.2f s: %s\nLAST_ERROR %s\n", w.rank,
+              ec.category().name(), ec.value(), seconds, e.what(), w.comm.last_error().c_str());
+  std::fflush(stdout);
+  if (ec.category() == error_category()) return exit_coccl_error_base + ec.value();
+  return exit_exception;
+}
+
+}  // namespace coccl::test
+
+int main(int argc, char** argv) {
+  using namespace coccl::test;
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: coccl_worker <scenario> <rank> <nranks> <id-hex> [flags...]\n");
+    return exit_exception;
+  }
+  Worker w;
+  w.scenario = argv[1];
+  w.rank = std::atoi(argv[2]);
+  w.n = std::atoi(argv[3]);
+  w.args.assign(argv + 5, argv + argc);
+
+  const std::map<std::string, std::function<void(Worker&)>> checks{
+      {"all_reduce", run_all_reduce},     {"broadcast", run_broadcast},
+      {"reduce", run_reduce},             {"all_gather", run_all_gather},
+      {"reduce_scatter", run_reduce_scatter}, {"all_to_all", run_all_to_all},
+      {"all_to_allv", run_all_to_allv},   {"gather", run_gather},
+      {"scatter", run_scatter},           {"send_recv", run_send_recv},
+      {"barrier", run_barrier},
+  };
+  const std::map<std::string, std::function<int(Worker&)>> others{
+      {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
+      {"split", run_split}, {"async", run_async},
+  };
+  try {
+    w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
+    int code = exit_ok;
+    if (w.scenario == "every_collective") {
+      // Everything once, in quick form, one communicator: for transport variants.
+      w.args.push_back("quick");
+      for (const auto& [name, run] : checks) run(w);
+    } else if (auto c = checks.find(w.scenario); c != checks.end()) {
+      c->second(w);
+    } else if (auto o = others.find(w.scenario); o != others.end()) {
+      code = o->second(w);
+    } else {
+      std::fprintf(stderr, "unknown scenario '%s'\n", w.scenario.c_str());
+      return exit_exception;
+    }
+    if (code != exit_ok) return code;
+    if (w.comm) w.comm.destroy();
+    if (w.failures) {
+      std::printf("rank %d: %d checks failed\n", w.rank, w.failures);
+      return exit_check_failed;
+    }
+    std::printf("rank %d: all checks passed\n", w.rank);
+    return exit_ok;
+  } catch (const std::system_error& e) {
+    std::printf("EXCEPTION rank=%d category=%s value=%d: %s\n", w.rank, e.code().category().name(),
+                e.code().value(), e.what());
+    return exit_exception;
+  } catch (const std::exception& e) {
+    std::printf("EXCEPTION rank=%d: %s\n", w.rank, e.what());
+    return exit_exception;
+  }
+}

@@ -1,0 +1,72 @@
+// tests/multirank/worker.hpp: what the scenarios of coccl_worker share.
+//
+// A worker process is one rank. It runs one named scenario and exits 0 only if every check passed;
+// each failed check prints one line "FAIL scenario=... coll=... type=... op=... count=... index=...
+// got=... want=..." to stdout. Scenarios that expect an error exit with error_exit_code(ec).
+#pragma once
+
+#include <coccl/communicator.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/multirank/reference.hpp"
+
+namespace coccl::test {
+
+/// Exit codes of a worker.
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_check_failed = 1;
+inline constexpr int exit_exception = 2;
+inline constexpr int exit_unexpected_success = 3;
+/// A scenario that ends in a coccl error exits with 64 + the errc value.
+inline constexpr int exit_coccl_error_base = 64;
+
+struct Worker {
+  std::string scenario;
+  int rank = 0;
+  int n = 0;
+  std::vector<std::string> args;
+  Communicator comm;
+  int failures = 0;
+
+  /// True if `flag` is among the extra arguments.
+  bool has(const std::string& flag) const;
+
+  /// Compares `count` elements of `t` bit for bit; prints up to a few mismatching elements.
+  /// `what` names the collective and its arguments ("coll=all_reduce type=... op=... count=...").
+  bool expect_equal(const std::string& what, DataType t, const void* got, const void* want,
+                    std::size_t count);
+  /// Records a failed check that is not about buffer contents.
+  void fail(const std::string& what, const std::string& why);
+};
+
+/// "coll=<c> type=<t> op=<o> count=<n>" plus `extra`.
+std::string describe(const char* coll, DataType t, ReduceOp op, std::size_t count,
+                     const std::string& extra = {});
+
+/// Correctness scenarios (correctness.cpp). Each returns normally; failures are counted in w.
+void run_all_reduce(Worker& w);
+void run_broadcast(Worker& w);
+void run_reduce(Worker& w);
+void run_all_gather(Worker& w);
+void run_reduce_scatter(Worker& w);
+void run_all_to_all(Worker& w);
+void run_all_to_allv(Worker& w);
+void run_gather(Worker& w);
+void run_scatter(Worker& w);
+void run_send_recv(Worker& w);
+void run_barrier(Worker& w);
+
+/// Scenarios with communicators of their own or expected errors (lifecycle.cpp). Those that end
+/// in an error return the process exit code; the others return exit_ok and count failures in w.
+int run_loop(Worker& w);
+int run_mismatch(Worker& w);
+int run_abort(Worker& w);
+int run_split(Worker& w);
+int run_async(Worker& w);
+
+/// Prints the error of a failed collective and returns its exit code.
+int report_error(Worker& w, const std::system_error& e, double seconds);
+
+}  // namespace coccl::test

@@ -1,0 +1,308 @@
+// Tests for runtime/engine.hpp (the proxy thread's driver loop) and runtime/deadline.hpp
+// (Mailbox and CloseAfter).
+#include "runtime/engine.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <future>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "runtime/deadline.hpp"
+
+namespace coccl::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using tcp = asio::ip::tcp;
+
+// A fake source of completions: reports progress on its `progress_at`-th poll, counts polls.
+class FakePoller : public Poller {
+ public:
+  FakePoller(int progress_at, bool waiting) : progress_at_(progress_at), waiting_(waiting) {}
+  bool poll() override {
+    int n = polls_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (n != progress_at_) return false;
+    progressed_.set_value(std::this_thread::get_id());
+    return true;
+  }
+  bool waiting() const override { return waiting_.load(std::memory_order_relaxed); }
+  void set_waiting(bool w) { waiting_.store(w, std::memory_order_relaxed); }
+  int polls() const { return polls_.load(std::memory_order_relaxed); }
+  std::future<std::thread::id> progressed() { return progressed_.get_future(); }
+
+ private:
+  int progress_at_;
+  std::atomic<bool> waiting_;
+  std::atomic<int> polls_{0};
+  std::promise<std::thread::id> progressed_;
+};
+
+// Runs `f` on the proxy thread and waits for it.
+template <typename F>
+void on_thread(ProxyThread& t, F f) {
+  std::promise<void> done;
+  asio::post(t.executor(), [&] {
+    f();
+    done.set_value();
+  });
+  ASSERT_EQ(done.get_future().wait_for(5s), std::future_status::ready);
+}
+
+TEST(ProxyThread, PollsARegisteredPollerUntilItReportsProgress) {
+  ProxyThread t(0);
+  FakePoller p(/*progress_at=*/1000, /*waiting=*/true);
+  auto progressed = p.progressed();
+  on_thread(t, [&] { t.add_poller(&p); });
+  ASSERT_EQ(progressed.wait_for(10s), std::future_status::ready);
+  EXPECT_GE(p.polls(), 1000);
+  on_thread(t, [&] { t.remove_poller(&p); });
+}
+
+TEST(ProxyThread, CallsPollersOnTheProxyThread) {
+  ProxyThread t(0);
+  FakePoller p(1, true);
+  auto progressed = p.progressed();
+  std::thread::id proxy_id;
+  on_thread(t, [&] {
+    proxy_id = std::this_thread::get_id();
+    t.add_poller(&p);
+  });
+  ASSERT_EQ(progressed.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(progressed.get(), proxy_id);
+  on_thread(t, [&] { t.remove_poller(&p); });
+}
+
+TEST(ProxyThread, RunsPostedWorkOnTheProxyThread) {
+  ProxyThread t(0);
+  std::promise<bool> in_thread;
+  asio::post(t.executor(), [&] { in_thread.set_value(t.in_thread()); });
+  auto f = in_thread.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(f.get());
+  EXPECT_FALSE(t.in_thread());
+}
+
+TEST(ProxyThread, KeepsVisitingAPollerThatHasWaiters) {
+  ProxyThread t(0);
+  FakePoller p(-1, /*waiting=*/true);
+  on_thread(t, [&] { t.add_poller(&p); });
+  // Well past COCCL_SPIN_US: the loop no longer spins but still visits the poller.
+  std::this_thread::sleep_for(100ms);
+  int before = p.polls();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_GT(p.polls(), before);
+  on_thread(t, [&] { t.remove_poller(&p); });
+}
+
+TEST(ProxyThread, SleepsWhenNoPollerWaits) {
+  ProxyThread t(0);
+  FakePoller p(-1, /*waiting=*/false);
+  on_thread(t, [&] { t.add_poller(&p); });
+  // After COCCL_SPIN_US (2 ms by default) without progress the thread blocks in the io_context.
+  std::this_thread::sleep_for(200ms);
+  int before = p.polls();
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(p.polls(), before);
+  on_thread(t, [&] { t.remove_poller(&p); });
+}
+
+TEST(ProxyThread, WakesFromSleepForPostedWork) {
+  ProxyThread t(0);
+  FakePoller p(-1, /*waiting=*/false);
+  on_thread(t, [&] { t.add_poller(&p); });
+  std::this_thread::sleep_for(200ms);
+  int before = p.polls();
+  std::promise<bool> ran;
+  auto start = std::chrono::steady_clock::now();
+  asio::post(t.executor(), [&] { ran.set_value(t.in_thread()); });
+  auto f = ran.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_TRUE(f.get());
+  // The woken loop visits its pollers again.
+  on_thread(t, [&] { t.remove_poller(&p); });
+  EXPECT_GT(p.polls(), before);
+}
+
+TEST(ProxyThread, StopsPromptlyWhileSleeping) {
+  auto t = std::make_unique<ProxyThread>(0);
+  std::this_thread::sleep_for(50ms);
+  auto start = std::chrono::steady_clock::now();
+  t.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+TEST(Engine, HandsOutThreadsRoundRobin) {
+  Engine e(2);
+  ASSERT_EQ(e.size(), 2u);
+  ProxyThread* a = &e.next_thread();
+  ProxyThread* b = &e.next_thread();
+  ProxyThread* c = &e.next_thread();
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(a, &e.thread(0));
+}
+
+TEST(Engine, HasAtLeastOneThread) {
+  Engine e(0);
+  EXPECT_EQ(e.size(), 1u);
+}
+
+// ---- Mailbox ----
+
+// Runs coroutine `c` on `ctx` to completion (or 5 s), rethrowing its exception.
+template <typename T>
+T run_coro(asio::io_context& ctx, asio::awaitable<T> c) {
+  std::optional<T> result;
+  std::exception_ptr error;
+  asio::co_spawn(ctx, std::move(c), [&](std::exception_ptr e, T v) {
+    error = e;
+    if (!e) result = std::move(v);
+  });
+  ctx.restart();
+  ctx.run_for(5s);
+  if (error) std::rethrow_exception(error);
+  if (!result) throw std::runtime_error("coroutine did not finish within 5 s");
+  return std::move(*result);
+}
+
+asio::awaitable<std::vector<int>> pop_n(Mailbox<int>& box, int n,
+                                        std::chrono::steady_clock::duration limit) {
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) out.push_back(co_await box.pop(limit));
+  co_return out;
+}
+
+boost::system::error_code pop_error(asio::io_context& ctx, Mailbox<int>& box,
+                                    std::chrono::steady_clock::duration limit) {
+  try {
+    run_coro(ctx, pop_n(box, 1, limit));
+  } catch (const boost::system::system_error& e) {
+    return e.code();
+  }
+  return {};
+}
+
+TEST(Mailbox, PopReturnsValuesPushedBeforeInOrder) {
+  asio::io_context ctx;
+  Mailbox<int> box(ctx.get_executor());
+  box.push(1);
+  box.push(2);
+  box.push(3);
+  EXPECT_EQ(run_coro(ctx, pop_n(box, 3, 1s)), (std::vector<int>{1, 2, 3}));
+}
+
+TEST(Mailbox, PopWaitsForValuesPushedLater) {
+  asio::io_context ctx;
+  Mailbox<int> box(ctx.get_executor());
+  asio::post(ctx, [&] {
+    box.push(7);
+    asio::post(ctx, [&] { box.push(8); });
+  });
+  EXPECT_EQ(run_coro(ctx, pop_n(box, 2, 5s)), (std::vector<int>{7, 8}));
+}
+
+TEST(Mailbox, PopTimesOutAtItsDeadline) {
+  asio::io_context ctx;
+  Mailbox<int> box(ctx.get_executor());
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(pop_error(ctx, box, 50ms), asio::error::timed_out);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 50ms);
+  EXPECT_LT(took, 2s);
+}
+
+TEST(Mailbox, PopAfterFailThrowsTheFailure) {
+  asio::io_context ctx;
+  Mailbox<int> box(ctx.get_executor());
+  box.fail(asio::error::operation_aborted);
+  EXPECT_EQ(pop_error(ctx, box, 5s), asio::error::operation_aborted);
+}
+
+TEST(Mailbox, FailWakesAWaitingPop) {
+  asio::io_context ctx;
+  Mailbox<int> box(ctx.get_executor());
+  asio::post(ctx, [&] { box.fail(asio::error::connection_reset); });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(pop_error(ctx, box, 5s), asio::error::connection_reset);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+TEST(Mailbox, ValuesPushedBeforeFailAreStillDelivered) {
+  asio::io_context ctx;
+  Mailbox<int> box(ctx.get_executor());
+  box.push(4);
+  box.fail(asio::error::operation_aborted);
+  EXPECT_EQ(run_coro(ctx, pop_n(box, 1, 1s)), (std::vector<int>{4}));
+  EXPECT_EQ(pop_error(ctx, box, 1s), asio::error::operation_aborted);
+}
+
+// ---- CloseAfter ----
+
+struct SocketPair {
+  explicit SocketPair(asio::io_context& ctx) : client(ctx), server(ctx) {
+    tcp::acceptor acc(ctx, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    client.connect(acc.local_endpoint());
+    acc.accept(server);
+  }
+  tcp::socket client, server;
+};
+
+asio::awaitable<boost::system::error_code> read_one(tcp::socket& s,
+                                                    std::chrono::steady_clock::duration limit,
+                                                    bool& fired) {
+  CloseAfter guard(s, limit);
+  char byte;
+  boost::system::error_code ec;
+  try {
+    co_await asio::async_read(s, asio::buffer(&byte, 1), asio::use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    ec = e.code();
+  }
+  fired = guard.fired();
+  co_return ec;
+}
+
+TEST(CloseAfter, ClosesASocketWhosePeerNeverWrites) {
+  asio::io_context ctx;
+  SocketPair pair(ctx);
+  bool fired = false;
+  auto start = std::chrono::steady_clock::now();
+  auto ec = run_coro(ctx, read_one(pair.server, 100ms, fired));
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(ec, asio::error::operation_aborted);
+  EXPECT_TRUE(fired);
+  EXPECT_FALSE(pair.server.is_open());
+  EXPECT_GE(took, 100ms);
+  EXPECT_LT(took, 2s);
+}
+
+TEST(CloseAfter, LeavesTheSocketOpenWhenThePeerWritesInTime) {
+  asio::io_context ctx;
+  SocketPair pair(ctx);
+  asio::write(pair.client, asio::buffer("x", 1));
+  bool fired = true;
+  auto ec = run_coro(ctx, read_one(pair.server, 200ms, fired));
+  EXPECT_EQ(ec, boost::system::error_code());
+  EXPECT_FALSE(fired);
+  // Past the limit: the guard's timer was cancelled with the guard.
+  std::this_thread::sleep_for(300ms);
+  ctx.restart();
+  ctx.poll();
+  EXPECT_TRUE(pair.server.is_open());
+}
+
+}  // namespace
+}  // namespace coccl::runtime
