@@ -12,11 +12,12 @@ CollTrace::Entry& CollTrace::begin(std::uint64_t seq, const char* op, std::size_
 }
 
 void CollTrace::end(std::uint64_t seq, bool ok) {
-  for (Entry& e : ring_)
-    if (e.seq == seq && e.state == State::started) {
-      e.state = ok ? State::done : State::failed;
-      e.ended = std::chrono::steady_clock::now();
-    }
+  // Operations end in the order they begin, so the newest entry is the one to close.
+  if (recorded_ == 0) return;
+  Entry& e = ring_[(recorded_ - 1) % ring_.size()];
+  if (e.seq != seq || e.state != State::started) return;
+  e.state = ok ? State::done : State::failed;
+  e.ended = std::chrono::steady_clock::now();
 }
 
 std::string CollTrace::json(int rank) const {

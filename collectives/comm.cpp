@@ -111,6 +111,20 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
   }
   // The handler travels boxed: a lambda holding an any_completion_handler by value looks
   // copyable to Asio, and copying one wraps it in itself.
+  if (thread_.in_thread()) {
+    // Already on the proxy thread (a coroutine awaiting on the communicator's executor): queue
+    // directly. Completion still happens later, from the drain coroutine.
+    if (closed_ || !peers_) {
+      asio::post(ex_, asio::append(std::move(handler), make_error_code(errc::aborted)));
+      return;
+    }
+    queue_.push_back(Queued{std::move(args), std::move(handler)});
+    if (!draining_) {
+      draining_ = true;
+      asio::co_spawn(ex_, drain(), asio::detached);
+    }
+    return;
+  }
   auto boxed = std::make_unique<OpHandler>(std::move(handler));
   asio::post(ex_, [self = shared_from_this(), args = std::move(args),
                    h = std::move(boxed)]() mutable {

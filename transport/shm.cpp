@@ -99,16 +99,17 @@ ShmSegment::~ShmSegment() {
 }
 
 bool ShmPoller::poll() {
+  // Waiters resume inline (no post): a resumed coroutine may wait again, which re-activates its
+  // connection, so work on a snapshot of the list.
+  if (active_.empty()) return false;
+  scan_.swap(active_);
+  active_.clear();
   bool progress = false;
-  for (std::size_t i = 0; i < active_.size();) {
-    if (!active_[i]->check()) {
-      active_[i] = active_.back();
-      active_.pop_back();
-      progress = true;
-    } else {
-      ++i;
-    }
+  for (ShmConnection* c : scan_) {
+    if (c->check()) progress = true;
+    if (c->has_waiter()) activate(c);
   }
+  scan_.clear();
   return progress;
 }
 
@@ -118,6 +119,7 @@ void ShmPoller::activate(ShmConnection* c) {
 
 void ShmPoller::forget(ShmConnection* c) {
   active_.erase(std::remove(active_.begin(), active_.end(), c), active_.end());
+  scan_.erase(std::remove(scan_.begin(), scan_.end(), c), scan_.end());
 }
 
 std::size_t ShmConnection::segment_bytes(std::size_t slots, std::size_t slot_bytes) {
@@ -148,9 +150,24 @@ bool ShmConnection::can_recv() const noexcept {
 }
 
 bool ShmConnection::check() {
-  if (recv_waiter_ && (closed_ || can_recv())) resume(recv_waiter_);
-  if (credit_waiter_ && (closed_ || can_put())) resume(credit_waiter_);
-  return recv_waiter_.has_value() || credit_waiter_.has_value();
+  bool progress = false;
+  if (recv_waiter_ && (closed_ || can_recv())) {
+    resume_inline(recv_waiter_);
+    progress = true;
+  }
+  if (credit_waiter_ && (closed_ || can_put())) {
+    resume_inline(credit_waiter_);
+    progress = true;
+  }
+  return progress;
+}
+
+void ShmConnection::resume_inline(Waiter& w) {
+  // Resuming inline saves a trip through the io_context on the latency path; the waiter is taken
+  // out first because the resumed coroutine may park a new one.
+  Resume h(std::move(*w));
+  w.reset();
+  std::move(h)(boost::system::error_code{});
 }
 
 asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {

@@ -51,6 +51,7 @@ class ShmPoller final : public runtime::Poller {
 
  private:
   std::vector<ShmConnection*> active_;
+  std::vector<ShmConnection*> scan_;
 };
 
 class ShmConnection final : public SocketConnection {
@@ -71,9 +72,9 @@ class ShmConnection final : public SocketConnection {
   asio::awaitable<Chunk> wait() override;
   void release() override;
 
-  /// Called by ShmPoller: resumes waiters whose condition holds. Returns true while a waiter is
-  /// still pending.
+  /// Called by ShmPoller: resumes waiters whose condition holds; true if it resumed any.
   bool check();
+  bool has_waiter() const noexcept { return recv_waiter_.has_value() || credit_waiter_.has_value(); }
 
  private:
   asio::awaitable<void> on_put(const LinkHeader& h) override;
@@ -81,6 +82,7 @@ class ShmConnection final : public SocketConnection {
   void fail_waiters() override;
   bool can_put() const noexcept;
   bool can_recv() const noexcept;
+  void resume_inline(Waiter& w);
 
   std::size_t slots_;
   std::size_t slot_bytes_;

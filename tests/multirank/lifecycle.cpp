@@ -1,0 +1,287 @@
+// Scenarios beyond plain correctness: failures (loop, mismatch, abort), split and the
+// asynchronous interface.
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "tests/multirank/worker.hpp"
+
+namespace coccl::test {
+namespace {
+
+namespace asio = boost::asio;
+using Seconds = std::chrono::duration<double>;
+
+double since(std::chrono::steady_clock::time_point t) {
+  return Seconds(std::chrono::steady_clock::now() - t).count();
+}
+
+// One all_reduce of 1 MiB, in float32 sum, checked.
+void all_reduce_mib(Worker& w, Communicator& comm, std::uint64_t salt) {
+  constexpr std::size_t count = (1 << 20) / 4;
+  Bytes send(count * 4), recv(count * 4);
+  fill_reduce(DataType::float32, ReduceOp::sum, w.rank, salt, send.data(), 0, count);
+  comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
+  const Bytes want = reduce_reference(DataType::float32, ReduceOp::sum, w.n, salt, 0, count);
+  w.expect_equal(describe("all_reduce", DataType::float32, ReduceOp::sum, count), DataType::float32,
+                 recv.data(), want.data(), count);
+}
+
+}  // namespace
+
+int run_loop(Worker& w) {
+  // Loops until a fault (made by the test) stops the communicator. Only the first iteration is
+  // checked against the reference; the rest must be fast so faults land mid-collective.
+  constexpr std::size_t count = (1 << 20) / 4;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    all_reduce_mib(w, w.comm, 7);
+    std::printf("looping\n");
+    std::fflush(stdout);
+    Bytes send(count * 4, std::byte{0}), recv(count * 4);
+    for (int i = 0; i < 200000 && since(start) < 120; ++i)
+      w.comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
+  } catch (const std::system_error& e) {
+    return report_error(w, e, since(start));
+  }
+  std::printf("loop finished without an error\n");
+  return exit_unexpected_success;
+}
+
+int run_mismatch(Worker& w) {
+  // Rank 0 calls all_reduce while every other rank calls broadcast, with the same count.
+  constexpr std::size_t count = 1024;
+  std::vector<float> send(count, 1.0f), recv(count);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    if (w.rank == 0)
+      w.comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
+    else
+      w.comm.broadcast(nullptr, recv.data(), count, DataType::float32, 0);
+    // The collective may complete on some ranks before the mismatch is seen elsewhere; the next
+    // operation must then fail.
+    w.comm.barrier();
+  } catch (const std::system_error& e) {
+    return report_error(w, e, since(start));
+  }
+  std::printf("mismatched collectives completed without an error\n");
+  return exit_unexpected_success;
+}
+
+int run_abort(Worker& w) {
+  // Rank 1 aborts while the others wait inside an all_reduce it never joins.
+  constexpr std::size_t count = (1 << 20) / 4;
+  const auto start = std::chrono::steady_clock::now();
+  w.comm.barrier();
+  if (w.rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    Communicator other_handle = w.comm;
+    std::printf("aborting\n");
+    std::fflush(stdout);
+    w.comm.abort();
+    std::printf("aborted after %.3f s\n", since(start));
+    std::error_code ec;
+    std::int32_t one = 1, sum = 0;
+    other_handle.all_reduce(&one, &sum, 1, DataType::int32, ReduceOp::sum, ec);
+    if (ec != make_error_code(errc::aborted))
+      w.fail("coll=all_reduce after abort", "want errc::aborted, got '" + ec.message() + "'");
+    std::fflush(stdout);
+    return w.failures ? exit_check_failed : exit_ok;
+  }
+  Bytes send(count * 4, std::byte{0}), recv(count * 4);
+  try {
+    w.comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
+  } catch (const std::system_error& e) {
+    return report_error(w, e, since(start));
+  }
+  std::printf("all_reduce completed although rank 1 aborted\n");
+  return exit_unexpected_success;
+}
+
+int run_split(Worker& w) {
+  const int n = w.n, me = w.rank;
+  {  // color = rank % 2, key = -rank: each half, ordered by descending old rank.
+    Communicator sub = w.comm.split(me % 2, -me);
+    std::vector<std::int32_t> members;
+    for (int r = n - 1; r >= 0; --r)
+      if (r % 2 == me % 2) members.push_back(r);
+    const int want_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    if (!sub) {
+      w.fail("split color=rank%2", "got an empty handle");
+      return exit_check_failed;
+    }
+    if (sub.size() != static_cast<int>(members.size()) || sub.rank() != want_rank)
+      w.fail("split color=rank%2", "got rank " + std::to_string(sub.rank()) + " of " +
+                                       std::to_string(sub.size()) + ", want " +
+                                       std::to_string(want_rank) + " of " +
+                                       std::to_string(members.size()));
+    std::vector<std::int32_t> gathered(sub.size());
+    const std::int32_t old = me;
+    sub.all_gather(&old, gathered.data(), 1, DataType::int32);
+    if (gathered.size() == members.size())
+      w.expect_equal("coll=all_gather in split comm: old ranks by new rank", DataType::int32,
+                     gathered.data(), members.data(), members.size());
+    all_reduce_mib(w, sub, 11 + me % 2);
+    std::int64_t one = me + 1, sum = 0, want = 0;
+    for (int r : members) want += r + 1;
+    sub.all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum);
+    if (sum != want)
+      w.fail("coll=all_reduce in split comm", "got " + std::to_string(sum) + ", want " +
+                                                  std::to_string(want));
+    sub.destroy();
+  }
+  {  // The last rank passes color -1 and gets an empty handle; the rest keep their order.
+    const bool out = me == n - 1;
+    Communicator sub = w.comm.split(out ? -1 : 0, me);
+    if (out) {
+      if (sub) w.fail("split color=-1", "got a communicator, want an empty handle");
+    } else if (!sub) {
+      w.fail("split color=0", "got an empty handle");
+    } else {
+      if (sub.size() != n - 1 || sub.rank() != me)
+        w.fail("split color=0", "got rank " + std::to_string(sub.rank()) + " of " +
+                                    std::to_string(sub.size()));
+      all_reduce_mib(w, sub, 13);
+      sub.destroy();
+    }
+  }
+  w.comm.barrier();
+  return w.failures ? exit_check_failed : exit_ok;
+}
+
+namespace {
+
+void check_ec(Worker& w, const char* what, std::error_code ec) {
+  if (ec) w.fail(std::string("async ") + what, ec.message() + "; " + w.comm.last_error());
+}
+
+// Several collectives back to back, each awaited.
+asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
+  Communicator comm = w->comm;
+  const int n = w->n, me = w->rank;
+  {
+    const std::size_t count = 1023;
+    Bytes send(count * 4), recv(count * 4);
+    fill_reduce(DataType::float32, ReduceOp::sum, me, salt, send.data(), 0, count);
+    std::error_code ec = co_await comm.async_all_reduce(
+        send.data(), recv.data(), count, DataType::float32, ReduceOp::sum, asio::use_awaitable);
+    check_ec(*w, "all_reduce", ec);
+    const Bytes want = reduce_reference(DataType::float32, ReduceOp::sum, n, salt, 0, count);
+    w->expect_equal(describe("async_all_reduce", DataType::float32, ReduceOp::sum, count),
+                    DataType::float32, recv.data(), want.data(), count);
+  }
+  {
+    const std::size_t count = 100003;
+    Bytes buf(count * 4);
+    fill_reduce(DataType::int32, ReduceOp::max, me, salt + 1, buf.data(), 0, count);
+    std::error_code ec = co_await comm.async_all_reduce(
+        buf.data(), buf.data(), count, DataType::int32, ReduceOp::max, asio::use_awaitable);
+    check_ec(*w, "all_reduce in place", ec);
+    const Bytes want = reduce_reference(DataType::int32, ReduceOp::max, n, salt + 1, 0, count);
+    w->expect_equal(describe("async_all_reduce", DataType::int32, ReduceOp::max, count, "in_place"),
+                    DataType::int32, buf.data(), want.data(), count);
+  }
+  {
+    const std::size_t count = 4097;
+    Bytes data(count), recv(count);
+    fill_copy(n - 1, salt, data.data(), 0, count);
+    std::error_code ec = co_await comm.async_broadcast(data.data(), recv.data(), count,
+                                                        DataType::uint8, n - 1, asio::use_awaitable);
+    check_ec(*w, "broadcast", ec);
+    w->expect_equal(describe("async_broadcast", DataType::uint8, ReduceOp::sum, count),
+                    DataType::uint8, recv.data(), data.data(), count);
+  }
+  {
+    const std::size_t count = 1023;
+    Bytes send(count * n * 2), recv(count * 2);
+    fill_reduce(DataType::float16, ReduceOp::avg, me, salt, send.data(), 0, count * n);
+    std::error_code ec =
+        co_await comm.async_reduce_scatter(send.data(), recv.data(), count, DataType::float16,
+                                           ReduceOp::avg, asio::use_awaitable);
+    check_ec(*w, "reduce_scatter", ec);
+    const Bytes want = reduce_reference(DataType::float16, ReduceOp::avg, n, salt, me * count, count);
+    w->expect_equal(describe("async_reduce_scatter", DataType::float16, ReduceOp::avg, count),
+                    DataType::float16, recv.data(), want.data(), count);
+  }
+  {
+    std::vector<std::int32_t> all(n);
+    const std::int32_t mine = me * 10;
+    std::error_code ec =
+        co_await comm.async_all_gather(&mine, all.data(), 1, DataType::int32, asio::use_awaitable);
+    check_ec(*w, "all_gather", ec);
+    for (int r = 0; r < n; ++r)
+      if (all[r] != r * 10) w->fail("async_all_gather", "rank " + std::to_string(r) + " wrong");
+  }
+  {
+    const std::size_t count = 513;
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    Bytes out(count * 8), in(count * 8);
+    fill_copy(me, salt, out.data(), 0, out.size());
+    // Built outside the co_await: GCC 12 rejects an initializer list inside it.
+    std::vector<detail::P2POp> ops;
+    ops.push_back(Communicator::send_op(out.data(), count, DataType::float64, next));
+    ops.push_back(Communicator::recv_op(in.data(), count, DataType::float64, prev));
+    std::error_code ec = co_await comm.async_send_recv(std::move(ops), asio::use_awaitable);
+    check_ec(*w, "send_recv", ec);
+    Bytes want(count * 8);
+    fill_copy(prev, salt, want.data(), 0, want.size());
+    w->expect_equal(describe("async_send_recv", DataType::float64, ReduceOp::sum, count, "ring"),
+                    DataType::float64, in.data(), want.data(), count);
+  }
+  std::error_code ec = co_await comm.async_barrier(asio::use_awaitable);
+  check_ec(*w, "barrier", ec);
+}
+
+}  // namespace
+
+int run_async(Worker& w) {
+  {  // A coroutine on this thread's io_context.
+    asio::io_context io;
+    auto done = asio::co_spawn(io, async_round(&w, 100), asio::use_future);
+    io.run();
+    done.get();
+  }
+  {  // The same on the communicator's proxy thread.
+    auto done = asio::co_spawn(w.comm.executor(), async_round(&w, 200), asio::use_future);
+    done.get();
+  }
+  {  // Operations started back to back without waiting run in the order they were started.
+    constexpr int ops = 4;
+    constexpr std::size_t count = 4099;
+    std::vector<Bytes> send(ops, Bytes(count * 8)), recv(ops, Bytes(count * 8));
+    std::vector<std::error_code> ecs(ops);
+    int completed = 0;
+    asio::io_context io;
+    for (int i = 0; i < ops; ++i) {
+      fill_reduce(DataType::int64, ReduceOp::sum, w.rank, 300 + i, send[i].data(), 0, count);
+      w.comm.async_all_reduce(send[i].data(), recv[i].data(), count, DataType::int64,
+                              ReduceOp::sum,
+                              asio::bind_executor(io, [&ecs, &completed, i](std::error_code ec) {
+                                ecs[i] = ec;
+                                ++completed;
+                              }));
+    }
+    // The completion handlers run on io through their associated executor.
+    auto work = asio::make_work_guard(io);
+    while (completed < ops) io.run_one();
+    for (int i = 0; i < ops; ++i) {
+      check_ec(w, "all_reduce (back to back)", ecs[i]);
+      const Bytes want = reduce_reference(DataType::int64, ReduceOp::sum, w.n, 300 + i, 0, count);
+      w.expect_equal(describe("async_all_reduce", DataType::int64, ReduceOp::sum, count,
+                              "back_to_back=" + std::to_string(i)),
+                     DataType::int64, recv[i].data(), want.data(), count);
+    }
+  }
+  return w.failures ? exit_check_failed : exit_ok;
+}
+
+}  // namespace coccl::test

@@ -1,0 +1,256 @@
+// Specification of coccl's collectives across real processes: every test launches one coccl_worker
+// per rank (see harness.hpp), each of which checks its results against an independent reference
+// (reference.hpp) and exits 0 only if all of them matched.
+#include <gtest/gtest.h>
+
+#include <coccl/error.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/multirank/harness.hpp"
+#include "tests/multirank/worker.hpp"
+
+namespace coccl::test {
+namespace {
+
+using std::chrono::seconds;
+
+// Long enough for eight oversubscribed ranks; a hang shows up as timed_out well before the
+// harness deadline.
+const std::string generous_timeout = "COCCL_TIMEOUT=60";
+
+LaunchResult run_scenario(const std::string& scenario, int nranks,
+                          std::vector<std::string> env = {},
+                          std::vector<std::string> args = {}) {
+  LaunchOptions o;
+  o.scenario = scenario;
+  o.nranks = nranks;
+  o.env = std::move(env);
+  o.env.insert(o.env.begin(), generous_timeout);
+  o.args = std::move(args);
+  return launch(o);
+}
+
+int coccl_exit(errc e) { return exit_coccl_error_base + static_cast<int>(e); }
+
+std::string last_error_line(const RankResult& r) {
+  auto at = r.output.find("LAST_ERROR ");
+  if (at == std::string::npos) return {};
+  return r.output.substr(at, r.output.find('\n', at) - at);
+}
+
+// ---- Correctness, by rank count -------------------------------------------------------------
+
+class Collectives : public ::testing::TestWithParam<int> {
+ protected:
+  void expect_scenario_passes(const std::string& scenario) {
+    const LaunchResult r = run_scenario(scenario, GetParam());
+    EXPECT_TRUE(r.all_passed()) << r.describe();
+  }
+};
+
+TEST_P(Collectives, AllReduceEveryTypeAndOpInAndOutOfPlace) { expect_scenario_passes("all_reduce"); }
+TEST_P(Collectives, BroadcastFromEveryRoot) { expect_scenario_passes("broadcast"); }
+TEST_P(Collectives, ReduceEveryTypeAndOpToRotatingRoots) { expect_scenario_passes("reduce"); }
+TEST_P(Collectives, AllGatherInAndOutOfPlace) { expect_scenario_passes("all_gather"); }
+TEST_P(Collectives, ReduceScatterEveryTypeAndOp) { expect_scenario_passes("reduce_scatter"); }
+TEST_P(Collectives, AllToAll) { expect_scenario_passes("all_to_all"); }
+TEST_P(Collectives, AllToAllvUnevenCountsWithZeros) { expect_scenario_passes("all_to_allv"); }
+TEST_P(Collectives, GatherToEveryRoot) { expect_scenario_passes("gather"); }
+TEST_P(Collectives, ScatterFromEveryRoot) { expect_scenario_passes("scatter"); }
+TEST_P(Collectives, SendRecvRingAndAllPairsGroups) { expect_scenario_passes("send_recv"); }
+TEST_P(Collectives, BarrierReleasesNoRankBeforeTheLastEnters) { expect_scenario_passes("barrier"); }
+TEST_P(Collectives, SplitByParityAndLeaveWithNegativeColor) { expect_scenario_passes("split"); }
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4, 8),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// ---- all_reduce under forced algorithms, transports and small slots ------------------------
+
+struct Variant {
+  const char* name;
+  std::vector<std::string> env;
+  int nranks;
+};
+
+class AllReduceVariants : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(AllReduceVariants, AllReduceMatchesReference) {
+  const LaunchResult r = run_scenario("all_reduce", GetParam().nranks, GetParam().env, {"quick"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+const std::string small_slots = "COCCL_SLOT_BYTES=4096";
+const std::string two_slots = "COCCL_SLOTS=2";
+
+INSTANTIATE_TEST_SUITE_P(
+    Forced, AllReduceVariants,
+    ::testing::Values(Variant{"oneshot_3ranks", {"COCCL_ALGO=oneshot"}, 3},
+                      Variant{"oneshot_4ranks", {"COCCL_ALGO=oneshot"}, 4},
+                      Variant{"direct_3ranks", {"COCCL_ALGO=direct"}, 3},
+                      Variant{"direct_4ranks", {"COCCL_ALGO=direct"}, 4},
+                      Variant{"ring_3ranks", {"COCCL_ALGO=ring"}, 3},
+                      Variant{"ring_8ranks", {"COCCL_ALGO=ring"}, 8},
+                      Variant{"tcp_3ranks", {"COCCL_TRANSPORT=tcp"}, 3},
+                      Variant{"tcp_4ranks", {"COCCL_TRANSPORT=tcp"}, 4},
+                      Variant{"small_slots_3ranks", {small_slots, two_slots}, 3},
+                      Variant{"oneshot_small_slots_4ranks",
+                              {"COCCL_ALGO=oneshot", small_slots, two_slots}, 4},
+                      Variant{"direct_small_slots_3ranks",
+                              {"COCCL_ALGO=direct", small_slots, two_slots}, 3},
+                      Variant{"ring_tcp_small_slots_3ranks",
+                              {"COCCL_ALGO=ring", "COCCL_TRANSPORT=tcp", small_slots}, 3},
+                      Variant{"direct_tcp_4ranks", {"COCCL_ALGO=direct", "COCCL_TRANSPORT=tcp"},
+                              4}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- Every collective over the other transport settings --------------------------------------
+
+TEST(EveryCollective, OverTcpWithThreeRanks) {
+  const LaunchResult r = run_scenario("every_collective", 3, {"COCCL_TRANSPORT=tcp"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+TEST(EveryCollective, OverTcpWithFourRanksAndSmallSlots) {
+  const LaunchResult r =
+      run_scenario("every_collective", 4, {"COCCL_TRANSPORT=tcp", small_slots, two_slots});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+TEST(EveryCollective, OverShmWithThreeRanksAndSmallSlots) {
+  const LaunchResult r =
+      run_scenario("every_collective", 3, {"COCCL_TRANSPORT=shm", small_slots, two_slots});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+// ---- The asynchronous interface -------------------------------------------------------------
+
+class Async : public ::testing::TestWithParam<int> {};
+
+TEST_P(Async, CoroutinesOnAnIoContextAndOnTheProxyThreadGetEveryResult) {
+  const LaunchResult r = run_scenario("async", GetParam());
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Async, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// ---- Faults ---------------------------------------------------------------------------------
+
+constexpr double timeout_s = 5;
+// Allowed beyond the deadline the test sets: detection, process exit and a loaded machine.
+constexpr double margin_s = 6;
+
+class KilledRank : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(KilledRank, EverySurvivorFailsNamingTheDeadRankWithinTheTimeout) {
+  LaunchOptions o;
+  o.scenario = "loop";
+  o.nranks = 4;
+  o.env = {"COCCL_TIMEOUT=5", std::string("COCCL_TRANSPORT=") + GetParam()};
+  o.signals = {{2, SIGKILL, "looping", std::chrono::milliseconds(200)}};
+  o.deadline = seconds(60);
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  ASSERT_TRUE(r.fired[0]) << r.describe();
+  EXPECT_EQ(r.ranks[2].signal, SIGKILL) << r.describe();
+  for (int rank : {0, 1, 3}) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(x.signal, 0) << r.describe();
+    EXPECT_TRUE(x.exit_code == coccl_exit(errc::peer_lost) ||
+                x.exit_code == coccl_exit(errc::remote_error))
+        << r.describe();
+    EXPECT_NE(last_error_line(x).find("rank 2"), std::string::npos) << r.describe();
+    EXPECT_LE(r.seconds_after_signal(rank, 0), timeout_s + margin_s) << r.describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KilledRank, ::testing::Values("shm", "tcp"));
+
+class StoppedRank : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StoppedRank, SurvivorsTimeOutNamingTheSilentRank) {
+  LaunchOptions o;
+  o.scenario = "loop";
+  o.nranks = 4;
+  o.env = {"COCCL_TIMEOUT=3", std::string("COCCL_TRANSPORT=") + GetParam()};
+  o.signals = {{1, SIGSTOP, "looping", std::chrono::milliseconds(200)}};
+  o.reap = {1};
+  o.deadline = seconds(60);
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  ASSERT_TRUE(r.fired[0]) << r.describe();
+  for (int rank : {0, 2, 3}) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(x.signal, 0) << r.describe();
+    EXPECT_TRUE(x.exit_code == coccl_exit(errc::timed_out) ||
+                x.exit_code == coccl_exit(errc::peer_lost) ||
+                x.exit_code == coccl_exit(errc::remote_error))
+        << r.describe();
+    const std::string why = last_error_line(x);
+    EXPECT_TRUE(why.find("rank 1") != std::string::npos ||
+                why.find("no progress") != std::string::npos)
+        << r.describe();
+    EXPECT_LE(r.seconds_after_signal(rank, 0), 3 + margin_s) << r.describe();
+  }
+  const bool some_timed_out = r.ranks[0].exit_code == coccl_exit(errc::timed_out) ||
+                              r.ranks[2].exit_code == coccl_exit(errc::timed_out) ||
+                              r.ranks[3].exit_code == coccl_exit(errc::timed_out);
+  EXPECT_TRUE(some_timed_out) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, StoppedRank, ::testing::Values("shm", "tcp"));
+
+TEST(Mismatch, AllReduceAgainstBroadcastFailsEveryRankAndOneSeesMismatch) {
+  LaunchOptions o;
+  o.scenario = "mismatch";
+  o.nranks = 3;
+  o.env = {"COCCL_TIMEOUT=5"};
+  o.deadline = seconds(60);
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  bool seen = false;
+  for (int rank = 0; rank < o.nranks; ++rank) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(x.signal, 0) << r.describe();
+    EXPECT_TRUE(x.exit_code == coccl_exit(errc::mismatch) ||
+                x.exit_code == coccl_exit(errc::remote_error) ||
+                x.exit_code == coccl_exit(errc::peer_lost))
+        << r.describe();
+    seen |= x.exit_code == coccl_exit(errc::mismatch);
+    EXPECT_LE(std::chrono::duration<double>(x.ended - r.started).count(), 5 + margin_s)
+        << r.describe();
+  }
+  EXPECT_TRUE(seen) << r.describe();
+}
+
+TEST(Abort, PeersInsideACollectiveFailPromptly) {
+  LaunchOptions o;
+  o.scenario = "abort";
+  o.nranks = 4;
+  o.env = {"COCCL_TIMEOUT=60"};
+  // Signal 0 sends nothing: it records when rank 1 announced its abort.
+  o.signals = {{1, 0, "aborting", std::chrono::milliseconds(0)}};
+  o.deadline = seconds(90);
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  ASSERT_TRUE(r.fired[0]) << r.describe();
+  EXPECT_EQ(r.ranks[1].exit_code, 0) << r.describe();
+  for (int rank : {0, 2, 3}) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(x.signal, 0) << r.describe();
+    EXPECT_TRUE(x.exit_code == coccl_exit(errc::remote_error) ||
+                x.exit_code == coccl_exit(errc::peer_lost) ||
+                x.exit_code == coccl_exit(errc::aborted))
+        << r.describe();
+    // Far below COCCL_TIMEOUT: the abort is announced, not discovered by a deadline.
+    EXPECT_LE(r.seconds_after_signal(rank, 0), 5.0) << r.describe();
+  }
+}
+
+}  // namespace
+}  // namespace coccl::test

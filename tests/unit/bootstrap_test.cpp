@@ -1,0 +1,311 @@
+// Tests for the UniqueId text form and for the bootstrap root's resistance to strangers: garbage,
+// frames authenticated with the wrong secret and silent connections are dropped, and the honest
+// ranks (threads of this process) still form their communicator and run an all_reduce.
+#include "transport/bootstrap.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <coccl/coccl.hpp>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "runtime/params.hpp"
+#include "transport/wire.hpp"
+
+namespace coccl {
+namespace {
+
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+std::error_code code_of_from_string(std::string_view text) {
+  try {
+    UniqueId::from_string(text);
+  } catch (const std::system_error& e) {
+    return e.code();
+  }
+  return {};
+}
+
+UniqueId patterned_id() {
+  UniqueId id;
+  for (std::size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  return id;
+}
+
+TEST(UniqueIdText, RoundTripsThroughToStringAndFromString) {
+  UniqueId id = patterned_id();
+  std::string text = id.to_string();
+  EXPECT_EQ(text.size(), 256u);
+  EXPECT_EQ(text.substr(0, 6), "030a11");
+  EXPECT_EQ(UniqueId::from_string(text), id);
+}
+
+TEST(UniqueIdText, AcceptsUpperCaseHex) {
+  UniqueId id = patterned_id();
+  std::string text = id.to_string();
+  for (auto& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(UniqueId::from_string(text), id);
+}
+
+TEST(UniqueIdText, RejectsTextOfTheWrongLength) {
+  std::string text = patterned_id().to_string();
+  EXPECT_EQ(code_of_from_string(text.substr(0, 255)), errc::invalid_argument);
+  EXPECT_EQ(code_of_from_string(text + "0"), errc::invalid_argument);
+  EXPECT_EQ(code_of_from_string(text + "00"), errc::invalid_argument);
+  EXPECT_EQ(code_of_from_string(""), errc::invalid_argument);
+}
+
+TEST(UniqueIdText, RejectsNonHexDigits) {
+  std::string text = patterned_id().to_string();
+  for (char bad : {'g', 'G', ' ', '-', 'x'}) {
+    std::string t = text;
+    t[100] = bad;
+    EXPECT_EQ(code_of_from_string(t), errc::invalid_argument) << "digit '" << bad << "'";
+  }
+}
+
+TEST(UniqueIdEncoding, DecodeOfACreatedIdNamesAListeningRoot) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  EXPECT_NE(root.endpoint.port(), 0);
+  EXPECT_EQ(transport::encode(root), id);
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect(root.endpoint, ec);
+  EXPECT_FALSE(ec) << ec.message();
+}
+
+TEST(UniqueIdEncoding, TwoCreatedIdsHaveDifferentSecrets) {
+  auto a = transport::decode(UniqueId::create());
+  auto b = transport::decode(UniqueId::create());
+  EXPECT_NE(a.secret, b.secret);
+  EXPECT_NE(a.endpoint, b.endpoint);
+}
+
+TEST(UniqueIdEncoding, DecodeRejectsBytesNotMadeByCreate) {
+  try {
+    transport::decode(UniqueId{});
+    FAIL() << "decode accepted an all-zero id";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+  }
+}
+
+// ---- Rendezvous with strangers at the root ----
+
+struct RankResult {
+  std::error_code ec;
+  float sum = -1;
+};
+
+// Ranks `ranks` of `nranks` join `id` on threads, all_reduce (rank + 1) and destroy.
+std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector<int> ranks) {
+  std::vector<RankResult> results(nranks);
+  std::vector<std::thread> threads;
+  for (int r : ranks)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator c = Communicator::create(id, r, nranks);
+        float in = static_cast<float>(r + 1), out = 0;
+        c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
+        results[r].sum = out;
+        c.destroy();
+      } catch (const std::system_error& e) {
+        results[r].ec = e.code();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+std::vector<int> all_ranks(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+void expect_all_summed(const std::vector<RankResult>& results) {
+  const int n = static_cast<int>(results.size());
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(results[r].ec) << "rank " << r << ": " << results[r].ec.message();
+    EXPECT_EQ(results[r].sum, n * (n + 1) / 2.0f) << "rank " << r;
+  }
+}
+
+// Waits up to `limit` for the peer to close `s`; returns the read's error (eof when it closed
+// cleanly), or nullopt if the socket is still open.
+std::optional<boost::system::error_code> wait_closed(asio::io_context& io, tcp::socket& s,
+                                                     std::chrono::steady_clock::duration limit) {
+  std::optional<boost::system::error_code> result;
+  char byte;
+  s.async_read_some(asio::buffer(&byte, 1),
+                    [&](boost::system::error_code ec, std::size_t) { result = ec; });
+  io.restart();
+  io.run_for(limit);
+  if (!result) {
+    s.close();
+    io.restart();
+    io.run();
+    return std::nullopt;
+  }
+  return result;
+}
+
+transport::Secret wrong_secret_for(const transport::Secret& right) {
+  transport::Secret s = right;
+  for (auto& b : s) b ^= 0x5a;
+  return s;
+}
+
+// A hello exactly as an honest rank `rank` of `nranks` would send it.
+std::vector<std::uint8_t> hello_payload(int rank, int nranks, const tcp::endpoint& listener) {
+  transport::Writer w;
+  w.put<std::uint32_t>(0x4f4c4548u)
+      .put<std::int32_t>(rank)
+      .put<std::int32_t>(nranks)
+      .put(transport::PeerInfo::from(listener));
+  return std::move(w.bytes());
+}
+
+void send_frame(asio::io_context& io, tcp::socket& s, const transport::Secret& secret,
+                std::vector<std::uint8_t> payload) {
+  std::exception_ptr error;
+  bool done = false;
+  asio::co_spawn(io, transport::write_frame(s, secret, transport::FrameType::hello, payload),
+                 [&](std::exception_ptr e) {
+                   error = e;
+                   done = true;
+                 });
+  io.restart();
+  io.run_for(5s);
+  ASSERT_TRUE(done);
+  if (error) std::rethrow_exception(error);
+}
+
+TEST(BootstrapRoot, DropsAConnectionSendingGarbage) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect(root.endpoint);
+  std::vector<std::uint8_t> garbage(16, 0xab);
+  asio::write(s, asio::buffer(garbage));
+  EXPECT_EQ(wait_closed(io, s, 5s), boost::system::error_code(asio::error::eof));
+}
+
+TEST(BootstrapRoot, DropsAHelloAuthenticatedWithTheWrongSecret) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect(root.endpoint);
+  send_frame(io, s, wrong_secret_for(root.secret), hello_payload(0, 2, root.endpoint));
+  EXPECT_EQ(wait_closed(io, s, 5s), boost::system::error_code(asio::error::eof));
+}
+
+TEST(BootstrapRoot, RanksCompleteAfterAGarbageConnection) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect(root.endpoint);
+  std::vector<std::uint8_t> garbage(64, 0xab);
+  asio::write(s, asio::buffer(garbage));
+  ASSERT_TRUE(wait_closed(io, s, 5s).has_value());
+  expect_all_summed(join_and_sum(id, 3, all_ranks(3)));
+}
+
+// The stranger claims rank 0 first; had the root believed it, the table would go to the stranger
+// and the honest ranks would time out.
+TEST(BootstrapRoot, RanksCompleteAfterAWrongSecretHelloClaimingRankZero) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  asio::io_context io;
+  tcp::acceptor fake_listener(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  tcp::socket s(io);
+  s.connect(root.endpoint);
+  send_frame(io, s, wrong_secret_for(root.secret), hello_payload(0, 3, fake_listener.local_endpoint()));
+  ASSERT_TRUE(wait_closed(io, s, 5s).has_value());
+  expect_all_summed(join_and_sum(id, 3, all_ranks(3)));
+}
+
+TEST(BootstrapRoot, HalfOpenConnectionDoesNotBlockTheRanks) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  asio::io_context io;
+  tcp::socket silent(io);
+  silent.connect(root.endpoint);
+  // Half a frame header: the root waits for the rest on this connection only.
+  tcp::socket partial(io);
+  partial.connect(root.endpoint);
+  asio::write(partial, asio::buffer(std::vector<std::uint8_t>(8, 0)));
+  auto start = std::chrono::steady_clock::now();
+  expect_all_summed(join_and_sum(id, 3, all_ranks(3)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_TRUE(silent.is_open());
+}
+
+TEST(BootstrapRoot, RanksCompleteDespiteAllStrangersAtOnce) {
+  UniqueId id = UniqueId::create();
+  auto root = transport::decode(id);
+  asio::io_context io;
+  tcp::socket silent(io), garbage(io), forged(io);
+  silent.connect(root.endpoint);
+  garbage.connect(root.endpoint);
+  forged.connect(root.endpoint);
+  asio::write(garbage, asio::buffer(std::vector<std::uint8_t>(32, 0xff)));
+  send_frame(io, forged, wrong_secret_for(root.secret), hello_payload(1, 4, root.endpoint));
+  expect_all_summed(join_and_sum(id, 4, all_ranks(4)));
+}
+
+// Sets COCCL_TIMEOUT for one test (read when a root or communicator is created).
+struct TimeoutOverride {
+  explicit TimeoutOverride(const char* seconds) { params::timeout_s.set_override(seconds); }
+  ~TimeoutOverride() { params::timeout_s.set_override(std::nullopt); }
+};
+
+// The first hello fixes the communicator's size: a rank that names another size is dropped (and
+// times out) while the ranks of the first size complete.
+TEST(BootstrapRoot, DropsAHelloForAnotherCommunicatorSize) {
+  TimeoutOverride timeout("2");
+  UniqueId id = UniqueId::create();
+  std::vector<RankResult> first, stray;
+  std::thread a([&] { first = join_and_sum(id, 3, {1}); });
+  std::this_thread::sleep_for(100ms);
+  std::thread b([&] { stray = join_and_sum(id, 2, {1}); });
+  std::this_thread::sleep_for(100ms);
+  auto rest = join_and_sum(id, 3, {0, 2});
+  a.join();
+  b.join();
+  for (auto* r : {&first[1], &rest[0], &rest[2]}) {
+    EXPECT_FALSE(r->ec) << r->ec.message();
+    EXPECT_EQ(r->sum, 6.0f);
+  }
+  EXPECT_EQ(stray[1].ec, errc::timed_out) << stray[1].ec.message();
+}
+
+TEST(BootstrapRoot, MissingRankMakesTheOthersTimeOutWithinCocclTimeout) {
+  TimeoutOverride timeout("2");
+  UniqueId id = UniqueId::create();
+  auto start = std::chrono::steady_clock::now();
+  auto results = join_and_sum(id, 3, {0, 1});
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(results[0].ec, errc::timed_out) << results[0].ec.message();
+  EXPECT_EQ(results[1].ec, errc::timed_out) << results[1].ec.message();
+  EXPECT_GE(took, 1900ms);
+  EXPECT_LT(took, 5s);
+}
+
+}  // namespace
+}  // namespace coccl

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine, builds coccl and runs the main job or the tests.
+#
+#   tools/bootstrap.sh perf [coccl-perf args]   install, build, run coccl-perf (default sweep)
+#   tools/bootstrap.sh test                     install, build, run every test, then the
+#                                               ASan+UBSan build's tests
+#
+# Build trees: build/ (release) and build-asan/. COCCL_SKIP_SANITIZER=1 skips the second.
+set -euo pipefail
+
+mode=${1:-perf}
+shift || true
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc)
+
+packages=(cmake ninja-build g++ pkg-config libboost1.81-dev liburing-dev libibverbs-dev rdma-core
+  googletest libgtest-dev libbenchmark-dev libgloo-dev libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" > /dev/null
+fi
+
+build() {  # build DIR [cmake args]
+  local dir=$1
+  shift
+  cmake -S "$root" -B "$dir" -G Ninja "$@" > "$dir.configure.log" 2>&1 || {
+    cat "$dir.configure.log"
+    return 1
+  }
+  cmake --build "$dir" -j "$jobs"
+}
+
+mkdir -p "$root/build"
+build "$root/build" -DCMAKE_BUILD_TYPE=Release
+
+case "$mode" in
+  perf)
+    exec "$root/build/tools/coccl-perf" "$@"
+    ;;
+  test)
+    ctest --test-dir "$root/build" -j "$jobs" --output-on-failure --timeout 600
+    if [ "${COCCL_SKIP_SANITIZER:-0}" != 1 ]; then
+      # One sanitizer build in CI: ASan+UBSan over the host code (CUDA off: the GPU tests skip
+      # here anyway, and it halves the build).
+      mkdir -p "$root/build-asan"
+      build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCOCCL_SANITIZE=address \
+        -DCOCCL_ENABLE_CUDA=OFF -DCOCCL_BUILD_TOOLS=OFF
+      ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        ctest --test-dir "$root/build-asan" -j "$jobs" --output-on-failure --timeout 900
+    fi
+    ;;
+  *)
+    echo "usage: $0 perf [coccl-perf args] | test" >&2
+    exit 2
+    ;;
+esac
