@@ -168,7 +168,6 @@ asio::awaitable<void> CommImpl::drain() {
       fail(make_error_code(errc::internal), e.what());
       ec = error();
     }
-    if (!ec) ec = error();
     trace_.end(seq_, !ec);
     complete(q.handler, ec);
   }

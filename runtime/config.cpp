@@ -45,7 +45,9 @@ std::optional<std::int64_t> parse(std::string_view s, std::int64_t*) {
   else if (rest == "M" || rest == "m") mul = 1LL << 20;
   else if (rest == "G" || rest == "g") mul = 1LL << 30;
   else if (!rest.empty()) return std::nullopt;
-  return v * mul;
+  long long out = 0;
+  if (__builtin_mul_overflow(v, mul, &out)) return std::nullopt;
+  return out;
 }
 
 std::optional<double> parse(std::string_view s, double*) {

@@ -486,7 +486,10 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   for (auto& box : ready_)
     if (box) box->push(0);
   for (auto& c : conns_) {
-    if (notify) c->send_abort(ec, why);
+    if (notify)
+      c->send_abort(ec, why);
+    else
+      c->send_goodbye();
     c->close(ec, why);
   }
 }

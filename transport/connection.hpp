@@ -73,6 +73,10 @@ class Connection {
   /// errc::remote_error and this text).
   virtual void send_abort(std::error_code ec, const std::string& why) = 0;
 
+  /// Tells the peer this rank is leaving in good order (destroy): chunks already sent stay
+  /// deliverable there, and the peer fails only if it waits for more.
+  virtual void send_goodbye() = 0;
+
   /// Fails every pending and future put/wait with `ec`/`why` and closes the link. Idempotent.
   virtual void close(std::error_code ec, const std::string& why) = 0;
 

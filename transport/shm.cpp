@@ -151,11 +151,11 @@ bool ShmConnection::can_recv() const noexcept {
 
 bool ShmConnection::check() {
   bool progress = false;
-  if (recv_waiter_ && (closed_ || can_recv())) {
+  if (recv_waiter_ && (closed_ || departed_ || can_recv())) {
     resume_inline(recv_waiter_);
     progress = true;
   }
-  if (credit_waiter_ && (closed_ || can_put())) {
+  if (credit_waiter_ && (closed_ || departed_ || can_put())) {
     resume_inline(credit_waiter_);
     progress = true;
   }
@@ -172,7 +172,7 @@ void ShmConnection::resume_inline(Waiter& w) {
 
 asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  while (!closed_ && !can_put()) {
+  while (!closed_ && !departed_ && !can_put()) {
     blocked_since_ = std::chrono::steady_clock::now();
     poller_.activate(this);
     try {
@@ -181,6 +181,7 @@ asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::ui
     }
     blocked_since_.reset();
   }
+  if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   std::size_t slot = sent_ % slots_;
   auto* base = static_cast<std::byte*>(peer_->data()) + data_offset(slots_);
@@ -193,7 +194,7 @@ asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::ui
 }
 
 asio::awaitable<Chunk> ShmConnection::wait() {
-  while (!closed_ && !can_recv()) {
+  while (!closed_ && !departed_ && !can_recv()) {
     blocked_since_ = std::chrono::steady_clock::now();
     poller_.activate(this);
     try {
@@ -202,7 +203,11 @@ asio::awaitable<Chunk> ShmConnection::wait() {
     }
     blocked_since_.reset();
   }
-  if (closed_) throw_failure();
+  // Published chunks are delivered even after the peer left or the link closed (see tcp).
+  if (!can_recv()) {
+    if (departed_) fail_departed("was waiting for data from it");
+    throw_failure();
+  }
   std::size_t slot = consumed_ % slots_;
   ++consumed_;
   auto* base = static_cast<std::byte*>(own_->data()) + data_offset(slots_);
@@ -220,6 +225,11 @@ void ShmConnection::release() {
 asio::awaitable<void> ShmConnection::on_put(const LinkHeader&) {
   throw std::system_error(make_error_code(errc::bad_message), "data frame on an shm link");
   co_return;
+}
+
+void ShmConnection::fail_waiters_soft() {
+  resume(recv_waiter_);
+  resume(credit_waiter_);
 }
 
 void ShmConnection::fail_waiters() {

@@ -80,6 +80,7 @@ class ShmConnection final : public SocketConnection {
   asio::awaitable<void> on_put(const LinkHeader& h) override;
   void on_credit(std::uint64_t) override {}
   void fail_waiters() override;
+  void fail_waiters_soft() override;
   bool can_put() const noexcept;
   bool can_recv() const noexcept;
   void resume_inline(Waiter& w);

@@ -51,6 +51,11 @@ asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
         case LinkHeader::credit:
           on_credit(h.length);
           break;
+        case LinkHeader::bye:
+          departed_ = true;
+          // Waiters re-check: data already here is still delivered; anything more fails.
+          fail_waiters_soft();
+          break;
         case LinkHeader::abort: {
           if (h.length > max_abort_text) throw std::system_error(make_error_code(errc::bad_message));
           std::string text(h.length, '\0');
@@ -74,6 +79,10 @@ asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
     }
     if (!*alive) co_return;
     if (ec) {
+      if (departed_) {
+        fail_waiters_soft();
+        co_return;
+      }
       if (!closed_)
         close(make_error_code(errc::peer_lost),
               "lost rank " + std::to_string(peer_) + " (connection " + ec.message() + ")");
@@ -159,5 +168,21 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
 }
 
 void SocketConnection::throw_failure() const { throw LinkError(error_, error_text_); }
+
+void SocketConnection::fail_departed(const char* needed) {
+  if (!closed_)
+    close(make_error_code(errc::peer_lost),
+          "rank " + std::to_string(peer_) + " destroyed its communicator while this rank " +
+              needed);
+  throw_failure();
+}
+
+void SocketConnection::send_goodbye() {
+  if (closed_ || writing_) return;
+  LinkHeader h{LinkHeader::bye, 0, 0};
+  boost::system::error_code ignored;
+  socket_.non_blocking(true, ignored);
+  socket_.write_some(asio::buffer(&h, sizeof h), ignored);
+}
 
 }  // namespace coccl::transport

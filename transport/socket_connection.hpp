@@ -17,7 +17,7 @@ namespace coccl::transport {
 /// Frame header on an established connection (not authenticated: the link was authenticated
 /// when it was set up, and the data path must stay cheap).
 struct LinkHeader {
-  enum Type : std::uint32_t { put = 1, credit = 2, abort = 3 };
+  enum Type : std::uint32_t { put = 1, credit = 2, abort = 3, bye = 4 };
   std::uint32_t type;
   std::uint32_t fingerprint;
   std::uint64_t length;
@@ -35,6 +35,7 @@ class SocketConnection : public Connection {
 
   void send_abort(std::error_code ec, const std::string& why) override;
   void close(std::error_code ec, const std::string& why) override;
+  void send_goodbye() override;
 
   /// Starts the reader coroutine; call once the derived object is fully built.
   void start();
@@ -47,14 +48,20 @@ class SocketConnection : public Connection {
   virtual void on_credit(std::uint64_t n) = 0;
   // Fails the derived class's waiters.
   virtual void fail_waiters() = 0;
+  // Wakes them without an error so they re-check their condition.
+  virtual void fail_waiters_soft() = 0;
   // Resumes a suspended coroutine with `ec` from the executor (never inline).
   void resume(Waiter& w, boost::system::error_code ec = {});
   void resume_now(Resume& r, boost::system::error_code ec);
   // Throws the stored failure.
   [[noreturn]] void throw_failure() const;
+  // After a goodbye or EOF from a departed peer: nothing more will come. Fails the link (and so
+  // the communicator) only if someone still needs the peer, then throws.
+  [[noreturn]] void fail_departed(const char* needed);
 
   asio::ip::tcp::socket socket_;
   bool closed_ = false;
+  bool departed_ = false;  // the peer said goodbye (destroyed its communicator)
   std::error_code error_;
   std::string error_text_;
 

@@ -24,7 +24,7 @@ TcpConnection::TcpConnection(int self, int peer, asio::ip::tcp::socket socket, s
 
 asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  while (!closed_ && sent_ - acked_ >= slots_) {
+  while (!closed_ && !departed_ && sent_ - acked_ >= slots_) {
     blocked_since_ = std::chrono::steady_clock::now();
     try {
       co_await suspend(credit_waiter_);
@@ -32,6 +32,7 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
     }
     blocked_since_.reset();
   }
+  if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   ++sent_;
   bool failed = false;
@@ -48,7 +49,7 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
 }
 
 asio::awaitable<Chunk> TcpConnection::wait() {
-  while (!closed_ && filled_ == consumed_) {
+  while (!closed_ && !departed_ && filled_ == consumed_) {
     blocked_since_ = std::chrono::steady_clock::now();
     try {
       co_await suspend(recv_waiter_);
@@ -56,9 +57,12 @@ asio::awaitable<Chunk> TcpConnection::wait() {
     }
     blocked_since_.reset();
   }
-  // Data already received is still delivered after a failure only if complete: a failed link
-  // fails the operation anyway, so report the failure first.
-  if (closed_) throw_failure();
+  // Chunks that fully arrived are delivered even after the peer left or the link closed: a peer
+  // that sent everything and then destroyed its communicator did nothing wrong.
+  if (filled_ == consumed_) {
+    if (departed_) fail_departed("was waiting for data from it");
+    throw_failure();
+  }
   std::size_t slot = consumed_ % slots_;
   ++consumed_;
   co_return Chunk{ring_.get() + slot * slot_bytes_, sizes_[slot], fingerprints_[slot]};
@@ -86,6 +90,11 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h) {
 
 void TcpConnection::on_credit(std::uint64_t n) {
   acked_ += n;
+  resume(credit_waiter_);
+}
+
+void TcpConnection::fail_waiters_soft() {
+  resume(recv_waiter_);
   resume(credit_waiter_);
 }
 

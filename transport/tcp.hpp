@@ -25,6 +25,7 @@ class TcpConnection final : public SocketConnection {
   asio::awaitable<void> on_put(const LinkHeader& h) override;
   void on_credit(std::uint64_t n) override;
   void fail_waiters() override;
+  void fail_waiters_soft() override;
 
   std::size_t slots_;
   std::size_t slot_bytes_;

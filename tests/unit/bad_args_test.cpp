@@ -9,6 +9,7 @@
 #include <coccl/coccl.hpp>
 #include <cstdint>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <optional>
 #include <system_error>
@@ -60,12 +61,15 @@ class BadArgs : public ::testing::TestWithParam<int> {
     UniqueId id = UniqueId::create();
     std::vector<std::error_code> got(n);
     std::vector<bool> usable(n, false);
+    std::latch finished(n);
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
       threads.emplace_back([&, r] {
         Communicator c = Communicator::create(id, r, n);
         if (r == 0) got[r] = bad(c);
         usable[r] = all_reduce_works(c, n);
+        // Every rank finishes before any destroys (see destroy_test.cpp for why).
+        finished.arrive_and_wait();
         c.destroy();
       });
     for (auto& t : threads) t.join();
@@ -164,9 +168,8 @@ TEST_P(BadArgs, NegativeDataType) {
 }
 
 TEST_P(BadArgs, UnknownDataTypeOfASend) {
-  expect_invalid([](Communicator& c) {
-    return code_of([&] { c.send(buf_a, 4, bad_type, c.size() - 1); });
-  });
+  expect_invalid(
+      [](Communicator& c) { return code_of([&] { c.send(buf_a, 4, bad_type, c.size() - 1); }); });
 }
 
 TEST_P(BadArgs, UnknownReduceOp) {
@@ -179,9 +182,8 @@ TEST_P(BadArgs, UnknownReduceOp) {
 
 TEST_P(BadArgs, NegativeReduceOpOfReduceScatter) {
   expect_invalid([](Communicator& c) {
-    return code_of([&] {
-      c.reduce_scatter(buf_a, buf_b, 1, DataType::float32, static_cast<ReduceOp>(-1));
-    });
+    return code_of(
+        [&] { c.reduce_scatter(buf_a, buf_b, 1, DataType::float32, static_cast<ReduceOp>(-1)); });
   });
 }
 
@@ -216,9 +218,8 @@ TEST_P(BadArgs, SendPeerEqualToSize) {
 }
 
 TEST_P(BadArgs, RecvNegativePeer) {
-  expect_invalid([](Communicator& c) {
-    return code_of([&] { c.recv(buf_b, 4, DataType::float32, -1); });
-  });
+  expect_invalid(
+      [](Communicator& c) { return code_of([&] { c.recv(buf_b, 4, DataType::float32, -1); }); });
 }
 
 TEST_P(BadArgs, GroupWithOneBadPeerSendsNothing) {
@@ -251,8 +252,8 @@ TEST_P(BadArgs, AllToAllvWithTooManyDisplacements) {
   expect_invalid([](Communicator& c) {
     const std::size_t n = static_cast<std::size_t>(c.size());
     return code_of([&] {
-      c.all_to_allv(buf_a, std::vector<std::size_t>(n, 1), std::vector<std::size_t>(n, 0),
-                    buf_b, std::vector<std::size_t>(n, 1), std::vector<std::size_t>(n + 1, 0),
+      c.all_to_allv(buf_a, std::vector<std::size_t>(n, 1), std::vector<std::size_t>(n, 0), buf_b,
+                    std::vector<std::size_t>(n, 1), std::vector<std::size_t>(n + 1, 0),
                     DataType::float32);
     });
   });
@@ -295,6 +296,7 @@ TEST(BadArgsTwoRanks, InPlaceAllToAllIsRejected) {
   UniqueId id = UniqueId::create();
   std::error_code got;
   std::vector<bool> usable(2, false);
+  std::latch finished(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
@@ -302,6 +304,7 @@ TEST(BadArgsTwoRanks, InPlaceAllToAllIsRejected) {
       float data[4] = {1, 2, 3, 4};
       if (r == 0) got = code_of([&] { c.all_to_all(data, data, 2, DataType::float32); });
       usable[r] = all_reduce_works(c, 2);
+      finished.arrive_and_wait();
       c.destroy();
     });
   for (auto& t : threads) t.join();
@@ -336,8 +339,7 @@ TEST(UseAfterDestroy, ThrowingFormOnACopyThrowsAborted) {
   Communicator copy = c;
   c.destroy();
   EXPECT_EQ(code_of([&] { copy.barrier(); }), errc::aborted);
-  EXPECT_EQ(code_of([&] { copy.broadcast(buf_a, buf_b, 1, DataType::float32, 0); }),
-            errc::aborted);
+  EXPECT_EQ(code_of([&] { copy.broadcast(buf_a, buf_b, 1, DataType::float32, 0); }), errc::aborted);
 }
 
 TEST(UseAfterDestroy, DestroyedHandleIsEmptyAndFailsWithAborted) {

@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <coccl/coccl.hpp>
+#include <latch>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -38,7 +39,8 @@ std::error_code code_of_from_string(std::string_view text) {
 
 UniqueId patterned_id() {
   UniqueId id;
-  for (std::size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  for (std::size_t i = 0; i < id.bytes.size(); ++i)
+    id.bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
   return id;
 }
 
@@ -112,18 +114,22 @@ struct RankResult {
 // Ranks `ranks` of `nranks` join `id` on threads, all_reduce (rank + 1) and destroy.
 std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector<int> ranks) {
   std::vector<RankResult> results(nranks);
+  std::latch finished(static_cast<std::ptrdiff_t>(ranks.size()));
   std::vector<std::thread> threads;
   for (int r : ranks)
     threads.emplace_back([&, r] {
+      Communicator c;
       try {
-        Communicator c = Communicator::create(id, r, nranks);
+        c = Communicator::create(id, r, nranks);
         float in = static_cast<float>(r + 1), out = 0;
         c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
         results[r].sum = out;
-        c.destroy();
       } catch (const std::system_error& e) {
         results[r].ec = e.code();
       }
+      // Every rank finishes before any destroys (see destroy_test.cpp for why).
+      finished.arrive_and_wait();
+      c.destroy();
     });
   for (auto& t : threads) t.join();
   return results;
@@ -235,7 +241,8 @@ TEST(BootstrapRoot, RanksCompleteAfterAWrongSecretHelloClaimingRankZero) {
   tcp::acceptor fake_listener(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
   tcp::socket s(io);
   s.connect(root.endpoint);
-  send_frame(io, s, wrong_secret_for(root.secret), hello_payload(0, 3, fake_listener.local_endpoint()));
+  send_frame(io, s, wrong_secret_for(root.secret),
+             hello_payload(0, 3, fake_listener.local_endpoint()));
   ASSERT_TRUE(wait_closed(io, s, 5s).has_value());
   expect_all_summed(join_and_sum(id, 3, all_ranks(3)));
 }

@@ -13,7 +13,9 @@ namespace {
 
 class SingleRank : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { comm_ = new Communicator(Communicator::create(UniqueId::create(), 0, 1)); }
+  static void SetUpTestSuite() {
+    comm_ = new Communicator(Communicator::create(UniqueId::create(), 0, 1));
+  }
   static void TearDownTestSuite() {
     comm_->destroy();
     delete comm_;
@@ -44,14 +46,30 @@ std::vector<std::uint8_t> small_values(DataType t, std::size_t count) {
     std::uint8_t* p = out.data() + i * size_of(t);
     auto put = [&](auto x) { std::memcpy(p, &x, sizeof x); };
     switch (t) {
-      case DataType::int8: put(static_cast<std::int8_t>(v)); break;
-      case DataType::uint8: put(static_cast<std::uint8_t>(v)); break;
-      case DataType::int32: put(static_cast<std::int32_t>(v)); break;
-      case DataType::uint32: put(static_cast<std::uint32_t>(v)); break;
-      case DataType::int64: put(static_cast<std::int64_t>(v)); break;
-      case DataType::uint64: put(static_cast<std::uint64_t>(v)); break;
-      case DataType::float32: put(static_cast<float>(v)); break;
-      case DataType::float64: put(static_cast<double>(v)); break;
+      case DataType::int8:
+        put(static_cast<std::int8_t>(v));
+        break;
+      case DataType::uint8:
+        put(static_cast<std::uint8_t>(v));
+        break;
+      case DataType::int32:
+        put(static_cast<std::int32_t>(v));
+        break;
+      case DataType::uint32:
+        put(static_cast<std::uint32_t>(v));
+        break;
+      case DataType::int64:
+        put(static_cast<std::int64_t>(v));
+        break;
+      case DataType::uint64:
+        put(static_cast<std::uint64_t>(v));
+        break;
+      case DataType::float32:
+        put(static_cast<float>(v));
+        break;
+      case DataType::float64:
+        put(static_cast<double>(v));
+        break;
       case DataType::float16: {
         const std::uint16_t h[] = {0x0000, 0x3c00, 0x4000, 0x4200};
         put(h[v]);
@@ -79,9 +97,8 @@ std::vector<std::uint8_t> small_values(DataType t, std::size_t count) {
 
 constexpr std::size_t kCount = 1000;
 
-class SingleRankAllReduce
-    : public SingleRank,
-      public ::testing::WithParamInterface<std::tuple<DataType, ReduceOp>> {};
+class SingleRankAllReduce : public SingleRank,
+                            public ::testing::WithParamInterface<std::tuple<DataType, ReduceOp>> {};
 
 TEST_P(SingleRankAllReduce, ReturnsTheInput) {
   auto [type, op] = GetParam();
@@ -117,13 +134,13 @@ TEST_P(SingleRankAllReduce, ReduceScatterReturnsTheInput) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllTypesAndOps, SingleRankAllReduce,
-    ::testing::Combine(
-        ::testing::Values(DataType::int8, DataType::uint8, DataType::int32, DataType::uint32,
-                          DataType::int64, DataType::uint64, DataType::float16, DataType::float32,
-                          DataType::float64, DataType::bfloat16, DataType::float8_e4m3,
-                          DataType::float8_e5m2),
-        ::testing::Values(ReduceOp::sum, ReduceOp::prod, ReduceOp::max, ReduceOp::min,
-                          ReduceOp::avg)),
+    ::testing::Combine(::testing::Values(DataType::int8, DataType::uint8, DataType::int32,
+                                         DataType::uint32, DataType::int64, DataType::uint64,
+                                         DataType::float16, DataType::float32, DataType::float64,
+                                         DataType::bfloat16, DataType::float8_e4m3,
+                                         DataType::float8_e5m2),
+                       ::testing::Values(ReduceOp::sum, ReduceOp::prod, ReduceOp::max,
+                                         ReduceOp::min, ReduceOp::avg)),
     [](const auto& info) {
       return std::string(to_string(std::get<0>(info.param))) + "_" +
              std::string(to_string(std::get<1>(info.param)));
