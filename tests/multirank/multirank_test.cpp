@@ -3,6 +3,8 @@
 // (reference.hpp) and exits 0 only if all of them matched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <ostream>
 #include <coccl/error.hpp>
 #include <string>
 #include <vector>
@@ -26,7 +28,9 @@ LaunchResult run_scenario(const std::string& scenario, int nranks,
   o.scenario = scenario;
   o.nranks = nranks;
   o.env = std::move(env);
-  o.env.insert(o.env.begin(), generous_timeout);
+  if (std::none_of(o.env.begin(), o.env.end(),
+                   [](const std::string& kv) { return kv.starts_with("COCCL_TIMEOUT="); }))
+    o.env.insert(o.env.begin(), generous_timeout);
   o.args = std::move(args);
   return launch(o);
 }
@@ -72,6 +76,8 @@ struct Variant {
   std::vector<std::string> env;
   int nranks;
 };
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 class AllReduceVariants : public ::testing::TestWithParam<Variant> {};
 
@@ -122,6 +128,41 @@ TEST(EveryCollective, OverShmWithThreeRanksAndSmallSlots) {
       run_scenario("every_collective", 3, {"COCCL_TRANSPORT=shm", small_slots, two_slots});
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
+
+// ---- Link setup by the first operation of a fresh communicator ------------------------------
+
+// Every other test starts with a warm-up that links all peers; here each collective is the first
+// operation, so it must make its own links without a wait cycle between ranks.
+struct ColdCase {
+  const char* name;
+  const char* scenario;
+  std::vector<std::string> env;
+};
+
+void PrintTo(const ColdCase& c, std::ostream* os) { *os << c.name; }
+
+class ColdStart : public ::testing::TestWithParam<ColdCase> {};
+
+TEST_P(ColdStart, FirstOperationOnAFreshCommunicatorLinksItsPeers) {
+  std::vector<std::string> env = GetParam().env;
+  env.push_back("COCCL_TIMEOUT=5");  // a wait cycle shows up as timed_out after 5 s
+  const LaunchResult r = run_scenario(GetParam().scenario, 3, env, {"cold", "quick", "nolarge"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ThreeRanks, ColdStart,
+    ::testing::Values(ColdCase{"all_reduce", "all_reduce", {}},
+                      ColdCase{"all_reduce_ring", "all_reduce", {"COCCL_ALGO=ring"}},
+                      ColdCase{"broadcast", "broadcast", {}}, ColdCase{"reduce", "reduce", {}},
+                      ColdCase{"all_gather", "all_gather", {}},
+                      ColdCase{"reduce_scatter", "reduce_scatter", {}},
+                      ColdCase{"all_to_all", "all_to_all", {}},
+                      ColdCase{"all_to_allv", "all_to_allv", {}},
+                      ColdCase{"gather", "gather", {}}, ColdCase{"scatter", "scatter", {}},
+                      ColdCase{"send_recv", "send_recv", {}},
+                      ColdCase{"barrier", "barrier", {}}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // ---- The asynchronous interface -------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 //
 //   coccl_worker <scenario> <rank> <nranks> <unique-id-hex> [flags...]
 //
+// Flags: quick, nolarge (see correctness.cpp), cold (no warm-up operation before the scenario).
+//
 // Joins the communicator, runs the scenario and exits 0 only if every check passed (see
 // worker.hpp for the other exit codes).
 #include "tests/multirank/worker.hpp"
@@ -93,6 +95,15 @@ int main(int argc, char** argv) {
   };
   try {
     w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
+    if (!w.has("cold")) {
+      // Links to peers are made lazily by the first operation that needs them. reduce_scatter
+      // links every peer up front, so the scenarios check results rather than link setup; the
+      // ColdStart tests (flag "cold") check link setup by each collective on its own.
+      std::vector<std::int32_t> send(w.n, 1);
+      std::int32_t recv = 0;
+      w.comm.reduce_scatter(send.data(), &recv, 1, coccl::DataType::int32, coccl::ReduceOp::sum);
+      if (recv != w.n) w.fail("coll=reduce_scatter (warm-up)", "got " + std::to_string(recv));
+    }
     int code = exit_ok;
     if (w.scenario == "every_collective") {
       // Everything once, in quick form, one communicator: for transport variants.

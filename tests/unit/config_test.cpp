@@ -101,8 +101,6 @@ TEST(Param, AcceptsHexIntegers) {
 }
 
 // 2^34 G is 2^64: the product does not fit an int64, so the value is malformed.
-// DISABLED: runtime/config.cpp multiplies by the suffix without an overflow check (signed overflow,
-// undefined behaviour; today the value reads as 0). Enable once the parser checks the product.
 TEST(Param, FallsBackToDefaultWhenASuffixOverflows) {
   set_env("COCCL_TEST_SUFFIX_OVERFLOW", "17179869184G");
   EXPECT_EQ(suffix_overflow.get(), 5);
