@@ -53,16 +53,20 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
 }
 
 CommImpl::~CommImpl() {
-  // The sockets and timers belong to the proxy thread: close them there. The engine outlives the
-  // posted work because the lambda holds it.
-  if (thread_.in_thread()) {
+  // The sockets, timers and pollers belong to the proxy thread: release them there.
+  auto release = [this] {
+    watchdog_.cancel();
+    if (event_poller_) thread_.remove_poller(event_poller_.get());
+    event_poller_.reset();
     peers_.reset();
+  };
+  if (thread_.in_thread()) {
+    release();
     return;
   }
   std::promise<void> done;
   asio::post(ex_, [&] {
-    watchdog_.cancel();
-    peers_.reset();
+    release();
     done.set_value();
   });
   done.get_future().wait();

@@ -61,6 +61,13 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   CollTrace& trace() noexcept { return trace_; }
 
+  /// The device side (collectives/device.cpp): state made on the first device operation, under
+  /// device_mutex(); the poller of CUDA events, made and used on the proxy thread.
+  std::mutex& device_mutex() noexcept { return device_mutex_; }
+  std::shared_ptr<void>& device_state() noexcept { return device_state_; }
+  std::unique_ptr<runtime::Poller>& event_poller() noexcept { return event_poller_; }
+  runtime::ProxyThread& thread() noexcept { return thread_; }
+
   /// Proxy thread: COCCL_ALGO as read at creation.
   const std::string& forced_algo() const noexcept { return algo_; }
   std::size_t oneshot_max() const noexcept { return oneshot_max_; }
@@ -91,6 +98,10 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::string algo_;
   std::size_t oneshot_max_;
   std::chrono::steady_clock::duration timeout_;
+
+  std::mutex device_mutex_;
+  std::shared_ptr<void> device_state_;
+  std::unique_ptr<runtime::Poller> event_poller_;
 
   mutable std::mutex error_mutex_;  // error_/error_text_ are read from user threads
   std::error_code error_;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "perf_data.hpp"
+#include "perf_device.hpp"
 
 namespace asio = boost::asio;
 using coccl::DataType;
@@ -36,16 +37,7 @@ extern char** environ;
 
 namespace {
 
-struct Options {
-  std::size_t min_bytes = 8, max_bytes = 64u << 20;
-  double factor = 2;
-  int iters = 20, warmup = 5, repeat = 3, check = 1, root = 0, ranks = 4;
-  DataType type = DataType::float32;
-  ReduceOp op = ReduceOp::sum;
-  std::vector<std::string> colls{"allreduce"};
-  std::vector<std::string> baselines;
-  std::string json, device = "host";
-};
+using perf::Options;
 
 const std::vector<std::string> all_colls{"allreduce", "allgather", "broadcast", "reduce",
                                          "reducescatter", "alltoall", "gather", "scatter"};
@@ -57,7 +49,8 @@ const std::vector<std::string> all_colls{"allreduce", "allgather", "broadcast", 
                "  [-R REPEATS] [-c 0|1] [-d TYPE] [-o sum|prod|min|max|avg] [-r ROOT]\n"
                "  [--coll allreduce|allgather|broadcast|reduce|reducescatter|alltoall|gather|"
                "scatter|all]\n"
-               "  [--ranks N] [--baseline gloo|mpi]... [--json FILE] [--device host|cuda]\n",
+               "  [--ranks N] [--baseline gloo|mpi|nccl]... [--json FILE] [--device host|cuda]"
+               " [-G 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -76,6 +69,8 @@ std::size_t parse_size(const std::string& s) {
 
 Options parse(int argc, char** argv) {
   Options o;
+  o.device = "auto";
+  bool ranks_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -90,9 +85,13 @@ Options parse(int argc, char** argv) {
     else if (a == "-R" || a == "--repeat") o.repeat = std::atoi(val().c_str());
     else if (a == "-c") o.check = std::atoi(val().c_str());
     else if (a == "-r") o.root = std::atoi(val().c_str());
-    else if (a == "--ranks") o.ranks = std::atoi(val().c_str());
+    else if (a == "--ranks") {
+      o.ranks = std::atoi(val().c_str());
+      ranks_given = true;
+    }
     else if (a == "--json") o.json = val();
     else if (a == "--device") o.device = val();
+    else if (a == "-G") o.graph = std::atoi(val().c_str()) != 0;
     else if (a == "-d") {
       auto t = coccl::parse_data_type(val());
       if (!t) usage("unknown type");
@@ -108,7 +107,7 @@ Options parse(int argc, char** argv) {
       else usage("unknown collective '" + c + "'");
     } else if (a == "--baseline") {
       std::string b = val();
-      if (b != "gloo" && b != "mpi") usage("--baseline takes gloo or mpi");
+      if (b != "gloo" && b != "mpi" && b != "nccl") usage("--baseline takes gloo, mpi or nccl");
       o.baselines.push_back(b);
     } else if (a == "-h" || a == "--help") usage("help");
     else usage("unknown argument '" + a + "'");
@@ -116,9 +115,18 @@ Options parse(int argc, char** argv) {
   if (o.iters < 1 || o.repeat < 1 || o.warmup < 0 || o.factor <= 1 || o.ranks < 1 ||
       o.min_bytes > o.max_bytes)
     usage("bad arguments");
-  if (o.device == "cuda")
-    usage("--device cuda: this build has no device collectives yet; use --device host");
-  if (o.device != "host") usage("--device takes host or cuda");
+  if (o.device == "auto") o.device = perf::gpu_count() > 0 ? "cuda" : "host";
+  if (o.device != "host" && o.device != "cuda") usage("--device takes host or cuda");
+  if (o.device == "cuda") {
+    int gpus = perf::gpu_count();
+    if (gpus == 0) usage("--device cuda: no GPU (or a build without CUDA)");
+    if (!ranks_given) o.ranks = gpus;
+    for (const auto& b : o.baselines)
+      if (b != "nccl") usage("on --device cuda the baseline is nccl");
+  } else {
+    for (const auto& b : o.baselines)
+      if (b == "nccl") usage("--baseline nccl needs --device cuda");
+  }
   return o;
 }
 
@@ -312,6 +320,7 @@ std::vector<Row> read_results(const std::string& path) {
 }
 
 int run_rank(coccl::Communicator comm, const Options& o) {
+  if (o.device == "cuda") return perf::run_device(std::move(comm), o);
   std::vector<Row> rows;
   try {
     auto fut = asio::co_spawn(comm.executor(), bench_rank(comm, o, &rows), asio::use_future);
@@ -525,6 +534,7 @@ int main(int argc, char** argv) {
   ::unlink(results);
   std::map<std::string, std::map<std::pair<std::string, std::size_t>, PeerRow>> peers;
   for (const std::string& b : o.baselines) {
+    if (b == "nccl") continue;  // measured inside the ranks
     if ((b == "gloo" && !COCCL_HAVE_GLOO) || (b == "mpi" && !COCCL_HAVE_MPI)) {
       std::fprintf(stderr, "coccl-perf: the %s baseline was not built\n", b.c_str());
       status = 1;

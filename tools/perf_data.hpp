@@ -7,11 +7,26 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace perf {
 
 using coccl::DataType;
 using coccl::ReduceOp;
+
+/// coccl-perf's command line.
+struct Options {
+  std::size_t min_bytes = 8, max_bytes = 64u << 20;
+  double factor = 2;
+  int iters = 20, warmup = 5, repeat = 3, check = 1, root = 0, ranks = 4;
+  DataType type = DataType::float32;
+  ReduceOp op = ReduceOp::sum;
+  std::vector<std::string> colls{"allreduce"};
+  std::vector<std::string> baselines;
+  std::string json, device = "host";
+  bool graph = false;  // -G: time CUDA graph replays (device only)
+};
+
 
 // Encodes a small real into a minifloat with `e` exponent and `m` mantissa bits, rounding to
 // nearest even (the inputs here never overflow).

@@ -13,7 +13,12 @@
 #include <system_error>
 #include <vector>
 
+struct CUstream_st;
+
 namespace coccl {
+
+/// A CUDA stream (the same type as cudaStream_t; nullptr is the legacy default stream).
+using cuda_stream = CUstream_st*;
 
 class Communicator;
 
@@ -61,6 +66,14 @@ using OpHandler = boost::asio::any_completion_handler<void(std::error_code)>;
 using CreateHandler = boost::asio::any_completion_handler<void(std::error_code, Communicator)>;
 
 void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler);
+/// Enqueues a device operation on `stream` from the calling thread; returns the error (nothing
+/// enqueued) or success.
+std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs& args,
+                               cuda_stream stream);
+/// Completes `handler` with `failed` if set, else once the work enqueued on `stream` so far has
+/// finished (the proxy thread polls a CUDA event; no host callback).
+void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
+                      std::error_code failed, OpHandler handler);
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler);
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
 
@@ -233,6 +246,49 @@ class Communicator {
     block(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root));
   }
 
+  // ---- Device memory, stream-ordered (needs a build with CUDA). ----
+  //
+  // Buffers are device memory of the GPU that is current (cudaSetDevice) in the calling thread;
+  // every rank of the communicator must be a GPU of this host. The call enqueues kernels on
+  // `stream` and returns: the collective happens in stream order, never waiting for the host, so
+  // it can be captured in a CUDA graph and replayed. The first device call of a communicator is
+  // collective and blocking (it allocates a workspace on each GPU and maps the peers' over NVLink);
+  // make it before capturing a graph. Errors (invalid arguments, CUDA failures) throw
+  // std::system_error with nothing enqueued. Supported on device memory today: all_reduce,
+  // all_gather, reduce_scatter, all_to_all.
+
+  /// Stream-ordered all_reduce of device buffers.
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                  cuda_stream stream) {
+    device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream);
+  }
+  /// Stream-ordered all_gather of device buffers.
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type,
+                  cuda_stream stream) {
+    device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream);
+  }
+  /// Stream-ordered reduce_scatter of device buffers.
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op, cuda_stream stream) {
+    device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), stream);
+  }
+  /// Stream-ordered all_to_all of device buffers.
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
+                  cuda_stream stream) {
+    device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream);
+  }
+
+  /// Enqueues the all_reduce on `stream` now (as the stream-ordered form), then completes with
+  /// `void(std::error_code)` once the GPU has finished it: `co_await comm.async_all_reduce(...,
+  /// stream, asio::use_awaitable)` resumes when the result is in `recv`. The proxy thread polls a
+  /// CUDA event; no host callback is used.
+  template <typename Token>
+  auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op, cuda_stream stream, Token&& token) {
+    return async_device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream,
+                        token);
+  }
+
   /// Completes on every rank once all ranks have entered it.
   template <typename Token>
   auto async_barrier(Token&& token) {
@@ -325,6 +381,19 @@ class Communicator {
           detail::submit(impl, std::move(args), detail::OpHandler(std::move(handler)));
         },
         token, impl_, std::move(args));
+  }
+  void device(const detail::OpArgs& args, cuda_stream stream) {
+    if (auto ec = detail::enqueue_device(impl_, args, stream)) throw std::system_error(ec, last_error());
+  }
+  template <typename Token>
+  auto async_device(detail::OpArgs args, cuda_stream stream, Token& token) {
+    return boost::asio::async_initiate<Token, void(std::error_code)>(
+        [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args,
+           cuda_stream stream) {
+          std::error_code ec = detail::enqueue_device(impl, args, stream);
+          detail::notify_when_done(impl, stream, ec, detail::OpHandler(std::move(handler)));
+        },
+        token, impl_, std::move(args), stream);
   }
   void block(detail::OpArgs args) {
     std::error_code ec;

@@ -40,7 +40,7 @@ inline constexpr std::size_t workspace_header_bytes = 64 * 1024;
 inline constexpr std::size_t default_oneshot_max_bytes = 256 * 1024;
 
 /// Default staging area for the bulk (two-shot, gather, scatter, all-to-all) kernels.
-inline constexpr std::size_t default_staging_bytes = 32 * 1024 * 1024;
+inline constexpr std::size_t default_staging_bytes = 64 * 1024 * 1024;
 
 /// Bytes of one rank's LL scratch for one-shot messages of up to `oneshot_max_bytes` among
 /// `nranks` ranks: two parities (so consecutive calls never reuse a slot a slow peer still

@@ -1,0 +1,245 @@
+// Device-memory collectives on the GPUs of one host: a workspace per rank mapped by every peer
+// (CUDA IPC across processes, peer access within one), kernels enqueued on the caller's stream,
+// and CUDA events polled by the proxy thread for the awaitable forms.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <cstring>
+
+#include "collectives/comm.hpp"
+#include "kernels/launch.hpp"
+#include "runtime/log.hpp"
+
+namespace coccl::detail {
+namespace {
+
+struct DeviceState {
+  int device = -1;
+  void* workspace = nullptr;
+  std::vector<void*> peers;
+  std::vector<void*> opened;  // IPC mappings to close
+  device::Workspace ws;
+
+  ~DeviceState() {
+    for (void* p : opened) cudaIpcCloseMemHandle(p);
+    if (workspace) cudaFree(workspace);
+  }
+};
+
+// What each rank tells the others about its workspace.
+struct Advert {
+  cudaIpcMemHandle_t handle;
+  std::uint64_t address;
+  std::uint64_t host;
+  std::int32_t pid;
+  std::int32_t device;
+};
+
+std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) {
+  std::string text = what + ": " + cudaGetErrorString(e);
+  COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
+  c.fail(make_error_code(errc::cuda_error), text);
+  return make_error_code(errc::cuda_error);
+}
+
+// Makes the device state on first use: collective over the communicator.
+std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self,
+                              DeviceState*& out) {
+  std::lock_guard lock(c.device_mutex());
+  if (c.device_state()) {
+    out = static_cast<DeviceState*>(c.device_state().get());
+    return {};
+  }
+  auto st = std::make_shared<DeviceState>();
+  const int n = c.size(), me = c.rank();
+  if (n > device::max_ranks) {
+    COCCL_WARN(p2p, me, "device collectives support up to %d GPUs of one host", device::max_ranks);
+    return make_error_code(errc::unsupported);
+  }
+  if (auto e = cudaGetDevice(&st->device)) return cuda_error(c, e, "cudaGetDevice");
+  std::size_t bytes = device::workspace_bytes(n);
+  if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
+  if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
+  if (auto e = cudaDeviceSynchronize()) return cuda_error(c, e, "cudaDeviceSynchronize");
+  Advert mine{};
+  if (auto e = cudaIpcGetMemHandle(&mine.handle, st->workspace))
+    return cuda_error(c, e, "cudaIpcGetMemHandle");
+  mine.address = reinterpret_cast<std::uintptr_t>(st->workspace);
+  mine.host = c.peers().table()[me].host_hash;
+  mine.pid = ::getpid();
+  mine.device = st->device;
+  std::vector<Advert> all(n);
+  OpArgs gather;
+  gather.kind = OpKind::all_gather;
+  gather.send = &mine;
+  gather.recv = all.data();
+  gather.count = sizeof(Advert);
+  gather.type = DataType::uint8;
+  std::error_code ec;
+  run_blocking(self, gather, ec);
+  if (ec) return ec;
+  st->peers.resize(n);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) {
+      st->peers[p] = st->workspace;
+      continue;
+    }
+    if (all[p].host != mine.host) {
+      COCCL_WARN(p2p, me, "rank %d is on another host: device collectives need one host", p);
+      return make_error_code(errc::unsupported);
+    }
+    if (all[p].pid == mine.pid) {
+      // Another GPU driven by this process: peer access instead of IPC (a process cannot open
+      // its own IPC handles).
+      if (all[p].device != st->device) {
+        auto e = cudaDeviceEnablePeerAccess(all[p].device, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+        else if (e) return cuda_error(c, e, "cudaDeviceEnablePeerAccess");
+      }
+      st->peers[p] = reinterpret_cast<void*>(all[p].address);
+      continue;
+    }
+    void* mapped = nullptr;
+    if (auto e = cudaIpcOpenMemHandle(&mapped, all[p].handle, cudaIpcMemLazyEnablePeerAccess))
+      return cuda_error(c, e, "cudaIpcOpenMemHandle of rank " + std::to_string(p));
+    st->opened.push_back(mapped);
+    st->peers[p] = mapped;
+  }
+  // Nobody launches before every workspace is zeroed and mapped.
+  OpArgs barrier;
+  barrier.kind = OpKind::barrier;
+  run_blocking(self, barrier, ec);
+  if (ec) return ec;
+  st->ws.peers = st->peers.data();
+  st->ws.rank = me;
+  st->ws.nranks = n;
+  COCCL_INFO(p2p, me, "device workspace %zu bytes on GPU %d, %d peers mapped", bytes, st->device,
+             n - 1);
+  c.device_state() = st;
+  out = st.get();
+  return {};
+}
+
+// Polls CUDA events of one communicator on its proxy thread.
+class EventPoller final : public runtime::Poller {
+ public:
+  explicit EventPoller(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  ~EventPoller() override {
+    for (auto& w : waits_) cudaEventDestroy(w.event);
+  }
+  void add(cudaEvent_t ev, OpHandler h) { waits_.push_back({ev, std::move(h)}); }
+  bool poll() override {
+    bool progress = false;
+    for (std::size_t i = 0; i < waits_.size();) {
+      cudaError_t e = cudaEventQuery(waits_[i].event);
+      if (e == cudaErrorNotReady) {
+        ++i;
+        continue;
+      }
+      if (e != cudaSuccess) cudaGetLastError();
+      cudaEventDestroy(waits_[i].event);
+      OpHandler h(std::move(waits_[i].handler));
+      waits_.erase(waits_.begin() + static_cast<std::ptrdiff_t>(i));
+      asio::dispatch(ex_, asio::append(std::move(h), e == cudaSuccess
+                                                         ? std::error_code()
+                                                         : make_error_code(errc::cuda_error)));
+      progress = true;
+    }
+    return progress;
+  }
+  bool waiting() const override { return !waits_.empty(); }
+
+ private:
+  struct Wait {
+    cudaEvent_t event;
+    OpHandler handler;
+  };
+  asio::any_io_executor ex_;
+  std::vector<Wait> waits_;
+};
+
+}  // namespace
+
+std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs& a,
+                               cuda_stream stream) {
+  if (!impl) return make_error_code(errc::aborted);
+  CommImpl& c = *impl;
+  if (auto ec = c.error()) return ec;
+  if (std::string why = validate(a, c.rank(), c.size()); !why.empty()) {
+    COCCL_WARN(coll, c.rank(), "%s on device: %s", name_of(a.kind), why.c_str());
+    return make_error_code(errc::invalid_argument);
+  }
+  const std::size_t elt = size_of(a.type);
+  if (a.kind == OpKind::reduce_scatter &&
+      static_cast<const char*>(a.send) + c.rank() * a.count * elt == a.recv && c.size() > 1) {
+    COCCL_WARN(coll, c.rank(), "reduce_scatter on device does not run in place yet");
+    return make_error_code(errc::unsupported);
+  }
+  if (a.kind != OpKind::all_reduce && a.kind != OpKind::all_gather &&
+      a.kind != OpKind::reduce_scatter && a.kind != OpKind::all_to_all) {
+    COCCL_WARN(coll, c.rank(), "%s is not available on device memory yet", name_of(a.kind));
+    return make_error_code(errc::unsupported);
+  }
+  DeviceState* d = nullptr;
+  if (auto ec = ensure_device(c, impl, d)) return ec;
+  int current = -1;
+  cudaGetDevice(&current);
+  if (current != d->device) {
+    COCCL_WARN(coll, c.rank(), "current GPU %d is not the communicator's GPU %d", current,
+               d->device);
+    return make_error_code(errc::invalid_argument);
+  }
+  if (a.count == 0) return {};
+  int rc = 0;
+  switch (a.kind) {
+    case OpKind::all_reduce:
+      rc = a.count * elt <= kernels::oneshot_max_bytes(d->ws)
+               ? kernels::all_reduce_oneshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream)
+               : kernels::all_reduce_twoshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
+      break;
+    case OpKind::all_gather:
+      rc = kernels::all_gather(a.send, a.recv, a.count, elt, d->ws, stream);
+      break;
+    case OpKind::reduce_scatter:
+      rc = kernels::reduce_scatter(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
+      break;
+    default:
+      rc = kernels::all_to_all(a.send, a.recv, a.count, elt, d->ws, stream);
+      break;
+  }
+  if (rc != 0) return cuda_error(c, static_cast<cudaError_t>(rc), name_of(a.kind));
+  return {};
+}
+
+void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
+                      std::error_code failed, OpHandler handler) {
+  if (!impl || failed) {
+    auto ex = impl ? impl->executor() : asio::system_executor();
+    asio::post(ex, asio::append(std::move(handler),
+                                failed ? failed : make_error_code(errc::aborted)));
+    return;
+  }
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (!e) e = cudaEventRecord(ev, stream);
+  if (e) {
+    if (ev) cudaEventDestroy(ev);
+    asio::post(impl->executor(), asio::append(std::move(handler),
+                                              cuda_error(*impl, e, "cudaEventRecord")));
+    return;
+  }
+  auto boxed = std::make_unique<OpHandler>(std::move(handler));
+  asio::post(impl->executor(), [impl, ev, h = std::move(boxed)]() mutable {
+    auto& poller = impl->event_poller();
+    if (!poller) {
+      poller = std::make_unique<EventPoller>(impl->executor());
+      impl->thread().add_poller(poller.get());
+    }
+    static_cast<EventPoller*>(poller.get())->add(ev, std::move(*h));
+  });
+}
+
+}  // namespace coccl::detail
