@@ -138,6 +138,8 @@ asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
   }
 }
 
+}  // namespace
+
 asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp::endpoint ep,
                                                    std::chrono::steady_clock::time_point until) {
   // The root or peer may not listen yet (launchers start ranks in any order): retry refusals.
@@ -162,8 +164,6 @@ asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp
     co_await t.async_wait(asio::use_awaitable);
   }
 }
-
-}  // namespace
 
 asio::ip::tcp::endpoint PeerInfo::endpoint() const {
   if (family == 4) {
@@ -265,8 +265,9 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       acceptor_(ex_),
       table_box_(ex_),
       by_peer_(nranks, nullptr),
-      connecting_(nranks, false) {
-  for (int i = 0; i < nranks; ++i) ready_.push_back(nullptr);
+      pending_(nranks),
+      dialing_(nranks, false),
+      failed_(nranks) {
   auto addrs = local_addresses();
   tcp::endpoint ep(addrs.front(), 0);
   acceptor_.open(ep.protocol());
@@ -309,21 +310,31 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     table_box_.push(std::move(f.payload));
     co_return;
   }
+  int from = -1;
   try {
     if (f.type != FrameType::connect) bad("unexpected frame");
     Reader r(f.payload);
-    int from = r.get<std::int32_t>();
+    from = r.get<std::int32_t>();
     int to = r.get<std::int32_t>();
     if (to != rank_ || from < 0 || from >= rank_) bad("connection request for the wrong rank");
-    incoming_.try_emplace(from, ex_).first->second.push(Incoming{s, std::move(f.payload)});
+    if (by_peer_[from]) bad("a second connection request from rank " + std::to_string(from));
   } catch (const std::exception& e) {
     COCCL_WARN(boot, rank_, "dropped an incoming connection: %s", e.what());
+    co_return;
   }
+  try {
+    co_await answer(from, s, std::move(f.payload));
+  } catch (const std::exception& e) {
+    if (!*alive) co_return;
+    failed_[from] = e.what();
+    COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
+  }
+  if (*alive) announce(from);
 }
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
   auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  auto sock = co_await dial(ex_, table_[child].endpoint(), until);
+  auto sock = co_await transport::dial(ex_, table_[child].endpoint(), until);
   runtime::CloseAfter guard(*sock, runtime::default_timeout());
   co_await write_frame(*sock, secret_, FrameType::table, payload);
 }
@@ -331,7 +342,7 @@ asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> 
 asio::awaitable<void> Peers::rendezvous(RootAddress root) {
   auto limit = runtime::default_timeout();
   auto until = std::chrono::steady_clock::now() + limit;
-  auto sock = co_await dial(ex_, root.endpoint, until);
+  auto sock = co_await transport::dial(ex_, root.endpoint, until);
   {
     Writer w;
     w.put(hello_magic).put<std::int32_t>(rank_).put<std::int32_t>(nranks_).put(self_info());
@@ -374,102 +385,127 @@ bool Peers::use_shm(int peer) const {
   return table_[peer].host_hash == table_[rank_].host_hash;
 }
 
+void Peers::announce(int peer) {
+  if (pending_[peer]) pending_[peer]->cancel();
+  pending_[peer].reset();
+}
+
 asio::awaitable<Connection*> Peers::get(int peer) {
   if (peer < 0 || peer >= nranks_ || peer == rank_)
     throw std::system_error(make_error_code(errc::internal), "no connection to self");
   if (by_peer_[peer]) co_return by_peer_[peer];
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-  if (connecting_[peer]) {
-    // Another coroutine is making this link: wait for it.
-    if (!ready_[peer]) ready_[peer] = std::make_unique<runtime::Mailbox<int>>(ex_);
-    auto* box = ready_[peer].get();
-    int ok = co_await box->pop(runtime::default_timeout());
-    box->push(ok);  // pass the news on to the next waiter
-    if (!ok || !by_peer_[peer])
+  if (peer > rank_ && !dialing_[peer]) {
+    dialing_[peer] = true;
+    try {
+      co_await dial(peer);
+    } catch (const LinkError&) {
+      dialing_[peer] = false;
+      announce(peer);
+      throw;
+    } catch (const std::exception& e) {
+      dialing_[peer] = false;
+      announce(peer);
       throw LinkError(make_error_code(errc::peer_lost),
-                      "connection to rank " + std::to_string(peer) + " failed");
+                      "cannot connect to rank " + std::to_string(peer) + ": " + e.what());
+    }
+    announce(peer);
     co_return by_peer_[peer];
   }
-  connecting_[peer] = true;
+  // The link is being dialled by another coroutine of ours, or the peer (lower rank) dials it:
+  // wait for it to be announced, until the deadline.
+  if (!pending_[peer])
+    pending_[peer] = std::make_shared<asio::steady_timer>(ex_, runtime::default_timeout());
+  auto event = pending_[peer];
+  boost::system::error_code ec;
   try {
-    co_await connect(peer);
-  } catch (...) {
-    if (ready_[peer]) ready_[peer]->push(0);
-    connecting_[peer] = false;
-    throw;
+    co_await event->async_wait(asio::use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    ec = e.code();
   }
-  if (ready_[peer]) ready_[peer]->push(1);
-  co_return by_peer_[peer];
+  if (by_peer_[peer]) co_return by_peer_[peer];
+  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  if (!ec) {
+    pending_[peer].reset();
+    throw LinkError(make_error_code(errc::timed_out),
+                    "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT");
+  }
+  throw LinkError(make_error_code(errc::peer_lost),
+                  "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
 }
 
-asio::awaitable<void> Peers::connect(int peer) {
+asio::awaitable<void> Peers::dial(int peer) {
   auto limit = runtime::default_timeout();
   bool shm = use_shm(peer);
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
-  std::shared_ptr<tcp::socket> sock;
+  auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
+                                       std::chrono::steady_clock::now() + limit);
   std::unique_ptr<ShmSegment> own, theirs;
-  try {
-    if (peer > rank_) {
-      sock = co_await dial(ex_, table_[peer].endpoint(), std::chrono::steady_clock::now() + limit);
-      runtime::CloseAfter guard(*sock, limit);
-      if (shm) own = ShmSegment::create(seg_bytes);
-      Writer w;
-      w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint8_t>(shm);
-      w.put<std::uint64_t>(options_.slots).put<std::uint64_t>(options_.slot_bytes);
-      std::string name = own ? own->name() : "";
-      w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
-      co_await write_frame(*sock, secret_, FrameType::connect, w.bytes());
-      Frame f = co_await read_frame(*sock, secret_, max_small_frame);
-      if (f.type != FrameType::accept) bad("expected accept");
-      Reader r(f.payload);
-      auto their_name = r.get_bytes();
-      if (shm) {
-        theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
-        own->unlink();  // the peer mapped it before accepting
-      }
-    } else {
-      auto it = incoming_.try_emplace(peer, ex_).first;
-      Incoming in;
-      try {
-        in = co_await it->second.pop(limit);
-      } catch (const boost::system::system_error&) {
-        throw std::system_error(make_error_code(errc::timed_out),
-                                "rank " + std::to_string(peer) + " did not connect within " +
-                                    "COCCL_TIMEOUT");
-      }
-      sock = in.socket;
-      runtime::CloseAfter guard(*sock, limit);
-      Reader r(in.payload);
-      r.get<std::int32_t>();
-      r.get<std::int32_t>();
-      bool their_shm = r.get<std::uint8_t>() != 0;
-      auto slots = r.get<std::uint64_t>();
-      auto slot_bytes = r.get<std::uint64_t>();
-      auto their_name = r.get_bytes();
-      if (their_shm != shm || slots != options_.slots || slot_bytes != options_.slot_bytes)
-        bad("rank " + std::to_string(peer) + " uses different link settings");
-      if (shm) {
-        theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
-        own = ShmSegment::create(seg_bytes);
-      }
-      Writer w;
-      std::string name = own ? own->name() : "";
-      w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
-      co_await write_frame(*sock, secret_, FrameType::accept, w.bytes());
+  {
+    runtime::CloseAfter guard(*sock, limit);
+    if (shm) own = ShmSegment::create(seg_bytes);
+    Writer w;
+    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint8_t>(shm);
+    w.put<std::uint64_t>(options_.slots).put<std::uint64_t>(options_.slot_bytes);
+    std::string name = own ? own->name() : "";
+    w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
+    co_await write_frame(*sock, secret_, FrameType::connect, w.bytes());
+    Frame f = co_await read_frame(*sock, secret_, max_small_frame);
+    if (f.type != FrameType::accept) bad("expected accept");
+    Reader r(f.payload);
+    auto their_name = r.get_bytes();
+    if (shm) {
+      theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+      own->unlink();  // the peer mapped it before accepting
     }
-  } catch (const boost::system::system_error& e) {
-    throw LinkError(make_error_code(errc::peer_lost),
-                    "cannot connect to rank " + std::to_string(peer) + ": " + e.what());
   }
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-  std::unique_ptr<SocketConnection> c;
   if (shm)
-    c = std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
-                                        options_.slot_bytes, std::move(own), std::move(theirs),
-                                        poller_, on_failure_);
+    add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
+                                              options_.slot_bytes, std::move(own),
+                                              std::move(theirs), poller_, on_failure_));
   else
-    c = std::make_unique<TcpConnection>(rank_, peer, std::move(*sock), options_.slots,
-                                        options_.slot_bytes, on_failure_);
+    add(peer, std::make_unique<TcpConnection>(rank_, peer, std::move(*sock), options_.slots,
+                                              options_.slot_bytes, on_failure_));
+}
+
+asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
+                                    std::vector<std::uint8_t> payload) {
+  auto limit = runtime::default_timeout();
+  bool shm = use_shm(peer);
+  std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
+  std::unique_ptr<ShmSegment> own, theirs;
+  {
+    runtime::CloseAfter guard(*sock, limit);
+    Reader r(payload);
+    r.get<std::int32_t>();
+    r.get<std::int32_t>();
+    bool their_shm = r.get<std::uint8_t>() != 0;
+    auto slots = r.get<std::uint64_t>();
+    auto slot_bytes = r.get<std::uint64_t>();
+    auto their_name = r.get_bytes();
+    if (their_shm != shm || slots != options_.slots || slot_bytes != options_.slot_bytes)
+      bad("rank " + std::to_string(peer) + " uses different link settings");
+    if (shm) {
+      theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+      own = ShmSegment::create(seg_bytes);
+    }
+    Writer w;
+    std::string name = own ? own->name() : "";
+    w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
+    co_await write_frame(*sock, secret_, FrameType::accept, w.bytes());
+  }
+  if (shut_) co_return;
+  if (shm)
+    add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
+                                              options_.slot_bytes, std::move(own),
+                                              std::move(theirs), poller_, on_failure_));
+  else
+    add(peer, std::make_unique<TcpConnection>(rank_, peer, std::move(*sock), options_.slots,
+                                              options_.slot_bytes, on_failure_));
+}
+
+void Peers::add(int peer, std::unique_ptr<SocketConnection> c) {
   c->start();
   COCCL_INFO(net, rank_, "connected to rank %d over %s", peer, c->kind());
   by_peer_[peer] = c.get();
@@ -482,9 +518,7 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   table_box_.fail(asio::error::operation_aborted);
-  for (auto& [peer, box] : incoming_) box.fail(asio::error::operation_aborted);
-  for (auto& box : ready_)
-    if (box) box->push(0);
+  for (int p = 0; p < nranks_; ++p) announce(p);
   for (auto& c : conns_) {
     if (notify)
       c->send_abort(ec, why);

@@ -12,6 +12,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <coccl/unique_id.hpp>
 #include <cstdint>
+#include <boost/asio/steady_timer.hpp>
 #include <map>
 #include <memory>
 #include <string>
@@ -94,13 +95,17 @@ class Peers {
   ShmPoller& shm_poller() noexcept { return poller_; }
 
  private:
-  struct Incoming {
-    std::shared_ptr<asio::ip::tcp::socket> socket;
-    std::vector<std::uint8_t> payload;
-  };
   void accept_loop();
   asio::awaitable<void> handle_incoming(std::shared_ptr<asio::ip::tcp::socket> s);
-  asio::awaitable<void> connect(int peer);
+  // Lower rank: dial the peer and make the link.
+  asio::awaitable<void> dial(int peer);
+  // Higher rank: answer a connection request at once, whatever this rank is doing, so link
+  // setup never waits on the accepting rank's own progress (that could form a cycle).
+  asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
+                               std::vector<std::uint8_t> payload);
+  void add(int peer, std::unique_ptr<SocketConnection> c);
+  // Wakes everyone waiting for the link to `peer` (made or failed).
+  void announce(int peer);
   bool use_shm(int peer) const;
   asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
 
@@ -114,12 +119,14 @@ class Peers {
   asio::ip::tcp::acceptor acceptor_;
   std::vector<PeerInfo> table_;
   runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
-  std::map<int, runtime::Mailbox<Incoming>> incoming_;
-  std::vector<std::unique_ptr<Connection>> conns_;      // in creation order
-  std::vector<Connection*> by_peer_;                     // nranks entries
-  std::vector<std::unique_ptr<runtime::Mailbox<int>>> ready_;  // waiters for a link being made
-  std::vector<bool> connecting_;
-  ShmPoller poller_;
+  ShmPoller poller_;  // before the connections: they unregister from it when destroyed
+  std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
+  std::vector<Connection*> by_peer_;                // nranks entries
+  // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
+  // link is ready or failed; its expiry is the deadline).
+  std::vector<std::shared_ptr<asio::steady_timer>> pending_;
+  std::vector<bool> dialing_;
+  std::vector<std::string> failed_;  // why the link to a peer could not be made
   bool shut_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

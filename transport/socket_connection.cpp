@@ -113,6 +113,14 @@ void SocketConnection::write_next() {
                       queue_.pop_front();
                       if (done.done) resume_now(done.done, ec);
                       if (ec) {
+                        // A peer that said goodbye may be gone before our last credits reach
+                        // it; that is not a failure.
+                        if (departed_) {
+                          writing_ = false;
+                          queue_.clear();
+                          fail_waiters_soft();
+                          return;
+                        }
                         if (!closed_)
                           close(make_error_code(errc::peer_lost),
                                 "lost rank " + std::to_string(peer_) + " (send " + ec.message() +

@@ -70,7 +70,7 @@ asio::awaitable<Chunk> TcpConnection::wait() {
 
 void TcpConnection::release() {
   ++released_;
-  if (closed_) return;
+  if (closed_ || departed_) return;
   enqueue(LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0, {});
 }
 

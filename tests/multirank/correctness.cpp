@@ -19,10 +19,10 @@ constexpr std::size_t large_count = 600001;
 constexpr std::size_t large_per_peer = 150001;
 constexpr std::byte poison{0xcd};
 
-constexpr DataType all_types[] = {
-    DataType::int8,    DataType::uint8,    DataType::int32,       DataType::uint32,
-    DataType::int64,   DataType::uint64,   DataType::float16,     DataType::bfloat16,
-    DataType::float32, DataType::float64,  DataType::float8_e4m3, DataType::float8_e5m2};
+constexpr DataType all_types[] = {DataType::int8,    DataType::uint8,       DataType::int32,
+                                  DataType::uint32,  DataType::int64,       DataType::uint64,
+                                  DataType::float16, DataType::bfloat16,    DataType::float32,
+                                  DataType::float64, DataType::float8_e4m3, DataType::float8_e5m2};
 constexpr DataType quick_types[] = {DataType::uint8, DataType::int32, DataType::bfloat16,
                                     DataType::float32, DataType::float8_e5m2};
 constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::max, ReduceOp::min,
@@ -41,7 +41,9 @@ std::vector<DataType> copy_types(const Worker& w) {
 bool large(const Worker& w) { return !w.has("nolarge"); }
 
 // Never empty, so a zero count still passes a real pointer.
-Bytes buffer(std::size_t bytes, std::byte fill = poison) { return Bytes(std::max<std::size_t>(bytes, 1), fill); }
+Bytes buffer(std::size_t bytes, std::byte fill = poison) {
+  return Bytes(std::max<std::size_t>(bytes, 1), fill);
+}
 
 Bytes copy_data(int rank, std::uint64_t salt, std::size_t first, std::size_t bytes) {
   Bytes b = buffer(bytes);
@@ -83,10 +85,10 @@ void run_all_reduce(Worker& w) {
         for (bool in_place : {false, true}) all_reduce_case(w, t, op, count, in_place);
   if (!large(w)) return;
   const std::pair<DataType, ReduceOp> big[] = {
-      {DataType::float32, ReduceOp::sum},    {DataType::bfloat16, ReduceOp::avg},
-      {DataType::int32, ReduceOp::max},      {DataType::float64, ReduceOp::prod},
-      {DataType::uint8, ReduceOp::min},      {DataType::float8_e4m3, ReduceOp::sum},
-      {DataType::float16, ReduceOp::avg},    {DataType::int64, ReduceOp::sum}};
+      {DataType::float32, ReduceOp::sum}, {DataType::bfloat16, ReduceOp::avg},
+      {DataType::int32, ReduceOp::max},   {DataType::float64, ReduceOp::prod},
+      {DataType::uint8, ReduceOp::min},   {DataType::float8_e4m3, ReduceOp::sum},
+      {DataType::float16, ReduceOp::avg}, {DataType::int64, ReduceOp::sum}};
   const std::size_t k = w.has("quick") ? 3 : std::size(big);
   for (std::size_t i = 0; i < k; ++i)
     all_reduce_case(w, big[i].first, big[i].second, large_count, i % 2 == 1);
@@ -100,8 +102,10 @@ void run_broadcast(Worker& w) {
     Bytes recv = buffer(bytes);
     const void* send = nullptr;  // read on root only
     if (w.rank == root && in_place) recv = data;
-    if (w.rank == root) send = in_place ? recv.data() : data.data();
-    else if (in_place) send = recv.data();
+    if (w.rank == root)
+      send = in_place ? recv.data() : data.data();
+    else if (in_place)
+      send = recv.data();
     w.comm.broadcast(send, recv.data(), count, t, root);
     w.expect_equal(describe("broadcast", t, ReduceOp::sum, count,
                             "root=" + std::to_string(root) + " " + place(in_place)),
@@ -124,8 +128,8 @@ void run_reduce(Worker& w) {
     Bytes send = buffer(bytes), recv = buffer(bytes);
     fill_reduce(t, op, w.rank, salt, send.data(), 0, count);
     const Bytes mine = send;
-    const std::string what = describe("reduce", t, op, count,
-                                      "root=" + std::to_string(root) + " " + place(in_place));
+    const std::string what =
+        describe("reduce", t, op, count, "root=" + std::to_string(root) + " " + place(in_place));
     if (in_place) {
       recv = send;
       w.comm.reduce(recv.data(), recv.data(), count, t, op, root);
@@ -216,9 +220,9 @@ void run_all_to_all(Worker& w) {
     w.comm.all_to_all(send.data(), recv.data(), count, t);
     for (int p = 0; p < w.n; ++p) {
       const Bytes want = copy_data(p, salt, w.rank * bytes, bytes);
-      w.expect_equal(describe("all_to_all", t, ReduceOp::sum, count,
-                              "from_rank=" + std::to_string(p)),
-                     t, recv.data() + p * bytes, want.data(), count);
+      w.expect_equal(
+          describe("all_to_all", t, ReduceOp::sum, count, "from_rank=" + std::to_string(p)), t,
+          recv.data() + p * bytes, want.data(), count);
     }
   };
   for (DataType t : copy_types(w))
@@ -231,11 +235,13 @@ void run_all_to_allv(Worker& w) {
   // Count of elements rank s sends to rank d, for each pattern.
   auto pattern_count = [n](int pattern, int s, int d) -> std::size_t {
     switch (pattern) {
-      case 0: return static_cast<std::size_t>((s * 3 + d * 5) % 4) * 5;  // zeros included
+      case 0:
+        return static_cast<std::size_t>((s * 3 + d * 5) % 4) * 5;  // zeros included
       case 1:
         if (s == 0 || d == n - 1) return 0;  // rank 0 sends nothing, rank n-1 gets nothing
         return s == 1 && d == 0 ? 200003 : static_cast<std::size_t>(s + 2 * d + 1);
-      default: return 0;  // nothing moves at all
+      default:
+        return 0;  // nothing moves at all
     }
   };
   auto one = [&](int pattern, DataType t) {
@@ -349,10 +355,10 @@ void run_send_recv(Worker& w) {
     for (int p = n - 1; p >= 0; --p)
       for (int k = 0; k < 2; ++k, ++i) {
         const Bytes want = copy_data(p, salt, first(me, k), count_of(p, me, k) * 4);
-        w.expect_equal(describe("send_recv", t, ReduceOp::sum, count_of(p, me, k),
-                                "all_pairs from_rank=" + std::to_string(p) +
-                                    " transfer=" + std::to_string(k)),
-                       t, in[i].data(), want.data(), count_of(p, me, k));
+        w.expect_equal(
+            describe("send_recv", t, ReduceOp::sum, count_of(p, me, k),
+                     "all_pairs from_rank=" + std::to_string(p) + " transfer=" + std::to_string(k)),
+            t, in[i].data(), want.data(), count_of(p, me, k));
       }
   }
   if (large(w) && n > 1) {  // Only ranks 0 and n-1 take part; the others skip the group.
@@ -366,8 +372,8 @@ void run_send_recv(Worker& w) {
       w.comm.send_recv({Communicator::send_op(out.data(), count, t, peer),
                         Communicator::recv_op(in.data(), count, t, peer)});
       const Bytes want = copy_data(peer, salt, 0, bytes);
-      w.expect_equal(describe("send_recv", t, ReduceOp::sum, count, "pair 0<->n-1"), t,
-                     in.data(), want.data(), count);
+      w.expect_equal(describe("send_recv", t, ReduceOp::sum, count, "pair 0<->n-1"), t, in.data(),
+                     want.data(), count);
     }
   }
   {  // The single-transfer forms: rank 0 sends to rank 1.
@@ -380,8 +386,8 @@ void run_send_recv(Worker& w) {
       Bytes in = buffer(count * 8);
       w.comm.recv(in.data(), count, DataType::float64, 0);
       const Bytes want = copy_data(0, salt, 0, count * 8);
-      w.expect_equal(describe("send/recv", DataType::float64, ReduceOp::sum, count), DataType::float64,
-                     in.data(), want.data(), count);
+      w.expect_equal(describe("send/recv", DataType::float64, ReduceOp::sum, count),
+                     DataType::float64, in.data(), want.data(), count);
     }
   }
   w.comm.barrier();

@@ -63,10 +63,11 @@ std::string LaunchResult::describe() const {
     s += "---- rank " + std::to_string(r) + ": ";
     s += x.signal ? "signal " + std::to_string(x.signal) + " (" + strsignal(x.signal) + ")"
                   : "exit " + std::to_string(x.exit_code);
-    s += ", " +
-         std::to_string(std::chrono::duration<double>(x.ended - started).count()) + " s\n";
+    s += ", " + std::to_string(std::chrono::duration<double>(x.ended - started).count()) + " s\n";
     // Keep failure reports readable when a worker prints thousands of mismatches.
-    s += x.output.size() > 6000 ? x.output.substr(0, 6000) + "\n[... truncated]\n" : x.output;
+    s += x.output.size() > 8000 ? x.output.substr(0, 4000) + "\n[... truncated ...]\n" +
+                                      x.output.substr(x.output.size() - 4000)
+                                : x.output;
   }
   return s;
 }
@@ -150,8 +151,10 @@ LaunchResult launch(const LaunchOptions& o) {
       if (waitpid(kids[r].pid, &status, WNOHANG) == kids[r].pid) {
         kids[r].exited = true;
         result.ranks[r].ended = now;
-        if (WIFSIGNALED(status)) result.ranks[r].signal = WTERMSIG(status);
-        else result.ranks[r].exit_code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status))
+          result.ranks[r].signal = WTERMSIG(status);
+        else
+          result.ranks[r].exit_code = WEXITSTATUS(status);
       }
     }
     for (std::size_t a = 0; a < o.signals.size(); ++a) {

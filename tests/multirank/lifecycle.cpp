@@ -30,7 +30,8 @@ void all_reduce_mib(Worker& w, Communicator& comm, std::uint64_t salt) {
   Bytes send(count * 4), recv(count * 4);
   fill_reduce(DataType::float32, ReduceOp::sum, comm.rank(), salt, send.data(), 0, count);
   comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
-  const Bytes want = reduce_reference(DataType::float32, ReduceOp::sum, comm.size(), salt, 0, count);
+  const Bytes want =
+      reduce_reference(DataType::float32, ReduceOp::sum, comm.size(), salt, 0, count);
   w.expect_equal(describe("all_reduce", DataType::float32, ReduceOp::sum, count), DataType::float32,
                  recv.data(), want.data(), count);
 }
@@ -120,10 +121,9 @@ int run_split(Worker& w) {
       return exit_check_failed;
     }
     if (sub.size() != static_cast<int>(members.size()) || sub.rank() != want_rank)
-      w.fail("split color=rank%2", "got rank " + std::to_string(sub.rank()) + " of " +
-                                       std::to_string(sub.size()) + ", want " +
-                                       std::to_string(want_rank) + " of " +
-                                       std::to_string(members.size()));
+      w.fail("split color=rank%2",
+             "got rank " + std::to_string(sub.rank()) + " of " + std::to_string(sub.size()) +
+                 ", want " + std::to_string(want_rank) + " of " + std::to_string(members.size()));
     // The first operation links every peer (see the warm-up in worker.cpp).
     all_reduce_mib(w, sub, 11 + me % 2);
     std::vector<std::int32_t> gathered(sub.size());
@@ -136,8 +136,8 @@ int run_split(Worker& w) {
     for (int r : members) want += r + 1;
     sub.all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum);
     if (sum != want)
-      w.fail("coll=all_reduce in split comm", "got " + std::to_string(sum) + ", want " +
-                                                  std::to_string(want));
+      w.fail("coll=all_reduce in split comm",
+             "got " + std::to_string(sum) + ", want " + std::to_string(want));
     sub.destroy();
   }
   {  // The last rank passes color -1 and gets an empty handle; the rest keep their order.
@@ -149,8 +149,8 @@ int run_split(Worker& w) {
       w.fail("split color=0", "got an empty handle");
     } else {
       if (sub.size() != n - 1 || sub.rank() != me)
-        w.fail("split color=0", "got rank " + std::to_string(sub.rank()) + " of " +
-                                    std::to_string(sub.size()));
+        w.fail("split color=0",
+               "got rank " + std::to_string(sub.rank()) + " of " + std::to_string(sub.size()));
       all_reduce_mib(w, sub, 13);
       sub.destroy();
     }
@@ -196,7 +196,7 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     Bytes data(count), recv(count);
     fill_copy(n - 1, salt, data.data(), 0, count);
     std::error_code ec = co_await comm.async_broadcast(data.data(), recv.data(), count,
-                                                        DataType::uint8, n - 1, asio::use_awaitable);
+                                                       DataType::uint8, n - 1, asio::use_awaitable);
     check_ec(*w, "broadcast", ec);
     w->expect_equal(describe("async_broadcast", DataType::uint8, ReduceOp::sum, count),
                     DataType::uint8, recv.data(), data.data(), count);
@@ -205,11 +205,11 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 1023;
     Bytes send(count * n * 2), recv(count * 2);
     fill_reduce(DataType::float16, ReduceOp::avg, me, salt, send.data(), 0, count * n);
-    std::error_code ec =
-        co_await comm.async_reduce_scatter(send.data(), recv.data(), count, DataType::float16,
-                                           ReduceOp::avg, asio::use_awaitable);
+    std::error_code ec = co_await comm.async_reduce_scatter(
+        send.data(), recv.data(), count, DataType::float16, ReduceOp::avg, asio::use_awaitable);
     check_ec(*w, "reduce_scatter", ec);
-    const Bytes want = reduce_reference(DataType::float16, ReduceOp::avg, n, salt, me * count, count);
+    const Bytes want =
+        reduce_reference(DataType::float16, ReduceOp::avg, n, salt, me * count, count);
     w->expect_equal(describe("async_reduce_scatter", DataType::float16, ReduceOp::avg, count),
                     DataType::float16, recv.data(), want.data(), count);
   }
@@ -264,8 +264,7 @@ int run_async(Worker& w) {
     asio::io_context io;
     for (int i = 0; i < ops; ++i) {
       fill_reduce(DataType::int64, ReduceOp::sum, w.rank, 300 + i, send[i].data(), 0, count);
-      w.comm.async_all_reduce(send[i].data(), recv[i].data(), count, DataType::int64,
-                              ReduceOp::sum,
+      w.comm.async_all_reduce(send[i].data(), recv[i].data(), count, DataType::int64, ReduceOp::sum,
                               asio::bind_executor(io, [&ecs, &completed, i](std::error_code ec) {
                                 ecs[i] = ec;
                                 ++completed;

@@ -4,8 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <ostream>
 #include <coccl/error.hpp>
+#include <cstdio>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,7 @@ using std::chrono::seconds;
 const std::string generous_timeout = "COCCL_TIMEOUT=60";
 
 LaunchResult run_scenario(const std::string& scenario, int nranks,
-                          std::vector<std::string> env = {},
-                          std::vector<std::string> args = {}) {
+                          std::vector<std::string> env = {}, std::vector<std::string> args = {}) {
   LaunchOptions o;
   o.scenario = scenario;
   o.nranks = nranks;
@@ -43,6 +43,13 @@ std::string last_error_line(const RankResult& r) {
   return r.output.substr(at, r.output.find('\n', at) - at);
 }
 
+// The error each rank reported, in the test's output (fault tests assert on these texts).
+void print_errors(const LaunchResult& r) {
+  for (std::size_t rank = 0; rank < r.ranks.size(); ++rank)
+    if (auto line = last_error_line(r.ranks[rank]); !line.empty())
+      std::printf("rank %zu: exit %d, %s\n", rank, r.ranks[rank].exit_code, line.c_str());
+}
+
 // ---- Correctness, by rank count -------------------------------------------------------------
 
 class Collectives : public ::testing::TestWithParam<int> {
@@ -53,7 +60,9 @@ class Collectives : public ::testing::TestWithParam<int> {
   }
 };
 
-TEST_P(Collectives, AllReduceEveryTypeAndOpInAndOutOfPlace) { expect_scenario_passes("all_reduce"); }
+TEST_P(Collectives, AllReduceEveryTypeAndOpInAndOutOfPlace) {
+  expect_scenario_passes("all_reduce");
+}
 TEST_P(Collectives, BroadcastFromEveryRoot) { expect_scenario_passes("broadcast"); }
 TEST_P(Collectives, ReduceEveryTypeAndOpToRotatingRoots) { expect_scenario_passes("reduce"); }
 TEST_P(Collectives, AllGatherInAndOutOfPlace) { expect_scenario_passes("all_gather"); }
@@ -91,23 +100,26 @@ const std::string two_slots = "COCCL_SLOTS=2";
 
 INSTANTIATE_TEST_SUITE_P(
     Forced, AllReduceVariants,
-    ::testing::Values(Variant{"oneshot_3ranks", {"COCCL_ALGO=oneshot"}, 3},
-                      Variant{"oneshot_4ranks", {"COCCL_ALGO=oneshot"}, 4},
-                      Variant{"direct_3ranks", {"COCCL_ALGO=direct"}, 3},
-                      Variant{"direct_4ranks", {"COCCL_ALGO=direct"}, 4},
-                      Variant{"ring_3ranks", {"COCCL_ALGO=ring"}, 3},
-                      Variant{"ring_8ranks", {"COCCL_ALGO=ring"}, 8},
-                      Variant{"tcp_3ranks", {"COCCL_TRANSPORT=tcp"}, 3},
-                      Variant{"tcp_4ranks", {"COCCL_TRANSPORT=tcp"}, 4},
-                      Variant{"small_slots_3ranks", {small_slots, two_slots}, 3},
-                      Variant{"oneshot_small_slots_4ranks",
-                              {"COCCL_ALGO=oneshot", small_slots, two_slots}, 4},
-                      Variant{"direct_small_slots_3ranks",
-                              {"COCCL_ALGO=direct", small_slots, two_slots}, 3},
-                      Variant{"ring_tcp_small_slots_3ranks",
-                              {"COCCL_ALGO=ring", "COCCL_TRANSPORT=tcp", small_slots}, 3},
-                      Variant{"direct_tcp_4ranks", {"COCCL_ALGO=direct", "COCCL_TRANSPORT=tcp"},
-                              4}),
+    ::testing::Values(
+        Variant{"oneshot_3ranks", {"COCCL_ALGO=oneshot"}, 3},
+        Variant{"oneshot_4ranks", {"COCCL_ALGO=oneshot"}, 4},
+        Variant{"direct_3ranks", {"COCCL_ALGO=direct"}, 3},
+        Variant{"direct_4ranks", {"COCCL_ALGO=direct"}, 4},
+        Variant{"ring_3ranks", {"COCCL_ALGO=ring"}, 3},
+        Variant{"ring_2ranks", {"COCCL_ALGO=ring"}, 2},
+        Variant{"ring_8ranks", {"COCCL_ALGO=ring"}, 8},
+        Variant{"oneshot_8ranks", {"COCCL_ALGO=oneshot"}, 8},
+        Variant{"direct_8ranks", {"COCCL_ALGO=direct"}, 8},
+        Variant{"tcp_8ranks", {"COCCL_TRANSPORT=tcp"}, 8},
+        Variant{"tcp_3ranks", {"COCCL_TRANSPORT=tcp"}, 3},
+        Variant{"tcp_4ranks", {"COCCL_TRANSPORT=tcp"}, 4},
+        Variant{"small_slots_3ranks", {small_slots, two_slots}, 3},
+        Variant{"oneshot_small_slots_4ranks", {"COCCL_ALGO=oneshot", small_slots, two_slots}, 4},
+        Variant{"direct_small_slots_3ranks", {"COCCL_ALGO=direct", small_slots, two_slots}, 3},
+        Variant{"ring_tcp_small_slots_3ranks",
+                {"COCCL_ALGO=ring", "COCCL_TRANSPORT=tcp", small_slots},
+                3},
+        Variant{"direct_tcp_4ranks", {"COCCL_ALGO=direct", "COCCL_TRANSPORT=tcp"}, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // ---- Every collective over the other transport settings --------------------------------------
@@ -158,9 +170,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ColdCase{"all_gather", "all_gather", {}},
                       ColdCase{"reduce_scatter", "reduce_scatter", {}},
                       ColdCase{"all_to_all", "all_to_all", {}},
-                      ColdCase{"all_to_allv", "all_to_allv", {}},
-                      ColdCase{"gather", "gather", {}}, ColdCase{"scatter", "scatter", {}},
-                      ColdCase{"send_recv", "send_recv", {}},
+                      ColdCase{"all_to_allv", "all_to_allv", {}}, ColdCase{"gather", "gather", {}},
+                      ColdCase{"scatter", "scatter", {}}, ColdCase{"send_recv", "send_recv", {}},
                       ColdCase{"barrier", "barrier", {}}),
     [](const auto& info) { return std::string(info.param.name); });
 
@@ -192,6 +203,7 @@ TEST_P(KilledRank, EverySurvivorFailsNamingTheDeadRankWithinTheTimeout) {
   o.signals = {{2, SIGKILL, "looping", std::chrono::milliseconds(200)}};
   o.deadline = seconds(60);
   const LaunchResult r = launch(o);
+  print_errors(r);
   ASSERT_FALSE(r.timed_out) << r.describe();
   ASSERT_TRUE(r.fired[0]) << r.describe();
   EXPECT_EQ(r.ranks[2].signal, SIGKILL) << r.describe();
@@ -207,7 +219,8 @@ TEST_P(KilledRank, EverySurvivorFailsNamingTheDeadRankWithinTheTimeout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, KilledRank, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, KilledRank, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return std::string(info.param); });
 
 class StoppedRank : public ::testing::TestWithParam<const char*> {};
 
@@ -220,6 +233,7 @@ TEST_P(StoppedRank, SurvivorsTimeOutNamingTheSilentRank) {
   o.reap = {1};
   o.deadline = seconds(60);
   const LaunchResult r = launch(o);
+  print_errors(r);
   ASSERT_FALSE(r.timed_out) << r.describe();
   ASSERT_TRUE(r.fired[0]) << r.describe();
   for (int rank : {0, 2, 3}) {
@@ -242,7 +256,8 @@ TEST_P(StoppedRank, SurvivorsTimeOutNamingTheSilentRank) {
   EXPECT_TRUE(some_timed_out) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, StoppedRank, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, StoppedRank, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return std::string(info.param); });
 
 TEST(Mismatch, AllReduceAgainstBroadcastFailsEveryRankAndOneSeesMismatch) {
   LaunchOptions o;
@@ -251,6 +266,7 @@ TEST(Mismatch, AllReduceAgainstBroadcastFailsEveryRankAndOneSeesMismatch) {
   o.env = {"COCCL_TIMEOUT=5"};
   o.deadline = seconds(60);
   const LaunchResult r = launch(o);
+  print_errors(r);
   ASSERT_FALSE(r.timed_out) << r.describe();
   bool seen = false;
   for (int rank = 0; rank < o.nranks; ++rank) {
@@ -277,6 +293,7 @@ TEST(Abort, PeersInsideACollectiveFailPromptly) {
   o.signals = {{1, 0, "aborting", std::chrono::milliseconds(0)}};
   o.deadline = seconds(90);
   const LaunchResult r = launch(o);
+  print_errors(r);
   ASSERT_FALSE(r.timed_out) << r.describe();
   ASSERT_TRUE(r.fired[0]) << r.describe();
   EXPECT_EQ(r.ranks[1].exit_code, 0) << r.describe();

@@ -46,13 +46,26 @@ T get(const void* base, std::size_t i) {
 // e4m3 saturating).
 void store_float(DataType t, void* base, std::size_t i, double v) {
   switch (t) {
-    case DataType::float16: put(base, i, detail::float_to_half(static_cast<float>(v))); break;
-    case DataType::bfloat16: put(base, i, detail::float_to_bf16(static_cast<float>(v))); break;
-    case DataType::float8_e4m3: put(base, i, detail::float_to_e4m3(static_cast<float>(v))); break;
-    case DataType::float8_e5m2: put(base, i, detail::float_to_e5m2(static_cast<float>(v))); break;
-    case DataType::float32: put(base, i, static_cast<float>(v)); break;
-    case DataType::float64: put(base, i, v); break;
-    default: break;
+    case DataType::float16:
+      put(base, i, detail::float_to_half(static_cast<float>(v)));
+      break;
+    case DataType::bfloat16:
+      put(base, i, detail::float_to_bf16(static_cast<float>(v)));
+      break;
+    case DataType::float8_e4m3:
+      put(base, i, detail::float_to_e4m3(static_cast<float>(v)));
+      break;
+    case DataType::float8_e5m2:
+      put(base, i, detail::float_to_e5m2(static_cast<float>(v)));
+      break;
+    case DataType::float32:
+      put(base, i, static_cast<float>(v));
+      break;
+    case DataType::float64:
+      put(base, i, v);
+      break;
+    default:
+      break;
   }
 }
 
@@ -94,25 +107,38 @@ std::int64_t reduce_input(DataType t, ReduceOp op, int rank, std::size_t index,
 }
 
 std::byte copy_input(int rank, std::size_t index, std::uint64_t salt) {
-  return static_cast<std::byte>(mix((salt << 40) ^ (static_cast<std::uint64_t>(rank) << 56) ^
-                                    index) &
-                                0xff);
+  return static_cast<std::byte>(
+      mix((salt << 40) ^ (static_cast<std::uint64_t>(rank) << 56) ^ index) & 0xff);
 }
 
 void store_int(DataType t, void* base, std::size_t i, std::int64_t v) {
   switch (t) {
-    case DataType::int8: put(base, i, static_cast<std::int8_t>(v)); break;
-    case DataType::uint8: put(base, i, static_cast<std::uint8_t>(v)); break;
-    case DataType::int32: put(base, i, static_cast<std::int32_t>(v)); break;
-    case DataType::uint32: put(base, i, static_cast<std::uint32_t>(v)); break;
-    case DataType::int64: put(base, i, v); break;
-    case DataType::uint64: put(base, i, static_cast<std::uint64_t>(v)); break;
-    default: store_float(t, base, i, static_cast<double>(v)); break;
+    case DataType::int8:
+      put(base, i, static_cast<std::int8_t>(v));
+      break;
+    case DataType::uint8:
+      put(base, i, static_cast<std::uint8_t>(v));
+      break;
+    case DataType::int32:
+      put(base, i, static_cast<std::int32_t>(v));
+      break;
+    case DataType::uint32:
+      put(base, i, static_cast<std::uint32_t>(v));
+      break;
+    case DataType::int64:
+      put(base, i, v);
+      break;
+    case DataType::uint64:
+      put(base, i, static_cast<std::uint64_t>(v));
+      break;
+    default:
+      store_float(t, base, i, static_cast<double>(v));
+      break;
   }
 }
 
-void fill_reduce(DataType t, ReduceOp op, int rank, std::uint64_t salt, void* buf, std::size_t first,
-                 std::size_t count) {
+void fill_reduce(DataType t, ReduceOp op, int rank, std::uint64_t salt, void* buf,
+                 std::size_t first, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i)
     store_int(t, buf, i, reduce_input(t, op, rank, first + i, salt));
 }
@@ -133,13 +159,19 @@ Bytes reduce_reference(DataType t, ReduceOp op, int n, std::uint64_t salt, std::
       const std::int64_t v = reduce_input(t, op, r, first + i, salt);
       switch (op) {
         case ReduceOp::sum:
-        case ReduceOp::avg: acc += v; break;
+        case ReduceOp::avg:
+          acc += v;
+          break;
         case ReduceOp::prod:
           acc = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) *
                                           static_cast<std::uint64_t>(v));
           break;
-        case ReduceOp::max: acc = std::max(acc, v); break;
-        case ReduceOp::min: acc = std::min(acc, v); break;
+        case ReduceOp::max:
+          acc = std::max(acc, v);
+          break;
+        case ReduceOp::min:
+          acc = std::min(acc, v);
+          break;
       }
     }
     if (op != ReduceOp::avg) {
@@ -158,9 +190,15 @@ Bytes reduce_reference(DataType t, ReduceOp op, int n, std::uint64_t salt, std::
 std::string show(DataType t, const void* base, std::size_t i) {
   char buf[64];
   switch (t) {
-    case DataType::int8: std::snprintf(buf, sizeof buf, "%d", get<std::int8_t>(base, i)); break;
-    case DataType::uint8: std::snprintf(buf, sizeof buf, "%u", get<std::uint8_t>(base, i)); break;
-    case DataType::int32: std::snprintf(buf, sizeof buf, "%d", get<std::int32_t>(base, i)); break;
+    case DataType::int8:
+      std::snprintf(buf, sizeof buf, "%d", get<std::int8_t>(base, i));
+      break;
+    case DataType::uint8:
+      std::snprintf(buf, sizeof buf, "%u", get<std::uint8_t>(base, i));
+      break;
+    case DataType::int32:
+      std::snprintf(buf, sizeof buf, "%d", get<std::int32_t>(base, i));
+      break;
     case DataType::uint32:
       std::snprintf(buf, sizeof buf, "%u", get<std::uint32_t>(base, i));
       break;
@@ -191,8 +229,12 @@ std::string show(DataType t, const void* base, std::size_t i) {
       std::snprintf(buf, sizeof buf, "%g (0x%02x)", detail::e5m2_to_float(b), b);
       break;
     }
-    case DataType::float32: std::snprintf(buf, sizeof buf, "%.9g", get<float>(base, i)); break;
-    case DataType::float64: std::snprintf(buf, sizeof buf, "%.17g", get<double>(base, i)); break;
+    case DataType::float32:
+      std::snprintf(buf, sizeof buf, "%.9g", get<float>(base, i));
+      break;
+    case DataType::float64:
+      std::snprintf(buf, sizeof buf, "%.17g", get<double>(base, i));
+      break;
   }
   return buf;
 }

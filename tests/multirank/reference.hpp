@@ -31,8 +31,8 @@ std::byte copy_input(int rank, std::size_t index, std::uint64_t salt);
 void store_int(DataType t, void* base, std::size_t i, std::int64_t v);
 
 /// buf[i] = reduce_input(t, op, rank, first + i, salt) for i < count.
-void fill_reduce(DataType t, ReduceOp op, int rank, std::uint64_t salt, void* buf, std::size_t first,
-                 std::size_t count);
+void fill_reduce(DataType t, ReduceOp op, int rank, std::uint64_t salt, void* buf,
+                 std::size_t first, std::size_t count);
 
 /// buf[i] = copy_input(rank, first + i, salt) for i < bytes.
 void fill_copy(int rank, std::uint64_t salt, void* buf, std::size_t first, std::size_t bytes);

@@ -82,11 +82,16 @@ int main(int argc, char** argv) {
   w.args.assign(argv + 5, argv + argc);
 
   const std::map<std::string, std::function<void(Worker&)>> checks{
-      {"all_reduce", run_all_reduce},     {"broadcast", run_broadcast},
-      {"reduce", run_reduce},             {"all_gather", run_all_gather},
-      {"reduce_scatter", run_reduce_scatter}, {"all_to_all", run_all_to_all},
-      {"all_to_allv", run_all_to_allv},   {"gather", run_gather},
-      {"scatter", run_scatter},           {"send_recv", run_send_recv},
+      {"all_reduce", run_all_reduce},
+      {"broadcast", run_broadcast},
+      {"reduce", run_reduce},
+      {"all_gather", run_all_gather},
+      {"reduce_scatter", run_reduce_scatter},
+      {"all_to_all", run_all_to_all},
+      {"all_to_allv", run_all_to_allv},
+      {"gather", run_gather},
+      {"scatter", run_scatter},
+      {"send_recv", run_send_recv},
       {"barrier", run_barrier},
   };
   const std::map<std::string, std::function<int(Worker&)>> others{
