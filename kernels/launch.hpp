@@ -55,18 +55,16 @@ inline std::size_t oneshot_max_bytes(const device::Workspace& ws) { return ws.on
 /// epoch) into its slot of every peer's one-shot scratch, then waits for every peer's packets in
 /// its own scratch and reduces them in rank order, so all ranks get bit-identical results. One
 /// NVLink latency, no barrier. send may equal recv.
-int all_reduce_oneshot(const void* send, void* recv, std::size_t count, DataType type,
-                       ReduceOp op, const device::Workspace& ws, stream_t stream,
-                       int nblocks = 0);
+int all_reduce_oneshot(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                       const device::Workspace& ws, stream_t stream, int nblocks = 0);
 
 /// All-reduce for large messages: reduce-scatter then all-gather, in tiles through the staging
 /// areas. For each tile a rank pushes the peers' shares of its input into their staging, waits
 /// for their flags, reduces its share (rank order: results are identical on all ranks), pushes
 /// the result into the peers' staging, waits again and copies the peers' results out. NVLink
 /// carries 2 (n-1)/n of the message each way, the minimum. send may equal recv.
-int all_reduce_twoshot(const void* send, void* recv, std::size_t count, DataType type,
-                       ReduceOp op, const device::Workspace& ws, stream_t stream,
-                       int nblocks = 0);
+int all_reduce_twoshot(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                       const device::Workspace& ws, stream_t stream, int nblocks = 0);
 
 /// recv[r * count + i] = rank r's send[i], for count elements of `elem_bytes` bytes each (1, 2, 4
 /// or 8). recv holds nranks * count elements; send may be recv + rank * count (in place).
