@@ -119,8 +119,9 @@ Result measure(int which, const std::string& c, const Options& o, const Shape& s
     std::vector<unsigned char> hs(std::max<std::size_t>(1, s.send_elems * elt)),
         hr(std::max<std::size_t>(1, s.recv_elems * elt), 0xcd);
     fill(c, o, s.count, n, rank, hs.data(), nullptr, false);
-    PERF_CUDA(cudaMemcpy(send, hs.data(), s.send_elems * elt, cudaMemcpyHostToDevice));
-    PERF_CUDA(cudaMemcpy(recv, hr.data(), s.recv_elems * elt, cudaMemcpyHostToDevice));
+    // On the benchmark's stream: it is non-blocking, so it would not wait for a plain cudaMemcpy.
+    PERF_CUDA(cudaMemcpyAsync(send, hs.data(), s.send_elems * elt, cudaMemcpyHostToDevice, st));
+    PERF_CUDA(cudaMemcpyAsync(recv, hr.data(), s.recv_elems * elt, cudaMemcpyHostToDevice, st));
     enqueue(which, c, o, s, send, recv, comm, nccl, nc, st);
     PERF_CUDA(cudaStreamSynchronize(st));
     PERF_CUDA(cudaMemcpy(hr.data(), recv, s.recv_elems * elt, cudaMemcpyDeviceToHost));
