@@ -20,7 +20,9 @@ constexpr std::size_t max_abort_text = 4096;
 
 SocketConnection::SocketConnection(int self, int peer, asio::ip::tcp::socket socket,
                                    FailureHandler on_failure)
-    : Connection(self, peer, std::move(on_failure)), socket_(std::move(socket)) {
+    : Connection(self, peer, std::move(on_failure)),
+      socket_(std::move(socket)),
+      linger_(socket_.get_executor()) {
   boost::system::error_code ignored;
   socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
 }
@@ -108,42 +110,72 @@ void SocketConnection::write_next() {
   asio::async_write(socket_, bufs,
                     [this, alive = alive_](boost::system::error_code ec, std::size_t) {
                       if (!*alive) return;
-                      if (queue_.empty()) return;
+                      writing_ = false;
+                      if (closed_) {
+                        // close() waited for this frame to finish so that the abort notice
+                        // lands whole.
+                        queue_.clear();
+                        finish_close();
+                        return;
+                      }
                       Pending done = std::move(queue_.front());
                       queue_.pop_front();
                       if (done.done) resume_now(done.done, ec);
                       if (ec) {
-                        // A peer that said goodbye may be gone before our last credits reach
-                        // it; that is not a failure.
-                        if (departed_) {
-                          writing_ = false;
-                          queue_.clear();
-                          fail_waiters_soft();
-                          return;
-                        }
-                        if (!closed_)
-                          close(make_error_code(errc::peer_lost),
-                                "lost rank " + std::to_string(peer_) + " (send " + ec.message() +
-                                    ")");
+                        queue_broken(ec);
                         return;
                       }
                       write_next();
                     });
 }
 
+void SocketConnection::queue_broken(boost::system::error_code ec) {
+  // A peer that said goodbye may be gone before our last credits reach it; that is not a
+  // failure.
+  if (departed_) {
+    queue_.clear();
+    fail_waiters_soft();
+    return;
+  }
+  // The peer reset the link. Its abort notice, if it sent one, is still in our receive buffer:
+  // give the reader a moment to deliver it (it names the real cause), then fail anyway.
+  linger_.expires_after(std::chrono::milliseconds(200));
+  linger_.async_wait([this, alive = alive_, text = ec.message()](boost::system::error_code e) {
+    if (e || !*alive || closed_) return;
+    close(make_error_code(errc::peer_lost),
+          "lost rank " + std::to_string(peer_) + " (send " + text + ")");
+  });
+}
+
+void SocketConnection::finish_close() {
+  boost::system::error_code ignored;
+  if (!notice_.empty()) {
+    socket_.non_blocking(true, ignored);
+    socket_.write_some(asio::buffer(notice_), ignored);
+    notice_.clear();
+  }
+  linger_.cancel();
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+}
+
 void SocketConnection::send_abort(std::error_code ec, const std::string& why) {
-  // Only when no frame is half-written: the notice must not land inside another frame. The write
-  // is non-blocking so that a stopped peer with a full socket buffer cannot hang an abort.
-  if (closed_ || writing_) return;
+  if (closed_) return;
   std::string text = why.substr(0, max_abort_text);
   // The peer fails with the same coccl error (a lost rank stays "peer lost" everywhere).
   auto code = ec.category() == error_category() ? static_cast<std::uint32_t>(ec.value())
                                                 : static_cast<std::uint32_t>(errc::remote_error);
   LinkHeader h{LinkHeader::abort, code, text.size()};
-  std::array<asio::const_buffer, 2> bufs{asio::buffer(&h, sizeof h), asio::buffer(text)};
+  notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  notice_ += text;
+  // The notice must not land inside another frame: while one is being written it waits for
+  // close() to finish that frame. Writes are non-blocking so that a stopped peer with a full
+  // socket buffer cannot hang an abort.
+  if (writing_) return;
   boost::system::error_code ignored;
   socket_.non_blocking(true, ignored);
-  socket_.write_some(bufs, ignored);
+  socket_.write_some(asio::buffer(notice_), ignored);
+  notice_.clear();
 }
 
 void SocketConnection::resume(Waiter& w, boost::system::error_code ec) {
@@ -167,11 +199,20 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
   COCCL_INFO(net, self_, "connection to rank %d closed: %s", peer_, why.c_str());
   for (auto& p : queue_)
     if (p.done) resume_now(p.done, asio::error::operation_aborted);
-  queue_.clear();
   fail_waiters();
-  boost::system::error_code ignored;
-  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
+  if (writing_ && !notice_.empty()) {
+    // Let the frame in flight finish (its header lives in queue_.front()) so the abort notice
+    // follows it whole; a peer that never drains its socket cannot hold this past a second.
+    while (queue_.size() > 1) queue_.pop_back();
+    linger_.expires_after(std::chrono::seconds(1));
+    linger_.async_wait([this, alive = alive_](boost::system::error_code e) {
+      if (!e && *alive) finish_close();
+    });
+  } else {
+    queue_.clear();
+    notice_.clear();
+    finish_close();
+  }
   report_failure(ec, why);
 }
 

@@ -5,6 +5,8 @@
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <string>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -74,8 +76,12 @@ class SocketConnection : public Connection {
   };
   asio::awaitable<void> read_loop(std::shared_ptr<bool> alive);
   void write_next();
+  void queue_broken(boost::system::error_code ec);
+  void finish_close();
 
   std::deque<Pending> queue_;
+  std::string notice_;           // abort notice waiting for the frame in flight
+  asio::steady_timer linger_;    // bounds how long a close waits for that frame
   bool writing_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -45,7 +45,16 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
   } catch (const boost::system::system_error&) {
     failed = true;
   }
-  if (failed || closed_) throw_failure();
+  // A failed write closes the link shortly (after the reader had a chance to deliver the peer's
+  // abort notice): wait for that, so the error reported is the real one.
+  while (failed && !closed_ && !departed_) {
+    try {
+      co_await suspend(credit_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+  }
+  if (failed && !closed_) fail_departed("was sending to it");
+  if (closed_) throw_failure();
 }
 
 asio::awaitable<Chunk> TcpConnection::wait() {
