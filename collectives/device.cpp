@@ -63,6 +63,10 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   std::size_t bytes = device::workspace_bytes(n);
   if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
   if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
+  // Now, not at the first launch of each kernel: that may wait for a peer's kernel (see
+  // kernels::load_kernels).
+  if (int rc = kernels::load_kernels())
+    return cuda_error(c, static_cast<cudaError_t>(rc), "loading the kernels");
   if (auto e = cudaDeviceSynchronize()) return cuda_error(c, e, "cudaDeviceSynchronize");
   Advert mine{};
   if (auto e = cudaIpcGetMemHandle(&mine.handle, st->workspace))
@@ -172,17 +176,16 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
     COCCL_WARN(coll, c.rank(), "%s on device: %s", name_of(a.kind), why.c_str());
     return make_error_code(errc::invalid_argument);
   }
+  if (a.kind == OpKind::barrier) {
+    COCCL_WARN(coll, c.rank(), "barrier is not available on device memory");
+    return make_error_code(errc::unsupported);
+  }
+  if (a.kind == OpKind::p2p && a.p2p.size() > static_cast<std::size_t>(kernels::max_p2p_ops)) {
+    COCCL_WARN(coll, c.rank(), "send_recv on device takes at most %d transfers a group",
+               kernels::max_p2p_ops);
+    return make_error_code(errc::unsupported);
+  }
   const std::size_t elt = size_of(a.type);
-  if (a.kind == OpKind::reduce_scatter &&
-      static_cast<const char*>(a.send) + c.rank() * a.count * elt == a.recv && c.size() > 1) {
-    COCCL_WARN(coll, c.rank(), "reduce_scatter on device does not run in place yet");
-    return make_error_code(errc::unsupported);
-  }
-  if (a.kind != OpKind::all_reduce && a.kind != OpKind::all_gather &&
-      a.kind != OpKind::reduce_scatter && a.kind != OpKind::all_to_all) {
-    COCCL_WARN(coll, c.rank(), "%s is not available on device memory yet", name_of(a.kind));
-    return make_error_code(errc::unsupported);
-  }
   DeviceState* d = nullptr;
   if (auto ec = ensure_device(c, impl, d)) return ec;
   int current = -1;
@@ -192,13 +195,44 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
                d->device);
     return make_error_code(errc::invalid_argument);
   }
-  if (a.count == 0) return {};
+  // p2p and all_to_allv carry their sizes elsewhere (a.count is 0).
+  if (a.count == 0 && a.kind != OpKind::p2p && a.kind != OpKind::all_to_allv) return {};
   int rc = 0;
   switch (a.kind) {
+    case OpKind::p2p: {
+      // Not collective: only the peers named take part (the first device call of the
+      // communicator, which makes the workspaces, must still be a collective one).
+      kernels::P2p ops[kernels::max_p2p_ops];
+      int nops = 0;
+      for (const P2POp& o : a.p2p) {
+        ops[nops++] = kernels::P2p{o.is_send, o.buffer, o.count * size_of(o.type), o.peer};
+      }
+      rc = kernels::send_recv(ops, nops, d->ws, stream);
+      break;
+    }
+    case OpKind::all_to_allv: {
+      kernels::AllToAllvLayout layout{};
+      for (int p = 0; p < c.size(); ++p) {
+        layout.send_counts[p] = a.send_counts[p];
+        layout.send_displs[p] = a.send_displs[p];
+        layout.recv_counts[p] = a.recv_counts[p];
+        layout.recv_displs[p] = a.recv_displs[p];
+      }
+      rc = kernels::all_to_allv(a.send, a.recv, layout, elt, d->ws, stream);
+      break;
+    }
+    case OpKind::barrier:
+      break;
     case OpKind::all_reduce:
       rc = a.count * elt <= kernels::oneshot_max_bytes(d->ws)
                ? kernels::all_reduce_oneshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream)
                : kernels::all_reduce_twoshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
+      break;
+    case OpKind::broadcast:
+      rc = kernels::broadcast(a.send, a.recv, a.count * elt, a.root, d->ws, stream);
+      break;
+    case OpKind::reduce:
+      rc = kernels::reduce_to_root(a.send, a.recv, a.count, a.type, a.op, a.root, d->ws, stream);
       break;
     case OpKind::all_gather:
       rc = kernels::all_gather(a.send, a.recv, a.count, elt, d->ws, stream);
@@ -206,8 +240,14 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
     case OpKind::reduce_scatter:
       rc = kernels::reduce_scatter(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
       break;
-    default:
+    case OpKind::all_to_all:
       rc = kernels::all_to_all(a.send, a.recv, a.count, elt, d->ws, stream);
+      break;
+    case OpKind::gather:
+      rc = kernels::gather(a.send, a.recv, a.count, elt, a.root, d->ws, stream);
+      break;
+    case OpKind::scatter:
+      rc = kernels::scatter(a.send, a.recv, a.count, elt, a.root, d->ws, stream);
       break;
   }
   if (rc != 0) return cuda_error(c, static_cast<cudaError_t>(rc), name_of(a.kind));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "launch.hpp"
+#include "load.hpp"
 #include "peer.cuh"
 
 namespace coccl::kernels {
@@ -191,6 +192,14 @@ int all_reduce_twoshot(const void* send, void* recv, std::size_t count, DataType
     twoshot_kernel<decltype(codec)><<<grid, detail::block_threads, 0, stream>>>(
         static_cast<const char*>(send), static_cast<char*>(recv), nbytes, op, p, gs, gr);
     return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int detail::load_all_reduce() {
+  return detail::load_for_every_type([](auto codec) {
+    using C = decltype(codec);
+    if (int rc = detail::load_function(oneshot_kernel<C>)) return rc;
+    return detail::load_function(twoshot_kernel<C>);
   });
 }
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "launch.hpp"
+#include "load.hpp"
 #include "peer.cuh"
 
 namespace coccl::kernels {
@@ -119,6 +120,12 @@ int reduce_scatter(const void* send, void* recv, std::size_t count, DataType typ
         static_cast<const char*>(send), static_cast<char*>(recv), nbytes, op, p, gs, gr);
     return static_cast<int>(cudaGetLastError());
   });
+}
+
+int detail::load_collectives() {
+  if (int rc = detail::load_function(exchange_kernel)) return rc;
+  return detail::load_for_every_type(
+      [](auto codec) { return detail::load_function(reduce_scatter_kernel<decltype(codec)>); });
 }
 
 }  // namespace coccl::kernels

@@ -5,6 +5,7 @@
 
 #include "codec.cuh"
 #include "launch.hpp"
+#include "load.hpp"
 #include "memory.cuh"
 
 namespace coccl::kernels {
@@ -118,6 +119,23 @@ int divide_by(void* data, std::size_t count, DataType type, int divisor, stream_
             static_cast<char*>(data), nbytes, divisor, detail::granularity(data));
     return static_cast<int>(cudaGetLastError());
   });
+}
+
+int detail::load_elementwise() {
+  if (int rc = detail::load_function(copy_kernel)) return rc;
+  return detail::load_for_every_type([](auto codec) {
+    using C = decltype(codec);
+    if (int rc = detail::load_function(reduce_kernel<C>)) return rc;
+    return detail::load_function(divide_kernel<C>);
+  });
+}
+
+int load_kernels() {
+  for (int (*load)() : {detail::load_elementwise, detail::load_all_reduce, detail::load_collectives,
+                        detail::load_rooted, detail::load_p2p}) {
+    if (int rc = load()) return rc;
+  }
+  return 0;
 }
 
 }  // namespace coccl::kernels

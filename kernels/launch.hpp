@@ -31,6 +31,14 @@ namespace coccl::kernels {
 
 using stream_t = CUstream_st*;
 
+/// Loads every kernel of this library onto the current device now. With CUDA's lazy loading
+/// (the default since CUDA 12.2) the first launch of a kernel from a module not yet loaded waits
+/// until the device is idle; if a peer kernel is still spinning there for a rank that the same
+/// thread has yet to launch (one thread driving several GPUs), that wait never ends. Call once
+/// per device before the first collective (the communicator does so when it makes its
+/// workspace). Returns a cudaError_t value.
+int load_kernels();
+
 /// Most sources of one `reduce` call.
 inline constexpr int max_reduce_sources = 8;
 
@@ -72,7 +80,8 @@ int all_gather(const void* send, void* recv, std::size_t count, std::size_t elem
                const device::Workspace& ws, stream_t stream, int nblocks = 0);
 
 /// recv[i] = op over ranks r (in rank order) of rank r's send[rank * count + i]. send holds
-/// nranks * count elements, recv count. avg divides by nranks. recv must not overlap send.
+/// nranks * count elements, recv count. avg divides by nranks. In place when
+/// recv == send + rank * count; any other overlap is not allowed.
 int reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                    const device::Workspace& ws, stream_t stream, int nblocks = 0);
 
@@ -80,5 +89,77 @@ int reduce_scatter(const void* send, void* recv, std::size_t count, DataType typ
 /// r. Both buffers hold nranks * count elements of `elem_bytes` bytes; they must not overlap.
 int all_to_all(const void* send, void* recv, std::size_t count, std::size_t elem_bytes,
                const device::Workspace& ws, stream_t stream, int nblocks = 0);
+
+// ---- Rooted collectives ----
+//
+// Collective like the ones above: every rank of the group launches the same call with the same
+// size, root and nblocks, also ranks whose buffers the call does not touch (the per-tile barrier
+// keeps the block epochs equal on every rank). A buffer the rank does not use may be null.
+
+/// Every rank's recv[0, bytes) = root's send[0, bytes). send is read on root only; in place when
+/// root's send == recv. Type-free.
+int broadcast(const void* send, void* recv, std::size_t bytes, int root,
+              const device::Workspace& ws, stream_t stream, int nblocks = 0);
+
+/// root's recv[i] = op over ranks r (in rank order) of rank r's send[i], i < count; avg divides
+/// by nranks. recv is used on root only and may equal send there (in place). Bit-identical to
+/// the all-reduces' result.
+int reduce_to_root(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                   int root, const device::Workspace& ws, stream_t stream, int nblocks = 0);
+
+/// root's recv[r * count + i] = rank r's send[i], elements of `elem_bytes` (1, 2, 4 or 8) bytes.
+/// recv is used on root only; in place when root's send == recv + root * count.
+int gather(const void* send, void* recv, std::size_t count, std::size_t elem_bytes, int root,
+           const device::Workspace& ws, stream_t stream, int nblocks = 0);
+
+/// Rank r's recv[i] = root's send[r * count + i]. send is read on root only; in place when
+/// root's recv == send + root * count.
+int scatter(const void* send, void* recv, std::size_t count, std::size_t elem_bytes, int root,
+            const device::Workspace& ws, stream_t stream, int nblocks = 0);
+
+// ---- Point-to-point ----
+//
+// Only the ranks named by a transfer take part in it, so these do not use the collective epochs
+// and a rank with nothing to send or receive need not launch anything. Instead each ordered pair
+// of ranks keeps its own sequence counters in the workspace header (see kernels/p2p.cu): the
+// sender writes a chunk into the receiver's staging only after the receiver has started that
+// transfer and freed the slot, and a transfer ends on the sender only once the receiver has
+// copied everything out. So p2p calls may be freely interleaved with collectives on the same
+// workspace (still one stream per rank, or ordered streams), as long as every pair of ranks
+// issues its transfers in matching order, and graphs replay them like the collectives.
+// The sender's kernel therefore also waits for its receiver (a send completes when received).
+
+/// Most transfers in one send_recv call.
+inline constexpr int max_p2p_ops = 32;
+
+/// One transfer of a send_recv group.
+struct P2p {
+  bool is_send;
+  void* buffer;  // device memory; only read for sends
+  std::size_t bytes;
+  int peer;  // rank in the workspace group; may be the own rank (a local copy)
+};
+
+/// Runs the transfers of `ops` (host array, at most max_p2p_ops) together: transfers between
+/// one ordered pair of ranks are matched in order (the k-th send from a to b with the k-th
+/// receive on b from a) and must have equal sizes; transfers with different peers or directions
+/// progress concurrently, so any exchange pattern is free of deadlock. Sends to self pair with
+/// receives from self in order, as device copies.
+int send_recv(const P2p* ops, int nops, const device::Workspace& ws, stream_t stream);
+
+/// Per-peer element counts and displacements of all_to_allv (entries >= nranks are ignored).
+struct AllToAllvLayout {
+  std::size_t send_counts[device::max_ranks];
+  std::size_t send_displs[device::max_ranks];
+  std::size_t recv_counts[device::max_ranks];
+  std::size_t recv_displs[device::max_ranks];
+};
+
+/// Rank r sends send[send_displs[q], + send_counts[q]) to rank q, which places it at
+/// recv[recv_displs[r], + recv_counts[r]); recv_counts[q] here must equal send_counts[r] on q.
+/// Elements of `elem_bytes` (1, 2, 4 or 8) bytes. Every rank calls it (it is a send_recv group
+/// with every peer, zero-sized transfers included). Not in place.
+int all_to_allv(const void* send, void* recv, const AllToAllvLayout& layout, std::size_t elem_bytes,
+                const device::Workspace& ws, stream_t stream);
 
 }  // namespace coccl::kernels

@@ -144,6 +144,22 @@ __device__ __forceinline__ uint4 load_ll(const char* p) {
   return v;
 }
 
+/// Loads kernel `f` onto the current device (see load_kernels in launch.hpp); a CUDA error code.
+template <class F>
+int load_function(F* f) {
+  cudaFuncAttributes attr;
+  return static_cast<int>(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(f)));
+}
+
+/// Loads `Kernel<C>` for the codec of every data type; the first error, or 0.
+template <class Load>
+int load_for_every_type(Load&& load) {
+  for (int t = 0; t < data_type_count; ++t) {
+    if (int rc = with_codec(static_cast<DataType>(t), load)) return rc;
+  }
+  return 0;
+}
+
 __device__ __forceinline__ std::uint64_t global_timer_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

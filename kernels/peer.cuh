@@ -2,7 +2,8 @@
 //
 // Workspace of every rank (see <coccl/device.hpp>):
 //   [0, 4 KiB)          epoch[b]: block b's epoch, read and written only by this rank's block b
-//   [4 KiB, ...)        flag[b][src]: the last epoch rank src's block b signalled to us
+//   [4 KiB, 8 KiB)      flag[b][src]: the last epoch rank src's block b signalled to us
+//   [8 KiB, ...)        point-to-point pair counters (kernels/p2p.cu), apart from the epochs
 //   header_bytes        LL scratch: [parity 2][source rank n][slot bytes]
 //   + LL bytes          staging: [block max_blocks][parity 2][source rank n][slice bytes]
 //

@@ -254,8 +254,11 @@ class Communicator {
   // it can be captured in a CUDA graph and replayed. The first device call of a communicator is
   // collective and blocking (it allocates a workspace on each GPU and maps the peers' over NVLink);
   // make it before capturing a graph. Errors (invalid arguments, CUDA failures) throw
-  // std::system_error with nothing enqueued. Supported on device memory today: all_reduce,
-  // all_gather, reduce_scatter, all_to_all.
+  // std::system_error with nothing enqueued. Every collective of the host section exists here
+  // with the same semantics (barrier excepted); reduce_scatter runs in place too. Rooted
+  // collectives are collective: every rank calls them, also ranks whose buffers they do not use.
+  // send_recv, send and recv are not: only the ranks named take part (they may not be the first
+  // device call of a communicator, which must be made by every rank).
 
   /// Stream-ordered all_reduce of device buffers.
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
@@ -276,6 +279,57 @@ class Communicator {
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
                   cuda_stream stream) {
     device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream);
+  }
+  /// Stream-ordered broadcast of device buffers: every rank's recv = root's send (read on root
+  /// only; in place when root's send == recv).
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 cuda_stream stream) {
+    device(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream);
+  }
+  /// Stream-ordered reduce of device buffers: root's recv = op over ranks of send (avg divides by
+  /// size()); recv is used on root only and may equal send there.
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+              int root, cuda_stream stream) {
+    device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream);
+  }
+  /// Stream-ordered gather of device buffers: root's recv[r*count ..] = rank r's send; recv is
+  /// used on root only (in place when send == recv + root*count there).
+  void gather(const void* send, void* recv, std::size_t count, DataType type, int root,
+              cuda_stream stream) {
+    device(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream);
+  }
+  /// Stream-ordered scatter of device buffers: rank r's recv = root's send[r*count ..]; send is
+  /// read on root only (in place when recv == send + root*count there).
+  void scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
+               cuda_stream stream) {
+    device(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream);
+  }
+  /// Stream-ordered all_to_allv of device buffers (counts and displacements in elements, size()
+  /// entries each, read at the call: a captured graph replays the sizes of the capture).
+  void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
+                   std::vector<std::size_t> send_displs, void* recv,
+                   std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                   DataType type, cuda_stream stream) {
+    device(make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                  std::move(recv_counts), std::move(recv_displs), type),
+           stream);
+  }
+  /// Stream-ordered group of sends and receives of device buffers (at most 32 transfers), matched
+  /// like the host send_recv. A send's kernel finishes once its receiver has the data. Ranks not
+  /// named need not call it; transfers between two ranks must be issued in the same order on both.
+  void send_recv(std::vector<detail::P2POp> ops, cuda_stream stream) {
+    detail::OpArgs a;
+    a.kind = detail::OpKind::p2p;
+    a.p2p = std::move(ops);
+    device(a, stream);
+  }
+  /// Stream-ordered single send (a device group of one).
+  void send(const void* buf, std::size_t count, DataType type, int peer, cuda_stream stream) {
+    send_recv({send_op(buf, count, type, peer)}, stream);
+  }
+  /// Stream-ordered single receive (a device group of one).
+  void recv(void* buf, std::size_t count, DataType type, int peer, cuda_stream stream) {
+    send_recv({recv_op(buf, count, type, peer)}, stream);
   }
 
   /// Enqueues the all_reduce on `stream` now (as the stream-ordered form), then completes with

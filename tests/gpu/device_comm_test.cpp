@@ -1,6 +1,8 @@
 // Device collectives through the public API: one process per GPU (CUDA IPC) and several GPUs in
-// one process (peer access), every supported collective against the reference of coccl-perf's
-// check, CUDA graph capture replayed 100 times with new inputs each time, and the awaitable form.
+// one process (peer access), every collective (rooted ones from every root) against the reference
+// of coccl-perf's check, all_to_allv and send/recv against exact expectations, CUDA graph capture
+// (all_reduce; broadcast then reduce) replayed 100 times with new inputs each time, and the
+// awaitable form.
 // Skips without two GPUs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -8,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/coccl.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -51,21 +55,26 @@ struct Buffers {
 
 // Runs one collective (device form) and counts wrong elements against the reference.
 long long run_one(coccl::Communicator& comm, const std::string& coll, DataType type, ReduceOp op,
-                  std::size_t count, bool in_place, cudaStream_t st, Buffers& b) {
+                  std::size_t count, bool in_place, cudaStream_t st, Buffers& b, int root = 0) {
   const int n = comm.size(), rank = comm.rank();
   const std::size_t elt = coccl::size_of(type);
   perf::Options o;
   o.type = type;
   o.op = op;
+  o.root = root;
   std::size_t send_elems = count, recv_elems = count;
-  if (coll == "allgather") recv_elems = count * n;
-  if (coll == "reducescatter") send_elems = count * n;
+  if (coll == "allgather" || coll == "gather") recv_elems = count * n;
+  if (coll == "reducescatter" || coll == "scatter") send_elems = count * n;
   if (coll == "alltoall") send_elems = recv_elems = count * n;
   std::vector<unsigned char> hs(send_elems * elt + 1), hr(recv_elems * elt + 1, 0xcd);
   perf::fill(coll, o, count, n, rank, hs.data(), nullptr, false);
   char* recv = static_cast<char*>(b.recv);
   char* send = static_cast<char*>(b.send);
-  if (in_place) send = coll == "allgather" ? recv + rank * count * elt : recv;
+  if (in_place) {
+    if (coll == "allgather" || coll == "gather") send = recv + rank * count * elt;
+    else if (coll == "reducescatter" || coll == "scatter") recv = send + rank * count * elt;
+    else send = recv;
+  }
   // On the collective's stream: a plain cudaMemcpy runs on the legacy stream, which a
   // non-blocking stream does not wait for.
   cudaMemcpyAsync(recv, hr.data(), recv_elems * elt, cudaMemcpyHostToDevice, st);
@@ -74,6 +83,10 @@ long long run_one(coccl::Communicator& comm, const std::string& coll, DataType t
   if (coll == "allreduce") comm.all_reduce(send, recv, count, type, op, cs);
   else if (coll == "allgather") comm.all_gather(send, recv, count, type, cs);
   else if (coll == "reducescatter") comm.reduce_scatter(send, recv, count, type, op, cs);
+  else if (coll == "broadcast") comm.broadcast(send, recv, count, type, root, cs);
+  else if (coll == "reduce") comm.reduce(send, recv, count, type, op, root, cs);
+  else if (coll == "gather") comm.gather(send, recv, count, type, root, cs);
+  else if (coll == "scatter") comm.scatter(send, recv, count, type, root, cs);
   else comm.all_to_all(send, recv, count, type, cs);
   cudaStreamSynchronize(st);
   cudaMemcpy(hr.data(), recv, recv_elems * elt, cudaMemcpyDeviceToHost);
@@ -116,10 +129,114 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     for (DataType type : {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
       for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{70001}})
         for (bool ip : {false, true}) {
-          if (ip && std::string(coll) != "allgather") continue;
+          if (ip && std::string(coll) == "alltoall") continue;
           record(run_one(comm, coll, type, ReduceOp::sum, count, ip, st, b), coll, type,
                  ReduceOp::sum, count, ip);
         }
+  // Rooted collectives: every root, odd sizes, in and out of place; reduce with every op.
+  for (int root = 0; root < n; ++root)
+    for (const char* coll : {"broadcast", "reduce", "gather", "scatter"})
+      for (DataType type : {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
+        for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{70001}})
+          for (bool ip : {false, true})
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+              if (op != ReduceOp::sum && std::string(coll) != "reduce") continue;
+              const long long w = run_one(comm, coll, type, op, count, ip, st, b, root);
+              record(w, (std::string(coll) + " root=" + std::to_string(root)).c_str(), type, op,
+                     count, ip);
+            }
+  // all_to_allv with uneven counts (rank r sends r + 2q + 1 elements, scaled, to rank q) and
+  // blocks placed in reverse order with gaps.
+  for (std::size_t scale : {std::size_t{1}, std::size_t{1000}, std::size_t{30011}}) {
+    auto cnt = [&](int from, int to) { return (from + 2 * to + 1) * scale; };
+    std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+    std::size_t so = 0, ro = 0;
+    for (int q = n - 1; q >= 0; --q) {
+      sc[q] = cnt(rank, q), sd[q] = so, so += sc[q] + 3;
+      rc[q] = cnt(q, rank), rd[q] = ro, ro += rc[q] + 5;
+    }
+    std::vector<std::int32_t> hs(so), hr(ro, -1);
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < sc[q]; ++i)
+        hs[sd[q] + i] = static_cast<std::int32_t>(rank * 1000003 + q * 10007 + i);
+    CHECK_CUDA(cudaMemcpyAsync(b.send, hs.data(), so * 4, cudaMemcpyHostToDevice, st));
+    CHECK_CUDA(cudaMemcpyAsync(b.recv, hr.data(), ro * 4, cudaMemcpyHostToDevice, st));
+    comm.all_to_allv(b.send, sc, sd, b.recv, rc, rd, DataType::int32,
+                     reinterpret_cast<coccl::cuda_stream>(st));
+    CHECK_CUDA(cudaMemcpyAsync(hr.data(), b.recv, ro * 4, cudaMemcpyDeviceToHost, st));
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    long long bad = 0;
+    for (int q = 0; q < n; ++q) {
+      for (std::size_t i = 0; i < rc[q]; ++i)
+        bad += hr[rd[q] + i] != static_cast<std::int32_t>(q * 1000003 + rank * 10007 + i);
+      for (std::size_t i = 0; i < 5; ++i) bad += hr[rd[q] + rc[q] + i] != -1;
+    }
+    record(bad, "alltoallv", DataType::int32, ReduceOp::sum, scale, false);
+  }
+  // send/recv: a ring exchange as one group, then single sends and receives (rank 0 to the
+  // others), each checked exactly.
+  for (std::size_t count : {std::size_t{3}, std::size_t{4097}, std::size_t{500001}}) {
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    std::vector<std::int64_t> hs(count), hr(count, -1);
+    for (std::size_t i = 0; i < count; ++i) hs[i] = rank * 100000007ll + static_cast<long long>(i);
+    auto cs = reinterpret_cast<coccl::cuda_stream>(st);
+    CHECK_CUDA(cudaMemcpyAsync(b.send, hs.data(), count * 8, cudaMemcpyHostToDevice, st));
+    CHECK_CUDA(cudaMemcpyAsync(b.recv, hr.data(), count * 8, cudaMemcpyHostToDevice, st));
+    comm.send_recv({coccl::Communicator::send_op(b.send, count, DataType::int64, next),
+                    coccl::Communicator::recv_op(b.recv, count, DataType::int64, prev)},
+                   cs);
+    CHECK_CUDA(cudaMemcpyAsync(hr.data(), b.recv, count * 8, cudaMemcpyDeviceToHost, st));
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    long long bad = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      bad += hr[i] != prev * 100000007ll + static_cast<long long>(i);
+    record(bad, "send_recv ring", DataType::int64, ReduceOp::sum, count, false);
+    std::fill(hr.begin(), hr.end(), -1);
+    CHECK_CUDA(cudaMemcpyAsync(b.recv, hr.data(), count * 8, cudaMemcpyHostToDevice, st));
+    if (rank == 0) {
+      for (int q = 1; q < n; ++q) comm.send(b.send, count, DataType::int64, q, cs);
+    } else {
+      comm.recv(b.recv, count, DataType::int64, 0, cs);
+    }
+    CHECK_CUDA(cudaMemcpyAsync(hr.data(), b.recv, count * 8, cudaMemcpyDeviceToHost, st));
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    bad = 0;
+    if (rank != 0)
+      for (std::size_t i = 0; i < count; ++i) bad += hr[i] != static_cast<long long>(i);
+    record(bad, "send/recv", DataType::int64, ReduceOp::sum, count, false);
+  }
+  // Graph: broadcast from rank 0 then reduce to rank n-1, captured once, replayed 100 times with
+  // new inputs on the root before every replay.
+  {
+    const std::size_t count = 70001;
+    std::vector<float> host(count), out(count);
+    char* mid = static_cast<char*>(b.recv) + (4u << 20);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    auto cs = reinterpret_cast<coccl::cuda_stream>(st);
+    CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    comm.broadcast(b.send, mid, count, DataType::float32, 0, cs);
+    comm.reduce(mid, b.recv, count, DataType::float32, ReduceOp::sum, n - 1, cs);
+    CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 100; ++replay) {
+      for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>(replay * 3 + i % 7);
+      if (rank == 0)
+        CHECK_CUDA(cudaMemcpyAsync(b.send, host.data(), count * 4, cudaMemcpyHostToDevice, st));
+      CHECK_CUDA(cudaGraphLaunch(exec, st));
+      CHECK_CUDA(cudaMemcpyAsync(out.data(), mid, count * 4, cudaMemcpyDeviceToHost, st));
+      CHECK_CUDA(cudaStreamSynchronize(st));
+      long long bad = 0;
+      for (std::size_t i = 0; i < count; ++i) bad += out[i] != host[i];
+      if (rank == n - 1) {
+        CHECK_CUDA(cudaMemcpy(out.data(), b.recv, count * 4, cudaMemcpyDeviceToHost));
+        for (std::size_t i = 0; i < count; ++i) bad += out[i] != host[i] * static_cast<float>(n);
+      }
+      record(bad, "graph-replay broadcast+reduce", DataType::float32, ReduceOp::sum, count, false);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
   // Graph: one all_reduce captured, replayed 100 times, new inputs before every replay.
   {
     const std::size_t count = 4099;

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/launch.hpp"
+
 namespace coccl::gpu_test {
 
 #define COCCL_CUDA_CHECK(expr)                                                  \
@@ -115,6 +117,9 @@ class Group {
       workspaces_.back().fill(0);
       peers_.push_back(workspaces_.back().get());
       COCCL_CUDA_CHECK(cudaSetDevice(r));
+      // One thread drives every rank: a lazily loaded kernel would wait for the peer kernels
+      // already spinning on this device.
+      COCCL_CUDA_CHECK(kernels::load_kernels());
       cudaStream_t s = nullptr;
       COCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       streams_.push_back(s);

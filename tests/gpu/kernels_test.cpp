@@ -3,6 +3,7 @@
 // collectives. Skips when the GPUs are not there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -382,6 +383,364 @@ TEST_F(TwoGpus, ReduceScatterMatchesReferenceForEveryTypeAndOp) {
       }
     }
   }
+}
+
+TEST_F(TwoGpus, ReduceScatterRunsInPlace) {
+  Group g(2, oneshot_max, small_staging);
+  for (std::size_t count : {1, 1001, 200003}) {
+    const DataType t = DataType::float32;
+    const std::size_t es = size_of(t);
+    std::vector<Bytes> in;
+    std::vector<DeviceBuffer> buf;
+    for (int r = 0; r < 2; ++r) {
+      in.push_back(random_values(t, 2 * count, rng_));
+      buf.emplace_back(r, 2 * count * es);
+      buf.back().upload(in.back().data(), 2 * count * es);
+    }
+    g.each([&](int r) {
+      ASSERT_EQ(0, kernels::reduce_scatter(buf[r].get(), buf[r].get() + r * count * es, count, t,
+                                           ReduceOp::sum, g.workspace(r), as_stream(g.stream(r))));
+    });
+    g.sync();
+    const Bytes full = reference(in, 2 * count, t, ReduceOp::sum, true);
+    for (int r = 0; r < 2; ++r) {
+      const Bytes want(full.begin() + r * count * es, full.begin() + (r + 1) * count * es);
+      EXPECT_BYTES_EQ(buf[r].download(count * es, r * count * es), want, es,
+                      "count " + std::to_string(count) + " rank " + std::to_string(r));
+    }
+  }
+}
+
+TEST_F(TwoGpus, BroadcastCopiesTheRootsBufferToEveryRankFromEveryRoot) {
+  Group g(2, oneshot_max, small_staging);
+  for (int root = 0; root < 2; ++root) {
+    for (std::size_t bytes : {1, 7, 16, 1000, 300001}) {
+      for (bool in_place : {false, true}) {
+        const Bytes in = random_values(DataType::uint8, bytes, rng_);
+        std::vector<DeviceBuffer> send;
+        std::vector<DeviceBuffer> recv;
+        for (int r = 0; r < 2; ++r) {
+          send.emplace_back(r, bytes + 3);
+          send.back().upload(in.data(), bytes, 3);
+          recv.emplace_back(r, bytes + 2);
+          recv.back().fill(0x44);
+          if (in_place && r == root) recv.back().upload(in.data(), bytes, 1);
+        }
+        g.each([&](int r) {
+          const char* s = r != root ? nullptr : in_place ? recv[r].get() + 1 : send[r].get() + 3;
+          ASSERT_EQ(0, kernels::broadcast(s, recv[r].get() + 1, bytes, root, g.workspace(r),
+                                          as_stream(g.stream(r))));
+        });
+        g.sync();
+        for (int r = 0; r < 2; ++r) {
+          Bytes want(bytes + 2, 0x44);
+          std::copy(in.begin(), in.end(), want.begin() + 1);
+          EXPECT_EQ(recv[r].download(bytes + 2), want)
+              << "root " << root << " bytes " << bytes << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(TwoGpus, ReduceToRootMatchesReferenceForEveryTypeOpAndRoot) {
+  Group g(2, oneshot_max, small_staging);
+  for (int root = 0; root < 2; ++root) {
+    for (DataType t : all_types) {
+      for (ReduceOp op : all_ops) {
+        const std::size_t es = size_of(t);
+        const std::size_t count = t == DataType::float32 ? 200003 : 3001;
+        const bool in_place = op == ReduceOp::max;
+        std::vector<Bytes> in;
+        std::vector<DeviceBuffer> send;
+        std::vector<DeviceBuffer> recv;
+        for (int r = 0; r < 2; ++r) {
+          in.push_back(random_values(t, count, rng_));
+          send.emplace_back(r, (count + 1) * es);
+          send.back().upload(in.back().data(), count * es, es);
+          recv.emplace_back(r, (count + 1) * es);
+          recv.back().fill(0x66);
+        }
+        g.each([&](int r) {
+          char* out = r != root ? nullptr : in_place ? send[r].get() + es : recv[r].get() + es;
+          ASSERT_EQ(0, kernels::reduce_to_root(send[r].get() + es, out, count, t, op, root,
+                                               g.workspace(r), as_stream(g.stream(r))));
+        });
+        g.sync();
+        const Bytes want = reference(in, count, t, op, true);
+        const DeviceBuffer& out = in_place ? send[root] : recv[root];
+        EXPECT_BYTES_EQ(out.download(count * es, es), want, es,
+                        name_of(t, op) + " root " + std::to_string(root));
+        // The non-root's buffers are untouched.
+        const int other = 1 - root;
+        EXPECT_EQ(recv[other].download((count + 1) * es), Bytes((count + 1) * es, 0x66));
+        EXPECT_EQ(send[other].download(count * es, es), in[other]);
+      }
+    }
+  }
+}
+
+TEST_F(TwoGpus, GatherPlacesEveryRanksBlockAtTheRoot) {
+  Group g(2, oneshot_max, small_staging);
+  for (int root = 0; root < 2; ++root) {
+    for (std::size_t es : {1, 2, 8}) {
+      for (std::size_t count : {1, 5, 1000, 300001}) {
+        const bool in_place = count == 1000;
+        std::vector<Bytes> in;
+        std::vector<DeviceBuffer> send;
+        std::vector<DeviceBuffer> recv;
+        for (int r = 0; r < 2; ++r) {
+          in.push_back(random_values(DataType::uint8, count * es, rng_));
+          send.emplace_back(r, count * es + es);
+          send.back().upload(in.back().data(), count * es, es);
+          recv.emplace_back(r, 2 * count * es + es);
+          recv.back().fill(0x33);
+          if (in_place && r == root)
+            recv.back().upload(in.back().data(), count * es, es + r * count * es);
+        }
+        g.each([&](int r) {
+          const char* s =
+              in_place && r == root ? recv[r].get() + es + r * count * es : send[r].get() + es;
+          char* d = r == root ? recv[r].get() + es : nullptr;
+          ASSERT_EQ(0,
+                    kernels::gather(s, d, count, es, root, g.workspace(r), as_stream(g.stream(r))));
+        });
+        g.sync();
+        Bytes want(in[0]);
+        want.insert(want.end(), in[1].begin(), in[1].end());
+        EXPECT_EQ(recv[root].download(2 * count * es, es), want)
+            << "root " << root << " elem " << es << " count " << count;
+        EXPECT_EQ(recv[1 - root].download(2 * count * es + es), Bytes(2 * count * es + es, 0x33));
+      }
+    }
+  }
+}
+
+TEST_F(TwoGpus, ScatterSendsTheRootsBlockRToRankR) {
+  Group g(2, oneshot_max, small_staging);
+  for (int root = 0; root < 2; ++root) {
+    for (std::size_t es : {1, 4, 8}) {
+      for (std::size_t count : {1, 7, 4096, 250001}) {
+        const bool in_place = count == 7;
+        const Bytes in = random_values(DataType::uint8, 2 * count * es, rng_);
+        std::vector<DeviceBuffer> send;
+        std::vector<DeviceBuffer> recv;
+        for (int r = 0; r < 2; ++r) {
+          send.emplace_back(r, 2 * count * es);
+          send.back().upload(in.data(), 2 * count * es);
+          recv.emplace_back(r, count * es);
+          recv.back().fill(0);
+        }
+        g.each([&](int r) {
+          const char* s = r == root ? send[r].get() : nullptr;
+          char* d = in_place && r == root ? send[r].get() + r * count * es : recv[r].get();
+          ASSERT_EQ(
+              0, kernels::scatter(s, d, count, es, root, g.workspace(r), as_stream(g.stream(r))));
+        });
+        g.sync();
+        const std::size_t blk = count * es;
+        for (int r = 0; r < 2; ++r) {
+          const Bytes want(in.begin() + r * blk, in.begin() + (r + 1) * blk);
+          const Bytes got =
+              in_place && r == root ? send[r].download(blk, r * blk) : recv[r].download(blk);
+          EXPECT_EQ(got, want) << "root " << root << " elem " << es << " count " << count;
+        }
+      }
+    }
+  }
+}
+
+// Rank 0 sends three buffers to rank 1 (matched in order), rank 1 sends one back, both copy one
+// buffer to themselves: all in one group per rank, launched without host synchronisation.
+TEST_F(TwoGpus, SendRecvMatchesTransfersInOrderInBothDirections) {
+  Group g(2, oneshot_max, small_staging);
+  const std::size_t sizes[] = {5, 300001, 0, 64};
+  const std::size_t back = 123457;
+  std::vector<Bytes> fwd;
+  std::vector<DeviceBuffer> src0;
+  std::vector<DeviceBuffer> dst1;
+  for (std::size_t sz : sizes) {
+    fwd.push_back(random_values(DataType::uint8, sz, rng_));
+    src0.emplace_back(0, sz + 1);
+    src0.back().upload(fwd.back().data(), sz, 1);
+    dst1.emplace_back(1, sz + 2);
+    dst1.back().fill(0x11);
+  }
+  const Bytes rev = random_values(DataType::uint8, back, rng_);
+  DeviceBuffer src1(1, back);
+  src1.upload(rev.data(), back);
+  DeviceBuffer dst0(0, back);
+  dst0.fill(0);
+  const Bytes self = random_values(DataType::uint8, 999, rng_);
+  std::vector<DeviceBuffer> self_src;
+  std::vector<DeviceBuffer> self_dst;
+  for (int r = 0; r < 2; ++r) {
+    self_src.emplace_back(r, 999);
+    self_src.back().upload(self.data(), 999);
+    self_dst.emplace_back(r, 999);
+    self_dst.back().fill(0);
+  }
+  for (int round = 0; round < 3; ++round) {
+    g.each([&](int r) {
+      std::vector<kernels::P2p> ops;
+      ops.push_back({false, self_dst[r].get(), 999, r});
+      if (r == 0) {
+        ops.push_back({false, dst0.get(), back, 1});
+        for (std::size_t i = 0; i < 4; ++i) ops.push_back({true, src0[i].get() + 1, sizes[i], 1});
+      } else {
+        for (std::size_t i = 0; i < 4; ++i) ops.push_back({false, dst1[i].get() + 2, sizes[i], 0});
+        ops.push_back({true, src1.get(), back, 0});
+      }
+      ops.push_back({true, self_src[r].get(), 999, r});
+      ASSERT_EQ(0, kernels::send_recv(ops.data(), static_cast<int>(ops.size()), g.workspace(r),
+                                      as_stream(g.stream(r))));
+    });
+  }
+  g.sync();
+  for (std::size_t i = 0; i < 4; ++i) {
+    Bytes want(sizes[i] + 2, 0x11);
+    std::copy(fwd[i].begin(), fwd[i].end(), want.begin() + 2);
+    EXPECT_EQ(dst1[i].download(sizes[i] + 2), want) << "transfer " << i;
+  }
+  EXPECT_EQ(dst0.download(back), rev);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(self_dst[r].download(999), self);
+}
+
+// Only ranks of a transfer launch it; interleaved with collectives on the same workspace and no
+// host synchronisation, the pair counters and the collective epochs must not trip over each other
+// (a send that overwrote staging a collective still reads would show in the sums).
+TEST_F(TwoGpus, SendRecvInterleavedWithCollectivesNeverOverwritesUnreadData) {
+  Group g(2, oneshot_max, small_staging);
+  const std::size_t large = 300000;
+  std::vector<DeviceBuffer> a;
+  std::vector<DeviceBuffer> b;
+  std::vector<std::vector<double>> init(2);
+  for (int r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < large; ++i) init[r].push_back(double((i * 3 + r) % 5) + 1);
+    a.emplace_back(r, large * 8);
+    a.back().upload(init[r].data(), large * 8);
+    b.emplace_back(r, large * 8);
+  }
+  constexpr int rounds = 20;
+  for (int k = 0; k < rounds; ++k) {
+    g.each([&](int r) {
+      auto s = as_stream(g.stream(r));
+      ASSERT_EQ(0, kernels::all_reduce_twoshot(a[r].get(), a[r].get(), large, DataType::float64,
+                                               ReduceOp::sum, g.workspace(r), s));
+      // Swap a into the peer's b, then reduce b (equal to a) onto root k % 2 into a there.
+      const kernels::P2p ops[] = {{true, a[r].get(), large * 8, 1 - r},
+                                  {false, b[r].get(), large * 8, 1 - r}};
+      ASSERT_EQ(0, kernels::send_recv(ops, 2, g.workspace(r), s));
+      ASSERT_EQ(
+          0, kernels::reduce_to_root(b[r].get(), r == k % 2 ? a[r].get() : nullptr, large,
+                                     DataType::float64, ReduceOp::max, k % 2, g.workspace(r), s));
+      ASSERT_EQ(0, kernels::broadcast(a[r].get(), a[r].get(), large * 8, k % 2, g.workspace(r), s));
+    });
+  }
+  g.sync();
+  for (int r = 0; r < 2; ++r) {
+    const Bytes got = a[r].download(large * 8);
+    for (std::size_t i = 0; i < large; ++i) {
+      double v;
+      std::memcpy(&v, got.data() + i * 8, 8);
+      ASSERT_EQ(v, (init[0][i] + init[1][i]) * std::ldexp(1.0, rounds - 1)) << r << " " << i;
+    }
+  }
+}
+
+TEST_F(TwoGpus, AllToAllvMovesUnevenBlocksToTheirDisplacements) {
+  Group g(2, oneshot_max, small_staging);
+  for (std::size_t scale : {0, 1, 777, 100003}) {
+    const std::size_t es = 4;
+    // Rank r sends (r + 2q + 1) * scale elements to rank q; blocks in reverse order with gaps.
+    auto cnt = [&](int from, int to) { return (from + 2 * to + 1) * scale; };
+    std::vector<kernels::AllToAllvLayout> lay(2);
+    std::vector<Bytes> in;
+    std::vector<DeviceBuffer> send;
+    std::vector<DeviceBuffer> recv;
+    std::vector<std::size_t> recv_total(2);
+    for (int r = 0; r < 2; ++r) {
+      std::size_t so = 0;
+      std::size_t ro = 0;
+      for (int q = 1; q >= 0; --q) {
+        lay[r].send_counts[q] = cnt(r, q), lay[r].send_displs[q] = so;
+        so += cnt(r, q) + 3;
+        lay[r].recv_counts[q] = cnt(q, r), lay[r].recv_displs[q] = ro;
+        ro += cnt(q, r) + 1;
+      }
+      in.push_back(random_values(DataType::uint32, so, rng_));
+      send.emplace_back(r, so * es);
+      send.back().upload(in.back().data(), so * es);
+      recv.emplace_back(r, ro * es);
+      recv.back().fill(0x55);
+      recv_total[r] = ro;
+    }
+    g.each([&](int r) {
+      ASSERT_EQ(0, kernels::all_to_allv(send[r].get(), recv[r].get(), lay[r], es, g.workspace(r),
+                                        as_stream(g.stream(r))));
+    });
+    g.sync();
+    for (int r = 0; r < 2; ++r) {
+      Bytes want(recv_total[r] * es, 0x55);
+      for (int q = 0; q < 2; ++q) {
+        const std::size_t from = lay[q].send_displs[r] * es;
+        std::copy(in[q].begin() + from, in[q].begin() + from + cnt(q, r) * es,
+                  want.begin() + lay[r].recv_displs[q] * es);
+      }
+      EXPECT_EQ(recv[r].download(recv_total[r] * es), want) << "scale " << scale << " rank " << r;
+    }
+  }
+}
+
+// Broadcast and reduce (and a send) captured once and replayed 100 times: in place, each replay
+// doubles the root's data, so any stale or missing peer data shows.
+TEST_F(TwoGpus, CapturedBroadcastReduceAndSendReplayHundredTimes) {
+  Group g(2, oneshot_max, small_staging);
+  const std::size_t count = 100003;
+  std::vector<DeviceBuffer> a;
+  std::vector<DeviceBuffer> c;
+  std::vector<double> init;
+  for (std::size_t i = 0; i < count; ++i) init.push_back(double(i % 17) + 1);
+  for (int r = 0; r < 2; ++r) {
+    a.emplace_back(r, count * 8);
+    a.back().upload(init.data(), count * 8);
+    c.emplace_back(r, count * 8);
+    c.back().fill(0);
+  }
+  std::vector<cudaGraphExec_t> exec(2);
+  g.each([&](int r) {
+    cudaStream_t s = g.stream(r);
+    COCCL_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ASSERT_EQ(
+        0, kernels::broadcast(a[r].get(), a[r].get(), count * 8, 0, g.workspace(r), as_stream(s)));
+    ASSERT_EQ(0, kernels::reduce_to_root(a[r].get(), r == 0 ? a[r].get() : nullptr, count,
+                                         DataType::float64, ReduceOp::sum, 0, g.workspace(r),
+                                         as_stream(s)));
+    const kernels::P2p op{r == 0, r == 0 ? a[r].get() : c[r].get(), count * 8, 1 - r};
+    ASSERT_EQ(0, kernels::send_recv(&op, 1, g.workspace(r), as_stream(s)));
+    cudaGraph_t graph = nullptr;
+    COCCL_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    COCCL_CUDA_CHECK(cudaGraphInstantiate(&exec[r], graph, 0));
+    COCCL_CUDA_CHECK(cudaGraphDestroy(graph));
+  });
+  constexpr int replays = 100;
+  for (int k = 0; k < replays; ++k) {
+    g.each([&](int r) { COCCL_CUDA_CHECK(cudaGraphLaunch(exec[r], g.stream(r))); });
+  }
+  g.sync();
+  const Bytes root = a[0].download(count * 8);
+  const Bytes other = a[1].download(count * 8);
+  const Bytes sent = c[1].download(count * 8);
+  for (std::size_t i = 0; i < count; ++i) {
+    double v;
+    std::memcpy(&v, root.data() + i * 8, 8);
+    ASSERT_EQ(v, init[i] * std::ldexp(1.0, replays)) << "root " << i;
+    std::memcpy(&v, other.data() + i * 8, 8);
+    ASSERT_EQ(v, init[i] * std::ldexp(1.0, replays - 1)) << "other " << i;
+    std::memcpy(&v, sent.data() + i * 8, 8);
+    ASSERT_EQ(v, init[i] * std::ldexp(1.0, replays)) << "sent " << i;
+  }
+  g.each([&](int r) { COCCL_CUDA_CHECK(cudaGraphExecDestroy(exec[r])); });
 }
 
 // Back-to-back collectives with no host synchronisation in between: the epochs and parities must
