@@ -6,6 +6,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <future>
 
 #include "collectives/algorithms.hpp"
@@ -150,7 +151,14 @@ void CommImpl::complete(OpHandler& h, std::error_code ec) {
 
 asio::awaitable<void> CommImpl::drain() {
   auto self = shared_from_this();
-  while (!queue_.empty()) {
+  for (;;) {
+    if (queue_.empty()) {
+      // A coroutine awaiting on this thread starts its next operation only after this one's
+      // completion has run; one trip through the executor lets it, so back-to-back operations
+      // reuse this drain instead of spawning a new one each.
+      co_await asio::post(ex_, asio::use_awaitable);
+      if (queue_.empty()) break;
+    }
     Queued q = std::move(queue_.front());
     queue_.pop_front();
     if (auto ec = error()) {
