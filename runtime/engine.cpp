@@ -42,16 +42,17 @@ void ProxyThread::run() {
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     bool progress = poll_pollers();
-    // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued; while only
-    // pollers make progress, visit it every few rounds instead of every round.
-    if (progress || (++idle_rounds & 3) == 0) progress |= ctx_.poll() > 0;
+    bool waiting = std::any_of(pollers_.begin(), pollers_.end(),
+                               [](const Poller* p) { return p->waiting(); });
+    // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
+    // poller waits for a peer and only pollers make progress, visit it every fourth round; when
+    // nothing waits on a poller, work is most likely queued there, so visit it every round.
+    if (progress || !waiting || (++idle_rounds & 3) == 0) progress |= ctx_.poll() > 0;
     if (ctx_.stopped()) break;
     if (progress) {
       last_progress = clock::now();
       continue;
     }
-    bool waiting = std::any_of(pollers_.begin(), pollers_.end(),
-                               [](const Poller* p) { return p->waiting(); });
     if (clock::now() - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
       // yielding lets the peer we wait for run instead of burning our time slice.
