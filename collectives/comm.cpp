@@ -184,6 +184,11 @@ asio::awaitable<void> CommImpl::drain() {
     complete(q.handler, ec);
   }
   draining_ = false;
+  if (after_drain_) {
+    auto next = std::move(after_drain_);
+    after_drain_ = nullptr;
+    next();
+  }
 }
 
 void CommImpl::fail(std::error_code ec, const std::string& why, bool notify) {
@@ -242,33 +247,10 @@ void CommImpl::destroy() {
   if (thread_.in_thread())
     throw std::system_error(make_error_code(errc::invalid_argument),
                             "destroy() would wait for itself on the proxy thread; use abort()");
-  // Queued operations finish first: a barrier-like marker is the end of the queue.
+  // Operations already queued finish first (or fail by their deadline); then the links close
+  // with a goodbye, no abort notice.
   std::promise<void> done;
-  asio::post(ex_, [&] {
-    closed_ = true;
-    if (!draining_) {
-      done.set_value();
-      return;
-    }
-    // Poll the drain state from the proxy thread; operations end on their own (or by deadline).
-    auto timer = std::make_shared<asio::steady_timer>(ex_);
-    auto check = std::make_shared<std::function<void()>>();
-    *check = [this, timer, check, &done] {
-      if (!draining_) {
-        done.set_value();
-        *check = nullptr;
-        return;
-      }
-      timer->expires_after(std::chrono::microseconds(200));
-      timer->async_wait([check](boost::system::error_code) {
-        if (*check) (*check)();
-      });
-    };
-    (*check)();
-  });
-  done.get_future().wait();
-  std::promise<void> closed;
-  asio::post(ex_, [&] {
+  auto close_quietly = [this, &done] {
     {
       std::lock_guard lock(error_mutex_);
       if (!error_) {
@@ -278,9 +260,16 @@ void CommImpl::destroy() {
     }
     watchdog_.cancel();
     if (peers_) peers_->shutdown(make_error_code(errc::aborted), "destroyed", false);
-    closed.set_value();
+    done.set_value();
+  };
+  asio::post(ex_, [&] {
+    closed_ = true;
+    if (draining_)
+      after_drain_ = close_quietly;
+    else
+      close_quietly();
   });
-  closed.get_future().wait();
+  done.get_future().wait();
 }
 
 }  // namespace coccl::detail

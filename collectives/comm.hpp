@@ -6,6 +6,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/communicator.hpp>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -89,6 +90,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::unique_ptr<transport::Peers> peers_;
   std::deque<Queued> queue_;
   bool draining_ = false;
+  std::function<void()> after_drain_;  // destroy()'s close, once the queue has drained
   bool closed_ = false;  // destroyed or aborted: no new operations
   std::uint64_t seq_ = 0;
   std::uint32_t fingerprint_ = 0;

@@ -32,202 +32,45 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <string_view>
+#include <utility>
 #include <vector>
+
+#include "baseline_common.hpp"
 
 namespace {
 
-enum class coll_kind {
-  allreduce,
-  allgather,
-  broadcast,
-  reduce,
-  reducescatter,
-  alltoall,
-  gather,
-  scatter
-};
-enum class reduce_op { sum, prod, min, max };
-enum class data_type { int8, uint8, int32, uint32, int64, uint64, float16, float32, float64 };
+using coccl_baseline::bad_usage;
+using coccl_baseline::coll_kind;
+using coccl_baseline::count_wrong;
+using coccl_baseline::data_value;
+using coccl_baseline::poison;
+using coccl_baseline::reduce_expected;
+using coccl_baseline::reduce_input;
+using coccl_baseline::reduce_op;
+using coccl_baseline::size_layout;
 
-struct options {
+constexpr const char* usage_text =
+    "usage: coccl-perf-gloo --rank R --nranks N --store DIR [--coll NAME] [-b BYTES] "
+    "[-e BYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [--repeat R] [-d TYPE] [-o OP] "
+    "[-c 0|1] [--algo auto|LIST] [--timeout SECONDS] [--verbose]\n"
+    "LIST: comma-separated ring, ring_chunked, halving_doubling, bcube (legacy classes), "
+    "allreduce_ring, allreduce_bcube (gloo::allreduce)";
+
+// The shared sweep options plus this peer's own: how its ranks meet, which allreduce algorithms
+// to try, and what to log.
+struct options : coccl_baseline::sweep_options {
   int rank = -1;
   int nranks = 0;
   std::string store;
-  coll_kind coll = coll_kind::allreduce;
-  std::uint64_t min_bytes = 32ull << 20;
-  std::uint64_t max_bytes = 32ull << 20;
-  std::uint64_t step_factor = 2;
-  std::uint64_t step_bytes = 0;
-  int iters = 20;
-  int warmup = 5;
-  int repeat = 3;
-  data_type dtype = data_type::float32;
-  reduce_op op = reduce_op::sum;
-  bool check = false;
   std::string algo = "auto";
   int timeout_s = 120;
   bool verbose = false;
 };
-
-[[noreturn]] void usage_error(const std::string& what) {
-  throw std::invalid_argument(
-      what +
-      "\nusage: coccl-perf-gloo --rank R --nranks N --store DIR [--coll NAME] [-b BYTES] "
-      "[-e BYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [--repeat R] [-d TYPE] [-o OP] "
-      "[-c 0|1] [--algo auto|LIST] [--timeout SECONDS] [--verbose]\n"
-      "LIST: comma-separated ring, ring_chunked, halving_doubling, bcube (legacy classes), "
-      "allreduce_ring, allreduce_bcube (gloo::allreduce)");
-}
-
-// Suffixes are binary, as in nccl-tests: 1K = 1024.
-std::uint64_t parse_size(std::string_view text) {
-  if (text.empty()) usage_error("empty size");
-  std::uint64_t shift = 0;
-  switch (text.back()) {
-    case 'k':
-    case 'K':
-      shift = 10;
-      break;
-    case 'm':
-    case 'M':
-      shift = 20;
-      break;
-    case 'g':
-    case 'G':
-      shift = 30;
-      break;
-    default:
-      break;
-  }
-  if (shift != 0) text.remove_suffix(1);
-  std::string digits(text);
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(digits.c_str(), &end, 10);
-  if (digits.empty() || *end != '\0' || value > (UINT64_MAX >> shift)) {
-    usage_error("bad size '" + digits + "'");
-  }
-  return static_cast<std::uint64_t>(value) << shift;
-}
-
-int parse_int(const std::string& text, int min) {
-  char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < min || value > INT_MAX) {
-    usage_error("bad number '" + text + "'");
-  }
-  return static_cast<int>(value);
-}
-
-coll_kind parse_coll(const std::string& s) {
-  if (s == "allreduce") return coll_kind::allreduce;
-  if (s == "allgather") return coll_kind::allgather;
-  if (s == "broadcast") return coll_kind::broadcast;
-  if (s == "reduce") return coll_kind::reduce;
-  if (s == "reducescatter" || s == "reduce_scatter") return coll_kind::reducescatter;
-  if (s == "alltoall") return coll_kind::alltoall;
-  if (s == "gather") return coll_kind::gather;
-  if (s == "scatter") return coll_kind::scatter;
-  usage_error("unknown collective '" + s + "'");
-}
-
-const char* coll_name(coll_kind c) {
-  switch (c) {
-    case coll_kind::allreduce:
-      return "allreduce";
-    case coll_kind::allgather:
-      return "allgather";
-    case coll_kind::broadcast:
-      return "broadcast";
-    case coll_kind::reduce:
-      return "reduce";
-    case coll_kind::reducescatter:
-      return "reducescatter";
-    case coll_kind::alltoall:
-      return "alltoall";
-    case coll_kind::gather:
-      return "gather";
-    case coll_kind::scatter:
-      return "scatter";
-  }
-  return "?";
-}
-
-bool is_reduction(coll_kind c) {
-  return c == coll_kind::allreduce || c == coll_kind::reduce || c == coll_kind::reducescatter;
-}
-
-// Collectives whose size is the whole buffer across ranks, split N ways (nccl-tests semantics).
-bool is_split(coll_kind c) {
-  return c == coll_kind::allgather || c == coll_kind::reducescatter || c == coll_kind::alltoall ||
-         c == coll_kind::gather || c == coll_kind::scatter;
-}
-
-reduce_op parse_op(const std::string& s) {
-  if (s == "sum") return reduce_op::sum;
-  if (s == "prod") return reduce_op::prod;
-  if (s == "min") return reduce_op::min;
-  if (s == "max") return reduce_op::max;
-  usage_error("unknown op '" + s + "'");
-}
-
-const char* op_name(reduce_op op) {
-  switch (op) {
-    case reduce_op::sum:
-      return "sum";
-    case reduce_op::prod:
-      return "prod";
-    case reduce_op::min:
-      return "min";
-    case reduce_op::max:
-      return "max";
-  }
-  return "?";
-}
-
-data_type parse_type(const std::string& s) {
-  if (s == "int8" || s == "char") return data_type::int8;
-  if (s == "uint8") return data_type::uint8;
-  if (s == "int32" || s == "int") return data_type::int32;
-  if (s == "uint32") return data_type::uint32;
-  if (s == "int64") return data_type::int64;
-  if (s == "uint64") return data_type::uint64;
-  if (s == "float16" || s == "half") return data_type::float16;
-  if (s == "float32" || s == "float") return data_type::float32;
-  if (s == "float64" || s == "double") return data_type::float64;
-  usage_error("unknown data type '" + s + "'");
-}
-
-const char* type_name(data_type t) {
-  switch (t) {
-    case data_type::int8:
-      return "int8";
-    case data_type::uint8:
-      return "uint8";
-    case data_type::int32:
-      return "int32";
-    case data_type::uint32:
-      return "uint32";
-    case data_type::int64:
-      return "int64";
-    case data_type::uint64:
-      return "uint64";
-    case data_type::float16:
-      return "float16";
-    case data_type::float32:
-      return "float32";
-    case data_type::float64:
-      return "float64";
-  }
-  return "?";
-}
 
 options parse_args(int argc, char** argv) {
   options o;
@@ -237,122 +80,25 @@ options parse_args(int argc, char** argv) {
       o.verbose = true;
       continue;
     }
-    if (i + 1 >= argc) usage_error("missing value for '" + arg + "'");
+    if (i + 1 >= argc) bad_usage("missing value for '" + arg + "'");
     const std::string val = argv[++i];
     if (arg == "--rank")
-      o.rank = parse_int(val, 0);
+      o.rank = coccl_baseline::parse_int(val, 0);
     else if (arg == "--nranks")
-      o.nranks = parse_int(val, 1);
+      o.nranks = coccl_baseline::parse_int(val, 1);
     else if (arg == "--store")
       o.store = val;
-    else if (arg == "--coll")
-      o.coll = parse_coll(val);
-    else if (arg == "-b" || arg == "--minbytes")
-      o.min_bytes = parse_size(val);
-    else if (arg == "-e" || arg == "--maxbytes")
-      o.max_bytes = parse_size(val);
-    else if (arg == "-f" || arg == "--stepfactor")
-      o.step_factor = parse_size(val);
-    else if (arg == "-i" || arg == "--stepbytes")
-      o.step_bytes = parse_size(val);
-    else if (arg == "-n" || arg == "--iters")
-      o.iters = parse_int(val, 1);
-    else if (arg == "-w" || arg == "--warmup_iters")
-      o.warmup = parse_int(val, 0);
-    else if (arg == "--repeat")
-      o.repeat = parse_int(val, 1);
-    else if (arg == "-d" || arg == "--datatype")
-      o.dtype = parse_type(val);
-    else if (arg == "-o" || arg == "--op")
-      o.op = parse_op(val);
-    else if (arg == "-c" || arg == "--check")
-      o.check = parse_int(val, 0) != 0;
     else if (arg == "--algo")
       o.algo = val;
     else if (arg == "--timeout")
-      o.timeout_s = parse_int(val, 1);
-    else
-      usage_error("unknown argument '" + arg + "'");
+      o.timeout_s = coccl_baseline::parse_int(val, 1);
+    else if (!coccl_baseline::apply_sweep_option(o, arg, val))
+      bad_usage("unknown argument '" + arg + "'");
   }
-  if (o.nranks < 1 || o.rank < 0 || o.rank >= o.nranks) usage_error("need 0 <= --rank < --nranks");
-  if (o.store.empty()) usage_error("--store DIR is required");
-  if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
-  if (o.step_bytes == 0 && o.step_factor < 2) usage_error("-f must be at least 2");
+  if (o.nranks < 1 || o.rank < 0 || o.rank >= o.nranks) bad_usage("need 0 <= --rank < --nranks");
+  if (o.store.empty()) bad_usage("--store DIR is required");
+  coccl_baseline::validate_sweep(o);
   return o;
-}
-
-// Element counts for one requested size. `per_rank` is what each rank contributes (or, for the
-// unsplit collectives, the buffer length); `count` is the element count of the buffer the size
-// names, after rounding down to a multiple of the rank count as nccl-tests does.
-struct size_layout {
-  std::size_t bytes;
-  std::size_t count;
-  std::size_t per_rank;
-};
-
-std::optional<size_layout> layout_for(coll_kind c, std::uint64_t size, std::size_t elt, int n) {
-  const std::size_t count = size / elt;
-  const std::size_t per_rank = is_split(c) ? count / static_cast<std::size_t>(n) : count;
-  if (per_rank == 0) return std::nullopt;
-  const std::size_t total = is_split(c) ? per_rank * static_cast<std::size_t>(n) : per_rank;
-  return size_layout{total * elt, total, per_rank};
-}
-
-// Check patterns are small integers so every type, float16 included, holds inputs and results
-// exactly. The product pattern puts a 2 on at most ceil(N/5) ranks per index, which keeps results
-// inside int8 up to 30 ranks.
-double data_value(int rank, std::size_t i) {
-  return static_cast<double>((static_cast<std::size_t>(rank) * 13 + i * 7) % 101);
-}
-
-double reduce_input(reduce_op op, int rank, std::size_t i) {
-  const auto r = static_cast<std::size_t>(rank);
-  if (op == reduce_op::prod) return (r + i) % 5 == 0 ? 2.0 : 1.0;
-  return static_cast<double>((r * 5 + i * 3) % 7);
-}
-
-double reduce_expected(reduce_op op, int nranks, std::size_t i) {
-  double acc = reduce_input(op, 0, i);
-  for (int r = 1; r < nranks; ++r) {
-    const double v = reduce_input(op, r, i);
-    switch (op) {
-      case reduce_op::sum:
-        acc += v;
-        break;
-      case reduce_op::prod:
-        acc *= v;
-        break;
-      case reduce_op::min:
-        acc = std::min(acc, v);
-        break;
-      case reduce_op::max:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
-  return acc;
-}
-
-template <typename T>
-T as(double v) {
-  return static_cast<T>(v);
-}
-
-// A value that differs from the expected one, written to outputs before the check run so that an
-// element the collective never wrote counts as wrong.
-template <typename T>
-T poison(double expected) {
-  return static_cast<T>(expected + 1.0);
-}
-
-template <typename T>
-std::int64_t count_wrong(const T* got, std::size_t n,
-                         const std::function<double(std::size_t)>& want) {
-  std::int64_t wrong = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!(got[i] == as<T>(want(i)))) ++wrong;
-  }
-  return wrong;
 }
 
 // `ctx` carries gloo::allreduce and the other options-based collectives plus all bookkeeping;
@@ -390,19 +136,10 @@ class bench {
 
   // Median over batches of the slowest rank's per-call average, in microseconds.
   double time_us(const std::function<void()>& call) {
-    for (int i = 0; i < opts_.warmup; ++i) call();
-    std::vector<double> batch_us(static_cast<std::size_t>(opts_.repeat));
-    for (auto& us : batch_us) {
-      barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < opts_.iters; ++i) call();
-      const auto t1 = std::chrono::steady_clock::now();
-      us = std::chrono::duration<double, std::micro>(t1 - t0).count() / opts_.iters;
-    }
+    std::vector<double> batch_us = coccl_baseline::time_batches(
+        opts_, [this] { barrier(); }, call);
     max_over_ranks(batch_us);
-    std::sort(batch_us.begin(), batch_us.end());
-    const std::size_t mid = batch_us.size() / 2;
-    return batch_us.size() % 2 == 1 ? batch_us[mid] : (batch_us[mid - 1] + batch_us[mid]) / 2;
+    return coccl_baseline::median(std::move(batch_us));
   }
 
   const options& opts() const { return opts_; }
@@ -491,7 +228,7 @@ std::vector<std::string> allreduce_algos(const std::string& spec) {
     const std::size_t comma = std::min(spec.find(',', start), spec.size());
     names.push_back(spec.substr(start, comma - start));
     if (!known_allreduce_algo(names.back())) {
-      usage_error("unknown allreduce algorithm '" + names.back() + "'");
+      bad_usage("unknown allreduce algorithm '" + names.back() + "'");
     }
     start = comma + 1;
   }
@@ -531,7 +268,7 @@ std::unique_ptr<allreduce_candidate<T>> make_allreduce(bench& b, const std::stri
   } else if (name == "bcube") {
     c->legacy = std::make_unique<gloo::AllreduceBcube<T>>(ctx, ptrs, n, fn);
   } else {
-    usage_error("unknown allreduce algorithm '" + name + "'");
+    bad_usage("unknown allreduce algorithm '" + name + "'");
   }
   gloo::Algorithm* algo = c->legacy.get();
   c->run = [algo] { algo->run(); };
@@ -566,7 +303,7 @@ result run_allreduce(bench& b, const size_layout& l) {
       const reduce_op op = b.opts().op;
       T* src = c->in_place ? data.data() : input.data();
       for (std::size_t i = 0; i < l.count; ++i) {
-        src[i] = as<T>(reduce_input(op, b.rank(), i));
+        src[i] = static_cast<T>(reduce_input(op, b.rank(), i));
         if (!c->in_place) data[i] = poison<T>(reduce_expected(op, b.nranks(), i));
       }
       b.barrier();
@@ -631,7 +368,7 @@ result run_size(bench& b, const size_layout& l) {
       o->setOutput(out.data(), pc * n);
       sc = {"allgather", [o] { gloo::allgather(*o); },
             [&] {
-              for (std::size_t j = 0; j < pc; ++j) in[j] = as<T>(data_value(rank, j));
+              for (std::size_t j = 0; j < pc; ++j) in[j] = static_cast<T>(data_value(rank, j));
               for (std::size_t i = 0; i < pc * n; ++i)
                 out[i] = poison<T>(data_value(static_cast<int>(i / pc), i % pc));
             },
@@ -652,7 +389,7 @@ result run_size(bench& b, const size_layout& l) {
       sc = {"broadcast", [o] { gloo::broadcast(*o); },
             [&] {
               for (std::size_t i = 0; i < pc; ++i) {
-                in[i] = as<T>(data_value(rank, i));
+                in[i] = static_cast<T>(data_value(rank, i));
                 out[i] = poison<T>(data_value(root, i));
               }
             },
@@ -673,7 +410,7 @@ result run_size(bench& b, const size_layout& l) {
       sc = {"reduce", [o] { gloo::reduce(*o); },
             [&] {
               for (std::size_t i = 0; i < pc; ++i) {
-                in[i] = as<T>(reduce_input(op, rank, i));
+                in[i] = static_cast<T>(reduce_input(op, rank, i));
                 out[i] = poison<T>(reduce_expected(op, nranks, i));
               }
             },
@@ -695,7 +432,8 @@ result run_size(bench& b, const size_layout& l) {
           legacy_reduction<T>(op));
       sc = {"halving_doubling", [a] { a->run(); },
             [&] {
-              for (std::size_t i = 0; i < pc * n; ++i) out[i] = as<T>(reduce_input(op, rank, i));
+              for (std::size_t i = 0; i < pc * n; ++i)
+                out[i] = static_cast<T>(reduce_input(op, rank, i));
             },
             [&] {
               const std::size_t base = static_cast<std::size_t>(rank) * pc;
@@ -718,7 +456,7 @@ result run_size(bench& b, const size_layout& l) {
       sc = {"alltoall", [o] { gloo::alltoall(*o); },
             [&, sent] {
               for (std::size_t i = 0; i < pc * n; ++i) {
-                in[i] = as<T>(data_value(rank, i));
+                in[i] = static_cast<T>(data_value(rank, i));
                 out[i] = poison<T>(sent(static_cast<int>(i / pc), i));
               }
             },
@@ -738,7 +476,7 @@ result run_size(bench& b, const size_layout& l) {
       if (rank == root) o->setOutput(out.data(), pc * n);
       sc = {"gather", [o] { gloo::gather(*o); },
             [&] {
-              for (std::size_t j = 0; j < pc; ++j) in[j] = as<T>(data_value(rank, j));
+              for (std::size_t j = 0; j < pc; ++j) in[j] = static_cast<T>(data_value(rank, j));
               for (std::size_t i = 0; i < out.size(); ++i)
                 out[i] = poison<T>(data_value(static_cast<int>(i / pc), i % pc));
             },
@@ -763,7 +501,8 @@ result run_size(bench& b, const size_layout& l) {
       const std::size_t base = static_cast<std::size_t>(rank) * pc;
       sc = {"scatter", [o] { gloo::scatter(*o); },
             [&, base] {
-              for (std::size_t i = 0; i < in.size(); ++i) in[i] = as<T>(data_value(root, i));
+              for (std::size_t i = 0; i < in.size(); ++i)
+                in[i] = static_cast<T>(data_value(root, i));
               for (std::size_t j = 0; j < pc; ++j) out[j] = poison<T>(data_value(root, base + j));
             },
             [&, base] {
@@ -784,23 +523,11 @@ result run_size(bench& b, const size_layout& l) {
 template <typename T>
 void run_all(bench& b) {
   const options& o = b.opts();
-  const bool reduction_coll = is_reduction(o.coll);
-  std::uint64_t size = o.min_bytes;
-  while (size <= o.max_bytes) {
-    if (const auto l = layout_for(o.coll, size, sizeof(T), b.nranks())) {
-      result r = run_size<T>(b, *l);
-      if (o.check) r.wrong = b.sum_over_ranks(r.wrong);
-      if (b.rank() == 0) {
-        std::printf("coccl-baseline gloo %s %zu %zu %s %s %.3f %lld %s\n", coll_name(o.coll),
-                    l->bytes, l->count, type_name(o.dtype), reduction_coll ? op_name(o.op) : "none",
-                    r.time_us, static_cast<long long>(r.wrong), r.algo.c_str());
-        std::fflush(stdout);
-      }
-    }
-    const std::uint64_t next = o.step_bytes != 0 ? size + o.step_bytes : size * o.step_factor;
-    if (next <= size) break;
-    size = next;
-  }
+  coccl_baseline::for_each_size(o, sizeof(T), b.nranks(), [&](const size_layout& l) {
+    result r = run_size<T>(b, l);
+    if (o.check) r.wrong = b.sum_over_ranks(r.wrong);
+    if (b.rank() == 0) coccl_baseline::print_row("gloo", o, l, r.time_us, r.wrong, r.algo.c_str());
+  });
 }
 
 std::shared_ptr<gloo::Context> connect(const options& o, gloo::rendezvous::Store& store) {
@@ -832,35 +559,7 @@ void run(const options& o) {
     legacy_ctx = connect(o, legacy_store);
   }
   bench b(o, std::move(ctx), std::move(legacy_ctx));
-  switch (o.dtype) {
-    case data_type::int8:
-      run_all<std::int8_t>(b);
-      break;
-    case data_type::uint8:
-      run_all<std::uint8_t>(b);
-      break;
-    case data_type::int32:
-      run_all<std::int32_t>(b);
-      break;
-    case data_type::uint32:
-      run_all<std::uint32_t>(b);
-      break;
-    case data_type::int64:
-      run_all<std::int64_t>(b);
-      break;
-    case data_type::uint64:
-      run_all<std::uint64_t>(b);
-      break;
-    case data_type::float16:
-      run_all<_Float16>(b);
-      break;
-    case data_type::float32:
-      run_all<float>(b);
-      break;
-    case data_type::float64:
-      run_all<double>(b);
-      break;
-  }
+  coccl_baseline::visit_type(o.dtype, [&]<typename T>() { run_all<T>(b); });
   // Nobody may close its connections while a peer still has a collective in flight.
   b.barrier();
 }
@@ -872,7 +571,7 @@ int main(int argc, char** argv) {
     run(parse_args(argc, argv));
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "coccl-perf-gloo: %s\n", e.what());
+    coccl_baseline::report_error("coccl-perf-gloo", e, usage_text);
     return 1;
   }
 }
