@@ -146,7 +146,11 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
 }
 
 void CommImpl::complete(OpHandler& h, std::error_code ec) {
-  asio::dispatch(ex_, asio::append(std::move(h), ec));
+  // Straight to the handler's own executor (the caller's io_context, or inline for plain
+  // callbacks). Dispatching through ex_ would keep a work-tracking copy of the caller's executor
+  // on this thread until after the handler ran, and the caller may destroy its io_context as soon
+  // as run() returns.
+  asio::dispatch(asio::append(std::move(h), ec));
 }
 
 asio::awaitable<void> CommImpl::drain() {

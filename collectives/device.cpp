@@ -147,7 +147,7 @@ class EventPoller final : public runtime::Poller {
       cudaEventDestroy(waits_[i].event);
       OpHandler h(std::move(waits_[i].handler));
       waits_.erase(waits_.begin() + static_cast<std::ptrdiff_t>(i));
-      asio::dispatch(ex_, asio::append(std::move(h), e == cudaSuccess
+      asio::dispatch(asio::append(std::move(h), e == cudaSuccess
                                                          ? std::error_code()
                                                          : make_error_code(errc::cuda_error)));
       progress = true;
