@@ -60,7 +60,8 @@ class BadArgs : public ::testing::TestWithParam<int> {
     const int n = nranks();
     UniqueId id = UniqueId::create();
     std::vector<std::error_code> got(n);
-    std::vector<bool> usable(n, false);
+    // char, not bool: each rank thread writes its own element (vector<bool> packs them in one word).
+    std::vector<char> usable(n, false);
     std::latch finished(n);
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
@@ -68,7 +69,7 @@ class BadArgs : public ::testing::TestWithParam<int> {
         Communicator c = Communicator::create(id, r, n);
         if (r == 0) got[r] = bad(c);
         usable[r] = all_reduce_works(c, n);
-        // Every rank finishes before any destroys (see destroy_test.cpp for why).
+        // Every rank finishes its work before any destroys.
         finished.arrive_and_wait();
         c.destroy();
       });
@@ -295,7 +296,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, BadArgs, ::testing::Values(1, 2),
 TEST(BadArgsTwoRanks, InPlaceAllToAllIsRejected) {
   UniqueId id = UniqueId::create();
   std::error_code got;
-  std::vector<bool> usable(2, false);
+  std::vector<char> usable(2, false);
   std::latch finished(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
