@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cstring>
 #include <map>
+#include <string_view>
 
 #include "collectives/comm.hpp"
 #include "collectives/reduce_cpu.hpp"
@@ -610,17 +611,10 @@ OpArgs p2p_as_bytes(const OpArgs& a) {
 }  // namespace
 
 const char* choose_all_reduce(CommImpl& c, std::size_t bytes) {
-  const std::string& forced = c.forced_algo();
-  if (forced == "oneshot" || forced == "direct" || forced == "ring") {
-    static const char* names[] = {"oneshot", "direct", "ring"};
-    for (const char* n : names)
-      if (forced == n) return n;
-  }
+  for (const char* name : {"oneshot", "direct", "ring"})
+    if (c.forced_algo() == name) return name;
   if (bytes <= c.oneshot_max()) return "oneshot";
-  const auto& t = c.peers().table();
-  bool one_host = std::all_of(t.begin(), t.end(),
-                              [&](const auto& p) { return p.host_hash == t[0].host_hash; });
-  return one_host ? "direct" : "ring";
+  return c.one_host() ? "direct" : "ring";
 }
 
 asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
@@ -632,10 +626,10 @@ asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
         if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * op.elt());
         co_return;
       }
-      std::string algo = choose_all_reduce(c, a.count * op.elt());
+      std::string_view algo = choose_all_reduce(c, a.count * op.elt());
       COCCL_TRACE(coll, c.rank(), "all_reduce #%llu %zu x %d: %s",
                   static_cast<unsigned long long>(c.seq()), a.count, static_cast<int>(a.type),
-                  algo.c_str());
+                  algo.data());
       if (algo == "oneshot")
         co_await all_reduce_oneshot(op);
       else if (algo == "direct")

@@ -75,12 +75,14 @@ CommImpl::~CommImpl() {
 
 asio::awaitable<void> CommImpl::rendezvous(transport::RootAddress root) {
   co_await peers_->rendezvous(root);
+  learn_topology();
   arm_watchdog();
 }
 
-void CommImpl::start(std::vector<transport::PeerInfo> table) {
-  peers_->set_table(std::move(table));
-  arm_watchdog();
+void CommImpl::learn_topology() {
+  const auto& t = peers_->table();
+  one_host_ = std::all_of(t.begin(), t.end(),
+                          [&](const auto& p) { return p.host_hash == t[0].host_hash; });
 }
 
 void CommImpl::arm_watchdog() {

@@ -35,8 +35,6 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   /// Proxy thread: joins via the root.
   asio::awaitable<void> rendezvous(transport::RootAddress root);
-  /// Proxy thread: joins with a table gathered elsewhere (split); starts the watchdog.
-  void start(std::vector<transport::PeerInfo> table);
 
   /// Any thread: validates and queues an operation.
   void submit(OpArgs args, OpHandler handler);
@@ -60,8 +58,6 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::uint32_t fingerprint() const noexcept { return fingerprint_; }
   const char* op_name() const noexcept { return op_name_; }
 
-  CollTrace& trace() noexcept { return trace_; }
-
   /// The device side (collectives/device.cpp): state made on the first device operation, under
   /// device_mutex(); the poller of CUDA events, made and used on the proxy thread.
   std::mutex& device_mutex() noexcept { return device_mutex_; }
@@ -72,6 +68,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// Proxy thread: COCCL_ALGO as read at creation.
   const std::string& forced_algo() const noexcept { return algo_; }
   std::size_t oneshot_max() const noexcept { return oneshot_max_; }
+  /// True when every rank is on this host (known once the address table is).
+  bool one_host() const noexcept { return one_host_; }
 
  private:
   struct Queued {
@@ -99,6 +97,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   CollTrace trace_;
   std::string algo_;
   std::size_t oneshot_max_;
+  bool one_host_ = false;
+  void learn_topology();
   std::chrono::steady_clock::duration timeout_;
 
   std::mutex device_mutex_;

@@ -78,8 +78,6 @@ class Peers {
 
   /// Rendezvous through the root of `root`; fills the table.
   asio::awaitable<void> rendezvous(RootAddress root);
-  /// Uses a table gathered another way (split).
-  void set_table(std::vector<PeerInfo> table) { table_ = std::move(table); }
 
   /// The connection to `peer`, made now if needed. Throws LinkError/system_error on failure.
   asio::awaitable<Connection*> get(int peer);
@@ -91,8 +89,6 @@ class Peers {
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
   /// Open connections (for the watchdog).
   const std::vector<std::unique_ptr<Connection>>& connections() const { return conns_; }
-  /// The poller of this communicator's shm links.
-  ShmPoller& shm_poller() noexcept { return poller_; }
 
  private:
   void accept_loop();
