@@ -1,13 +1,12 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
 #include <atomic>
-#include <boost/asio/append.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/post.hpp>
 #include <coccl/coccl.hpp>
 #include <cstdlib>
 #include <cstring>
 
 #include "collectives/comm.hpp"
+#include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
 #include "transport/hmac.hpp"
@@ -86,8 +85,8 @@ namespace detail {
 
 void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
   if (!impl) {
-    asio::post(engine()->thread(0).executor(),
-               asio::append(std::move(handler), make_error_code(errc::aborted)));
+    runtime::complete_later(engine()->thread(0).executor(), std::move(handler),
+                            make_error_code(errc::aborted));
     return;
   }
   impl->submit(std::move(args), std::move(handler));
@@ -117,7 +116,7 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {
   auto e = engine();
   auto fallback = e->thread(0).executor();
   auto finish = [&handler, fallback](std::error_code ec, Communicator c) {
-    asio::post(fallback, asio::append(std::move(handler), ec, std::move(c)));
+    runtime::complete_later(fallback, std::move(handler), ec, std::move(c));
   };
   transport::RootAddress root;
   std::shared_ptr<CommImpl> impl;
@@ -155,7 +154,7 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {
                                 impl->last_error().c_str());
                    }
                    Communicator c = ec ? Communicator() : Communicator(impl);
-                   asio::post(fallback, asio::append(std::move(*h), ec, std::move(c)));
+                   runtime::complete_later(fallback, std::move(*h), ec, std::move(c));
                  });
 }
 

@@ -1,15 +1,14 @@
 #include "collectives/comm.hpp"
 
 #include <atomic>
-#include <boost/asio/append.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <future>
 
 #include "collectives/algorithms.hpp"
+#include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
 
@@ -31,9 +30,10 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       params::transport.get(),
       static_cast<std::size_t>(std::max<std::int64_t>(2, params::slots.get())),
       static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64};
-  if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm")
+  if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
+      opts.transport != "ib")
     throw std::system_error(make_error_code(errc::invalid_argument),
-                            "COCCL_TRANSPORT must be auto, tcp or shm, not '" + opts.transport +
+                            "COCCL_TRANSPORT must be auto, tcp, shm or ib, not '" + opts.transport +
                                 "'");
   // Peers registers a poller on the proxy thread, so it is built there.
   std::promise<void> built;
@@ -113,7 +113,7 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
   if (std::string why = validate(args, rank_, size_); !why.empty()) {
     COCCL_WARN(coll, rank_, "%s: %s", name_of(args.kind), why.c_str());
     // Nothing was sent; the handler still runs outside this call, on its own executor.
-    asio::post(ex_, asio::append(std::move(handler), make_error_code(errc::invalid_argument)));
+    runtime::complete_later(ex_, std::move(handler), make_error_code(errc::invalid_argument));
     return;
   }
   // The handler travels boxed: a lambda holding an any_completion_handler by value looks
@@ -122,7 +122,7 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
     // Already on the proxy thread (a coroutine awaiting on the communicator's executor): queue
     // directly. Completion still happens later, from the drain coroutine.
     if (closed_ || !peers_) {
-      asio::post(ex_, asio::append(std::move(handler), make_error_code(errc::aborted)));
+      runtime::complete_later(ex_, std::move(handler), make_error_code(errc::aborted));
       return;
     }
     queue_.push_back(Queued{std::move(args), std::move(handler)});
@@ -151,8 +151,9 @@ void CommImpl::complete(OpHandler& h, std::error_code ec) {
   // Straight to the handler's own executor (the caller's io_context, or inline for plain
   // callbacks). Dispatching through ex_ would keep a work-tracking copy of the caller's executor
   // on this thread until after the handler ran, and the caller may destroy its io_context as soon
-  // as run() returns.
-  asio::dispatch(asio::append(std::move(h), ec));
+  // as the handler has run; runtime::complete also keeps the handler from running before this
+  // thread is done waking that io_context.
+  runtime::complete(std::move(h), ec);
 }
 
 asio::awaitable<void> CommImpl::drain() {

@@ -4,13 +4,12 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
-#include <boost/asio/append.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
 
 #include "collectives/comm.hpp"
 #include "kernels/launch.hpp"
+#include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 
 namespace coccl::detail {
@@ -147,9 +146,8 @@ class EventPoller final : public runtime::Poller {
       cudaEventDestroy(waits_[i].event);
       OpHandler h(std::move(waits_[i].handler));
       waits_.erase(waits_.begin() + static_cast<std::ptrdiff_t>(i));
-      asio::dispatch(asio::append(std::move(h), e == cudaSuccess
-                                                         ? std::error_code()
-                                                         : make_error_code(errc::cuda_error)));
+      runtime::complete(std::move(h), e == cudaSuccess ? std::error_code()
+                                                       : make_error_code(errc::cuda_error));
       progress = true;
     }
     return progress;
@@ -258,8 +256,8 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
                       std::error_code failed, OpHandler handler) {
   if (!impl || failed) {
     auto ex = impl ? impl->executor() : asio::system_executor();
-    asio::post(ex, asio::append(std::move(handler),
-                                failed ? failed : make_error_code(errc::aborted)));
+    runtime::complete_later(ex, std::move(handler),
+                            failed ? failed : make_error_code(errc::aborted));
     return;
   }
   cudaEvent_t ev = nullptr;
@@ -267,8 +265,8 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
   if (!e) e = cudaEventRecord(ev, stream);
   if (e) {
     if (ev) cudaEventDestroy(ev);
-    asio::post(impl->executor(), asio::append(std::move(handler),
-                                              cuda_error(*impl, e, "cudaEventRecord")));
+    runtime::complete_later(impl->executor(), std::move(handler),
+                            cuda_error(*impl, e, "cudaEventRecord"));
     return;
   }
   auto boxed = std::make_unique<OpHandler>(std::move(handler));

@@ -1,8 +1,7 @@
 // Device-memory entry points of a build without CUDA: they fail with errc::unsupported.
-#include <boost/asio/append.hpp>
-#include <boost/asio/post.hpp>
 
 #include "collectives/comm.hpp"
+#include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 
 namespace coccl::detail {
@@ -16,8 +15,8 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
 void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream, std::error_code failed,
                       OpHandler handler) {
   auto ex = impl ? impl->executor() : asio::system_executor();
-  asio::post(ex, asio::append(std::move(handler),
-                              failed ? failed : make_error_code(errc::unsupported)));
+  runtime::complete_later(ex, std::move(handler),
+                          failed ? failed : make_error_code(errc::unsupported));
 }
 
 }  // namespace coccl::detail

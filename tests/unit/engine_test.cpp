@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "runtime/deadline.hpp"
+#include "runtime/handoff.hpp"
 
 namespace coccl::runtime {
 namespace {
@@ -142,6 +144,49 @@ TEST(ProxyThread, StopsPromptlyWhileSleeping) {
   auto start = std::chrono::steady_clock::now();
   t.reset();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+// runtime::complete from another thread: the handler runs on its io_context's thread, and the
+// caller may destroy that io_context as soon as the handler has run (a run_one() loop), which the
+// sanitizer builds check by doing it many times.
+TEST(Handoff, CompletesOnTheHandlersThreadAndLetsTheCallerDestroyItsContextAtOnce) {
+  ProxyThread proxy(0);
+  for (int i = 0; i < 300; ++i) {
+    std::optional<asio::io_context> io(std::in_place);
+    auto work = asio::make_work_guard(*io);
+    int got = -1;
+    std::thread::id ran_on;
+    auto handler = asio::bind_executor(*io, [&](int v) {
+      got = v;
+      ran_on = std::this_thread::get_id();
+    });
+    asio::post(proxy.executor(), [handler, i]() mutable { complete(std::move(handler), i); });
+    while (got < 0) io->run_one();
+    EXPECT_EQ(got, i);
+    EXPECT_EQ(ran_on, std::this_thread::get_id());
+    work.reset();
+    io.reset();
+  }
+}
+
+TEST(Handoff, RunsInlineWhenTheHandlerHasNoExecutorOfItsOwn) {
+  std::thread::id ran_on;
+  complete([&](int v) {
+    EXPECT_EQ(v, 7);
+    ran_on = std::this_thread::get_id();
+  }, 7);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+}
+
+TEST(Handoff, CompleteLaterRunsAHandlerWithoutExecutorOnTheGivenExecutor) {
+  ProxyThread proxy(0);
+  std::promise<std::thread::id> ran_on;
+  complete_later(proxy.executor(), [&](std::string s) {
+    EXPECT_EQ(s, "done");
+    ran_on.set_value(std::this_thread::get_id());
+  }, std::string("done"));
+  const std::thread::id id = ran_on.get_future().get();
+  EXPECT_NE(id, std::this_thread::get_id());
 }
 
 TEST(Engine, HandsOutThreadsRoundRobin) {

@@ -1,0 +1,83 @@
+// Completing a caller's handler from a proxy thread.
+//
+// A handler that belongs to the caller's io_context has to be posted there from the proxy thread,
+// and Asio's post publishes the operation, unlocks the scheduler and only then wakes the caller's
+// thread (signals a condition variable or interrupts the reactor). A caller that destroys its
+// io_context as soon as the handler has run (run() returned, or a run_one() loop saw the result)
+// can therefore destroy it while the proxy thread is still inside that wake-up. A work guard on
+// the caller's context does not help the run_one() caller, whose context may be gone before the
+// guard is dropped. So the handler is wrapped: the wrapper, run on the caller's thread, first
+// waits until the proxy thread has returned from the hand-over (a window of a few instructions
+// unless the proxy thread is preempted), and only then runs the handler.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/append.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <memory>
+#include <thread>
+#include <utility>
+
+namespace coccl::runtime {
+
+namespace asio = boost::asio;
+
+namespace detail {
+
+struct HandoffState {
+  std::thread::id poster = std::this_thread::get_id();
+  std::atomic<bool> handed_over{false};
+};
+
+template <typename Handler>
+class Handoff {
+ public:
+  using executor_type = asio::associated_executor_t<Handler>;
+
+  Handoff(Handler h, std::shared_ptr<HandoffState> state)
+      : handler_(std::move(h)), state_(std::move(state)) {}
+
+  executor_type get_executor() const noexcept { return asio::get_associated_executor(handler_); }
+
+  template <typename... Args>
+  void operator()(Args&&... args) {
+    // Run inline by the hand-over itself (the handler's executor allowed it): nothing to wait for.
+    if (std::this_thread::get_id() != state_->poster) {
+      while (!state_->handed_over.load(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    std::move(handler_)(std::forward<Args>(args)...);
+  }
+
+ private:
+  Handler handler_;
+  std::shared_ptr<HandoffState> state_;
+};
+
+}  // namespace detail
+
+/// Runs `handler(args...)` on the handler's associated executor (inline when that executor allows
+/// it), such that the handler starts only after this thread has stopped touching that executor's
+/// execution context.
+template <typename Handler, typename... Args>
+void complete(Handler&& handler, Args&&... args) {
+  using H = std::decay_t<Handler>;
+  auto state = std::make_shared<detail::HandoffState>();
+  asio::dispatch(asio::append(detail::Handoff<H>(std::forward<Handler>(handler), state),
+                              std::forward<Args>(args)...));
+  state->handed_over.store(true, std::memory_order_release);
+}
+
+/// complete(), but later, from `ex` (a proxy thread's executor): the handler never runs inside the
+/// call that produced its result.
+template <typename Executor, typename Handler, typename... Args>
+void complete_later(const Executor& ex, Handler handler, Args... args) {
+  // Boxed: a lambda holding a move-only type-erased handler by value can look copyable to Asio.
+  auto box = std::make_unique<Handler>(std::move(handler));
+  asio::post(ex, [box = std::move(box), ... args = std::move(args)]() mutable {
+    complete(std::move(*box), std::move(args)...);
+  });
+}
+
+}  // namespace coccl::runtime
