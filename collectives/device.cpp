@@ -5,12 +5,17 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "collectives/comm.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
+#include "runtime/params.hpp"
 
 namespace coccl::detail {
 namespace {
@@ -35,6 +40,7 @@ struct Advert {
   std::uint64_t host;
   std::int32_t pid;
   std::int32_t device;
+  std::uint64_t oneshot_max;  // shapes the workspace: must agree
 };
 
 std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) {
@@ -42,6 +48,22 @@ std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) 
   COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
   c.fail(make_error_code(errc::cuda_error), text);
   return make_error_code(errc::cuda_error);
+}
+
+// Peer access this process has enabled, from device a to device b. Enabling it again fails with
+// cudaErrorPeerAccessAlreadyEnabled, harmless but reported by compute-sanitizer, and each
+// communicator over the same GPUs of one process would do it again.
+std::mutex peer_access_mutex;
+std::set<std::pair<int, int>> peer_access;
+
+bool peer_access_enabled(int a, int b) {
+  std::lock_guard lock(peer_access_mutex);
+  return peer_access.count({a, b}) != 0;
+}
+
+void mark_peer_access(int a, int b) {
+  std::lock_guard lock(peer_access_mutex);
+  peer_access.insert({a, b});
 }
 
 // Makes the device state on first use: collective over the communicator.
@@ -59,7 +81,9 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     return make_error_code(errc::unsupported);
   }
   if (auto e = cudaGetDevice(&st->device)) return cuda_error(c, e, "cudaGetDevice");
-  std::size_t bytes = device::workspace_bytes(n);
+  const auto oneshot_max =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, params::device_oneshot_max.get()));
+  std::size_t bytes = device::workspace_bytes(n, oneshot_max);
   if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
   if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
   // Now, not at the first launch of each kernel: that may wait for a peer's kernel (see
@@ -74,6 +98,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   mine.host = c.peers().table()[me].host_hash;
   mine.pid = ::getpid();
   mine.device = st->device;
+  mine.oneshot_max = oneshot_max;
   std::vector<Advert> all(n);
   OpArgs gather;
   gather.kind = OpKind::all_gather;
@@ -90,6 +115,12 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
       st->peers[p] = st->workspace;
       continue;
     }
+    if (all[p].oneshot_max != mine.oneshot_max) {
+      COCCL_WARN(p2p, me, "COCCL_DEVICE_ONESHOT_MAX differs: %llu here, %llu on rank %d",
+                 static_cast<unsigned long long>(mine.oneshot_max),
+                 static_cast<unsigned long long>(all[p].oneshot_max), p);
+      return make_error_code(errc::invalid_argument);
+    }
     if (all[p].host != mine.host) {
       COCCL_WARN(p2p, me, "rank %d is on another host: device collectives need one host", p);
       return make_error_code(errc::unsupported);
@@ -97,10 +128,11 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     if (all[p].pid == mine.pid) {
       // Another GPU driven by this process: peer access instead of IPC (a process cannot open
       // its own IPC handles).
-      if (all[p].device != st->device) {
+      if (all[p].device != st->device && !peer_access_enabled(st->device, all[p].device)) {
         auto e = cudaDeviceEnablePeerAccess(all[p].device, 0);
         if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
         else if (e) return cuda_error(c, e, "cudaDeviceEnablePeerAccess");
+        mark_peer_access(st->device, all[p].device);
       }
       st->peers[p] = reinterpret_cast<void*>(all[p].address);
       continue;
@@ -119,6 +151,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   st->ws.peers = st->peers.data();
   st->ws.rank = me;
   st->ws.nranks = n;
+  st->ws.oneshot_max_bytes = oneshot_max;
+  kernels::set_dependent_launch(params::dependent_launch.get());
   COCCL_INFO(p2p, me, "device workspace %zu bytes on GPU %d, %d peers mapped", bytes, st->device,
              n - 1);
   c.device_state() = st;

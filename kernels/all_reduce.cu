@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "launch.hpp"
 #include "load.hpp"
@@ -170,9 +171,9 @@ int all_reduce_oneshot(const void* send, void* recv, std::size_t count, DataType
   const int gs = detail::granularity(send);
   const int gr = detail::granularity(recv);
   return detail::with_codec(type, [&](auto codec) {
-    oneshot_kernel<decltype(codec)><<<grid, detail::block_threads, 0, stream>>>(
-        static_cast<const char*>(send), static_cast<char*>(recv), nbytes, op, p, gs, gr);
-    return static_cast<int>(cudaGetLastError());
+    return detail::launch_peer_kernel(oneshot_kernel<decltype(codec)>, grid, stream,
+                                      static_cast<const char*>(send), static_cast<char*>(recv),
+                                      nbytes, op, p, gs, gr);
   });
 }
 
@@ -189,11 +190,19 @@ int all_reduce_twoshot(const void* send, void* recv, std::size_t count, DataType
   const int gs = detail::granularity(send);
   const int gr = detail::granularity(recv);
   return detail::with_codec(type, [&](auto codec) {
-    twoshot_kernel<decltype(codec)><<<grid, detail::block_threads, 0, stream>>>(
-        static_cast<const char*>(send), static_cast<char*>(recv), nbytes, op, p, gs, gr);
-    return static_cast<int>(cudaGetLastError());
+    return detail::launch_peer_kernel(twoshot_kernel<decltype(codec)>, grid, stream,
+                                      static_cast<const char*>(send), static_cast<char*>(recv),
+                                      nbytes, op, p, gs, gr);
   });
 }
+
+namespace {
+std::atomic<bool> dependent_launch_on{true};
+}  // namespace
+
+bool detail::dependent_launch() { return dependent_launch_on.load(std::memory_order_relaxed); }
+
+void set_dependent_launch(bool on) { dependent_launch_on.store(on, std::memory_order_relaxed); }
 
 int detail::load_all_reduce() {
   return detail::load_for_every_type([](auto codec) {

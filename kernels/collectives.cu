@@ -86,10 +86,9 @@ int exchange(const void* send, void* recv, std::size_t count, std::size_t elem_b
   // Every access is at a multiple of 16 from base + k * nbytes.
   const int gs = detail::granularity(send, all_to_all ? nbytes : 16);
   const int gr = detail::granularity(recv, nbytes);
-  exchange_kernel<<<grid, detail::block_threads, 0, stream>>>(static_cast<const char*>(send),
-                                                              static_cast<char*>(recv), nbytes,
-                                                              all_to_all ? nbytes : 0, p, gs, gr);
-  return static_cast<int>(cudaGetLastError());
+  return detail::launch_peer_kernel(exchange_kernel, grid, stream, static_cast<const char*>(send),
+                                    static_cast<char*>(recv), nbytes,
+                                    all_to_all ? nbytes : std::size_t{0}, p, gs, gr);
 }
 
 }  // namespace
@@ -116,9 +115,9 @@ int reduce_scatter(const void* send, void* recv, std::size_t count, DataType typ
   const int gs = detail::granularity(send, nbytes);
   const int gr = detail::granularity(recv);
   return detail::with_codec(type, [&](auto codec) {
-    reduce_scatter_kernel<decltype(codec)><<<grid, detail::block_threads, 0, stream>>>(
-        static_cast<const char*>(send), static_cast<char*>(recv), nbytes, op, p, gs, gr);
-    return static_cast<int>(cudaGetLastError());
+    return detail::launch_peer_kernel(reduce_scatter_kernel<decltype(codec)>, grid, stream,
+                                      static_cast<const char*>(send), static_cast<char*>(recv),
+                                      nbytes, op, p, gs, gr);
   });
 }
 

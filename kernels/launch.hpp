@@ -39,6 +39,11 @@ using stream_t = CUstream_st*;
 /// workspace). Returns a cudaError_t value.
 int load_kernels();
 
+/// Turns programmatic dependent launch of the all_reduce kernels on (the default) or off. When
+/// on, such a kernel may start while the previous kernel of its stream finishes, hiding its launch
+/// latency; it waits on the device before it touches memory, so stream order is kept.
+void set_dependent_launch(bool on);
+
 /// Most sources of one `reduce` call.
 inline constexpr int max_reduce_sources = 8;
 

@@ -95,6 +95,7 @@ __host__ __device__ __forceinline__ std::size_t tile_of(std::size_t bytes, std::
 // ch + channels, ... Different directions run in different blocks, so a group that sends to and
 // receives from the same peer cannot deadlock.
 __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list, PeerParams p) {
+  detail::begin_after_prior_grid();
   const int dir = list.dirs[blockIdx.x / channels];
   const int ch = static_cast<int>(blockIdx.x % channels);
   const int peer = dir / 2;
@@ -204,8 +205,8 @@ int send_recv(const P2p* ops, int nops, const device::Workspace& ws, stream_t st
     }
   }
   if (ndirs == 0) return cudaSuccess;
-  p2p_kernel<<<ndirs * channels, detail::block_threads, 0, stream>>>(list, p);
-  return static_cast<int>(cudaGetLastError());
+  return detail::launch_peer_kernel(p2p_kernel, static_cast<unsigned>(ndirs * channels), stream,
+                                    list, p);
 }
 
 int all_to_allv(const void* send, void* recv, const AllToAllvLayout& layout, std::size_t elem_bytes,

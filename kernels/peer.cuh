@@ -21,6 +21,7 @@
 #include <coccl/device.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "memory.cuh"
 
@@ -93,6 +94,39 @@ inline unsigned plan_tiles(PeerParams& p, std::size_t nbytes, std::size_t parts,
   return grid;
 }
 
+/// Whether peer kernels are launched with programmatic dependent launch (set_dependent_launch).
+bool dependent_launch();
+
+/// Launches a peer kernel of `grid` blocks on `stream`. With dependent launch on, the kernel may
+/// start while the previous kernel of the stream is still running (its launch latency is hidden
+/// behind that kernel) and must call begin_after_prior_grid() before touching memory.
+template <typename... Params, typename... Args>
+int launch_peer_kernel(void (*kernel)(Params...), unsigned grid, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block_threads);
+  cfg.stream = stream;
+  if (dependent_launch()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+/// First statement of a kernel launched by launch_peer_kernel: waits until the previous kernel
+/// of the stream has finished and its writes are visible (a no-op when it was launched plainly),
+/// then lets the next kernel of the stream be scheduled, so its launch overlaps this one.
+__device__ __forceinline__ void begin_after_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ std::uint32_t* epoch_slot(const PeerParams& p) {
   return reinterpret_cast<std::uint32_t*>(p.ws[p.rank]) + blockIdx.x;
 }
@@ -107,8 +141,11 @@ __device__ __forceinline__ char* staging(const PeerParams& p, char* ws, int h, i
          ((static_cast<std::size_t>(blockIdx.x) * 2 + h) * p.nranks + src) * p.slice;
 }
 
-/// Reads this block's epoch (all threads get it); pair with store_epoch at the end.
+/// Reads this block's epoch (all threads get it); pair with store_epoch at the end. Every
+/// collective peer kernel starts here, so this is also where a dependent launch waits for the
+/// previous kernel of the stream (begin_after_prior_grid).
 __device__ __forceinline__ std::uint32_t load_epoch(const PeerParams& p) {
+  begin_after_prior_grid();
   __shared__ std::uint32_t e;
   if (threadIdx.x == 0) e = *epoch_slot(p);
   __syncthreads();

@@ -120,9 +120,9 @@ int from_root(const void* send, void* recv, std::size_t nbytes, bool scatter, in
   const std::size_t stride = scatter ? nbytes : 0;
   const int gs = is_root ? detail::granularity(send, scatter ? nbytes : 16) : 16;
   const int gr = detail::granularity(recv);
-  from_root_kernel<<<grid, detail::block_threads, 0, stream>>>(
-      static_cast<const char*>(send), static_cast<char*>(recv), nbytes, stride, root, p, gs, gr);
-  return static_cast<int>(cudaGetLastError());
+  return detail::launch_peer_kernel(from_root_kernel, grid, stream,
+                                    static_cast<const char*>(send), static_cast<char*>(recv),
+                                    nbytes, stride, root, p, gs, gr);
 }
 
 }  // namespace
@@ -153,9 +153,8 @@ int gather(const void* send, void* recv, std::size_t count, std::size_t elem_byt
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   const int gs = detail::granularity(send);
   const int gr = is_root ? detail::granularity(recv, nbytes) : 16;
-  to_root_kernel<<<grid, detail::block_threads, 0, stream>>>(
-      static_cast<const char*>(send), static_cast<char*>(recv), nbytes, root, p, gs, gr);
-  return static_cast<int>(cudaGetLastError());
+  return detail::launch_peer_kernel(to_root_kernel, grid, stream, static_cast<const char*>(send),
+                                    static_cast<char*>(recv), nbytes, root, p, gs, gr);
 }
 
 int reduce_to_root(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
@@ -172,9 +171,9 @@ int reduce_to_root(const void* send, void* recv, std::size_t count, DataType typ
   const int gs = detail::granularity(send);
   const int gr = is_root ? detail::granularity(recv) : 16;
   return detail::with_codec(type, [&](auto codec) {
-    reduce_root_kernel<decltype(codec)><<<grid, detail::block_threads, 0, stream>>>(
-        static_cast<const char*>(send), static_cast<char*>(recv), nbytes, op, root, p, gs, gr);
-    return static_cast<int>(cudaGetLastError());
+    return detail::launch_peer_kernel(reduce_root_kernel<decltype(codec)>, grid, stream,
+                                      static_cast<const char*>(send), static_cast<char*>(recv),
+                                      nbytes, op, root, p, gs, gr);
   });
 }
 

@@ -34,6 +34,14 @@ config::Param<std::int64_t> slots{"COCCL_SLOTS", 8,
 config::Param<std::int64_t> oneshot_max{
     "COCCL_ALLREDUCE_ONESHOT_MAX", 64 << 10,
     "largest host all_reduce (bytes) run by the latency-bound one-shot algorithm"};
+config::Param<std::int64_t> device_oneshot_max{
+    "COCCL_DEVICE_ONESHOT_MAX", 512 << 10,
+    "largest device all_reduce (bytes per rank) run by the one-shot LL kernel; sizes the "
+    "workspace, so every rank must use the same value"};
+config::Param<bool> dependent_launch{
+    "COCCL_DEPENDENT_LAUNCH", true,
+    "launch device kernels with programmatic dependent launch (Hopper): a kernel starts while "
+    "the previous one in the stream finishes and waits on the device for it"};
 config::Param<std::string> comm_id{
     "COCCL_COMM_ID", "",
     "host:port of the bootstrap root for communicators made from the environment",

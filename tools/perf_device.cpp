@@ -13,13 +13,13 @@
 namespace perf {
 namespace {
 
-#define PERF_CUDA(call)                                                                  \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "coccl-perf: %s: %s\n", #call, cudaGetErrorString(e_));       \
-      throw std::runtime_error("CUDA error");                                            \
-    }                                                                                    \
+#define PERF_CUDA(call)                                                            \
+  do {                                                                             \
+    cudaError_t e_ = (call);                                                       \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "coccl-perf: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      throw std::runtime_error("CUDA error");                                      \
+    }                                                                              \
   } while (0)
 
 // NCCL's C API, declared here and resolved from libnccl.so.2 at run time, so coccl-perf needs
@@ -35,8 +35,10 @@ struct Nccl {
   int (*destroy)(nccl_comm) = nullptr;
   int (*all_reduce)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*all_gather)(const void*, void*, std::size_t, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*reduce_scatter)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) =
-      nullptr;
+  int (*reduce_scatter)(const void*, void*, std::size_t, int, int, nccl_comm,
+                        cudaStream_t) = nullptr;
+  int (*broadcast)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
+  int (*reduce)(const void*, void*, std::size_t, int, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*send)(const void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*recv)(void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*group_start)() = nullptr;
@@ -54,12 +56,14 @@ struct Nccl {
            sym(destroy, "ncclCommDestroy") && sym(all_reduce, "ncclAllReduce") &&
            sym(all_gather, "ncclAllGather") && sym(reduce_scatter, "ncclReduceScatter") &&
            sym(send, "ncclSend") && sym(recv, "ncclRecv") && sym(group_start, "ncclGroupStart") &&
-           sym(group_end, "ncclGroupEnd") && sym(get_version, "ncclGetVersion");
+           sym(group_end, "ncclGroupEnd") && sym(get_version, "ncclGetVersion") &&
+           sym(broadcast, "ncclBroadcast") && sym(reduce, "ncclReduce");
   }
 };
 
 bool device_coll(const std::string& c) {
-  return c == "allreduce" || c == "allgather" || c == "reducescatter" || c == "alltoall";
+  return c == "allreduce" || c == "allgather" || c == "reducescatter" || c == "alltoall" ||
+         c == "broadcast" || c == "reduce" || c == "gather" || c == "scatter";
 }
 
 struct Shape {
@@ -73,6 +77,9 @@ Shape shape(const std::string& c, std::size_t bytes, std::size_t elt, int n) {
   if (c == "allreduce") return {total, total, total, total * elt, 2 * (nf - 1) / nf};
   if (c == "allgather") return {per, per, per * n, per * n * elt, (nf - 1) / nf};
   if (c == "reducescatter") return {per, per * n, per, per * n * elt, (nf - 1) / nf};
+  if (c == "broadcast" || c == "reduce") return {total, total, total, total * elt, 1};
+  if (c == "gather") return {per, per, per * n, per * n * elt, (nf - 1) / nf};
+  if (c == "scatter") return {per, per * n, per, per * n * elt, (nf - 1) / nf};
   return {per, per * n, per * n, per * n * elt, (nf - 1) / nf};  // alltoall
 }
 
@@ -87,17 +94,56 @@ void enqueue(int which, const std::string& c, const Options& o, const Shape& s, 
   int rc = 0;
   if (which == 0) {
     auto cs = reinterpret_cast<coccl::cuda_stream>(st);
-    if (c == "allreduce") comm.all_reduce(send, recv, s.count, o.type, o.op, cs);
-    else if (c == "allgather") comm.all_gather(send, recv, s.count, o.type, cs);
-    else if (c == "reducescatter") comm.reduce_scatter(send, recv, s.count, o.type, o.op, cs);
-    else comm.all_to_all(send, recv, s.count, o.type, cs);
+    if (c == "allreduce")
+      comm.all_reduce(send, recv, s.count, o.type, o.op, cs);
+    else if (c == "allgather")
+      comm.all_gather(send, recv, s.count, o.type, cs);
+    else if (c == "reducescatter")
+      comm.reduce_scatter(send, recv, s.count, o.type, o.op, cs);
+    else if (c == "broadcast")
+      comm.broadcast(send, recv, s.count, o.type, o.root, cs);
+    else if (c == "reduce")
+      comm.reduce(send, recv, s.count, o.type, o.op, o.root, cs);
+    else if (c == "gather")
+      comm.gather(send, recv, s.count, o.type, o.root, cs);
+    else if (c == "scatter")
+      comm.scatter(send, recv, s.count, o.type, o.root, cs);
+    else
+      comm.all_to_all(send, recv, s.count, o.type, cs);
     return;
   }
   int t = static_cast<int>(o.type), op = static_cast<int>(o.op);
-  if (c == "allreduce") rc = nccl.all_reduce(send, recv, s.count, t, op, nc, st);
-  else if (c == "allgather") rc = nccl.all_gather(send, recv, s.count, t, nc, st);
-  else if (c == "reducescatter") rc = nccl.reduce_scatter(send, recv, s.count, t, op, nc, st);
-  else {
+  if (c == "allreduce")
+    rc = nccl.all_reduce(send, recv, s.count, t, op, nc, st);
+  else if (c == "allgather")
+    rc = nccl.all_gather(send, recv, s.count, t, nc, st);
+  else if (c == "reducescatter")
+    rc = nccl.reduce_scatter(send, recv, s.count, t, op, nc, st);
+  else if (c == "broadcast")
+    rc = nccl.broadcast(send, recv, s.count, t, o.root, nc, st);
+  else if (c == "reduce")
+    rc = nccl.reduce(send, recv, s.count, t, op, o.root, nc, st);
+  else if (c == "gather" || c == "scatter") {
+    // As nccl-tests does it: the root sends or receives every slice in one group.
+    const int n = comm.size();
+    const std::size_t b = s.count * coccl::size_of(o.type);
+    const bool root = comm.rank() == o.root;
+    nccl.group_start();
+    if (c == "gather") {
+      nccl.send(send, s.count, t, o.root, nc, st);
+      if (root) {
+        for (int p = 0; p < n; ++p)
+          nccl.recv(static_cast<char*>(recv) + p * b, s.count, t, p, nc, st);
+      }
+    } else {
+      if (root) {
+        for (int p = 0; p < n; ++p)
+          nccl.send(static_cast<const char*>(send) + p * b, s.count, t, p, nc, st);
+      }
+      nccl.recv(recv, s.count, t, o.root, nc, st);
+    }
+    rc = nccl.group_end();
+  } else {
     const int n = comm.size();
     const std::size_t b = s.count * coccl::size_of(o.type);
     nccl.group_start();
@@ -189,8 +235,7 @@ int run_device(coccl::Communicator comm, const Options& o) {
     PERF_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     Nccl nccl;
     nccl_comm nc = nullptr;
-    bool with_nccl =
-        std::find(o.baselines.begin(), o.baselines.end(), "nccl") != o.baselines.end();
+    bool with_nccl = std::find(o.baselines.begin(), o.baselines.end(), "nccl") != o.baselines.end();
     int nccl_version = 0;
     if (with_nccl) {
       if (!nccl.load()) throw std::runtime_error("cannot load libnccl.so.2");
@@ -206,12 +251,12 @@ int run_device(coccl::Communicator comm, const Options& o) {
     PERF_CUDA(cudaMalloc(&send, most));
     PERF_CUDA(cudaMalloc(&recv, most));
     if (rank == 0) {
-      std::printf("# coccl-perf: %d ranks, device memory (one GPU per process)%s, %s, %s, iters "
-                  "%d, warmup %d, median of %d%s\n",
-                  n, o.graph ? ", CUDA graphs" : "", std::string(coccl::to_string(o.type)).c_str(),
-                  std::string(coccl::to_string(o.op)).c_str(), o.iters, o.warmup, o.repeat,
-                  with_nccl ? (", NCCL " + std::to_string(nccl_version) + " in the same run").c_str()
-                            : "");
+      std::printf(
+          "# coccl-perf: %d ranks, device memory (one GPU per process)%s, %s, %s, iters "
+          "%d, warmup %d, median of %d%s\n",
+          n, o.graph ? ", CUDA graphs" : "", std::string(coccl::to_string(o.type)).c_str(),
+          std::string(coccl::to_string(o.op)).c_str(), o.iters, o.warmup, o.repeat,
+          with_nccl ? (", NCCL " + std::to_string(nccl_version) + " in the same run").c_str() : "");
     }
     double bus_sum = 0;
     int bus_n = 0;
@@ -224,8 +269,7 @@ int run_device(coccl::Communicator comm, const Options& o) {
         std::printf("#\n# %s (out-of-place)\n", c.c_str());
         std::printf("# %12s %12s %10s %8s %8s %6s", "size(B)", "count", "time(us)", "algbw",
                     "busbw", "#wrong");
-        if (with_nccl)
-          std::printf(" %10s %8s %6s %8s", "nccl(us)", "busbw", "#wrong", "speedup");
+        if (with_nccl) std::printf(" %10s %8s %6s %8s", "nccl(us)", "busbw", "#wrong", "speedup");
         std::printf("\n");
       }
       for (double b = static_cast<double>(o.min_bytes); b <= static_cast<double>(o.max_bytes);

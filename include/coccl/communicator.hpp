@@ -343,6 +343,73 @@ class Communicator {
                         token);
   }
 
+  /// The same for the other device collectives: each enqueues as its stream-ordered form and
+  /// completes once the GPU has finished it.
+  template <typename Token>
+  auto async_all_gather(const void* send, void* recv, std::size_t count, DataType type,
+                        cuda_stream stream, Token&& token) {
+    return async_device(
+        make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream,
+        token);
+  }
+  template <typename Token>
+  auto async_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                            ReduceOp op, cuda_stream stream, Token&& token) {
+    return async_device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0),
+                        stream, token);
+  }
+  template <typename Token>
+  auto async_all_to_all(const void* send, void* recv, std::size_t count, DataType type,
+                        cuda_stream stream, Token&& token) {
+    return async_device(
+        make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream,
+        token);
+  }
+  template <typename Token>
+  auto async_broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
+                       cuda_stream stream, Token&& token) {
+    return async_device(
+        make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream,
+        token);
+  }
+  template <typename Token>
+  auto async_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                    int root, cuda_stream stream, Token&& token) {
+    return async_device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream,
+                        token);
+  }
+  template <typename Token>
+  auto async_gather(const void* send, void* recv, std::size_t count, DataType type, int root,
+                    cuda_stream stream, Token&& token) {
+    return async_device(
+        make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream,
+        token);
+  }
+  template <typename Token>
+  auto async_scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
+                     cuda_stream stream, Token&& token) {
+    return async_device(
+        make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream,
+        token);
+  }
+  template <typename Token>
+  auto async_all_to_allv(const void* send, std::vector<std::size_t> send_counts,
+                         std::vector<std::size_t> send_displs, void* recv,
+                         std::vector<std::size_t> recv_counts,
+                         std::vector<std::size_t> recv_displs, DataType type, cuda_stream stream,
+                         Token&& token) {
+    return async_device(make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                               std::move(recv_counts), std::move(recv_displs), type),
+                        stream, token);
+  }
+  template <typename Token>
+  auto async_send_recv(std::vector<detail::P2POp> ops, cuda_stream stream, Token&& token) {
+    detail::OpArgs a;
+    a.kind = detail::OpKind::p2p;
+    a.p2p = std::move(ops);
+    return async_device(std::move(a), stream, token);
+  }
+
   /// Completes on every rank once all ranks have entered it.
   template <typename Token>
   auto async_barrier(Token&& token) {

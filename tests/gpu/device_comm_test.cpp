@@ -1,8 +1,8 @@
 // Device collectives through the public API: one process per GPU (CUDA IPC) and several GPUs in
 // one process (peer access), every collective (rooted ones from every root) against the reference
 // of coccl-perf's check, all_to_allv and send/recv against exact expectations, CUDA graph capture
-// (all_reduce; broadcast then reduce) replayed 100 times with new inputs each time, and the
-// awaitable form.
+// of every collective (and of broadcast then reduce) replayed 100 times with new inputs each time,
+// and the awaitable form of every collective.
 // Skips without two GPUs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -35,13 +35,13 @@ int gpus() {
   return n;
 }
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("FAIL %s: %s\n", #call, cudaGetErrorString(e_));                          \
-      return 1;                                                                             \
-    }                                                                                       \
+#define CHECK_CUDA(call)                                           \
+  do {                                                             \
+    cudaError_t e_ = (call);                                       \
+    if (e_ != cudaSuccess) {                                       \
+      std::printf("FAIL %s: %s\n", #call, cudaGetErrorString(e_)); \
+      return 1;                                                    \
+    }                                                              \
   } while (0)
 
 struct Buffers {
@@ -71,26 +71,154 @@ long long run_one(coccl::Communicator& comm, const std::string& coll, DataType t
   char* recv = static_cast<char*>(b.recv);
   char* send = static_cast<char*>(b.send);
   if (in_place) {
-    if (coll == "allgather" || coll == "gather") send = recv + rank * count * elt;
-    else if (coll == "reducescatter" || coll == "scatter") recv = send + rank * count * elt;
-    else send = recv;
+    if (coll == "allgather" || coll == "gather")
+      send = recv + rank * count * elt;
+    else if (coll == "reducescatter" || coll == "scatter")
+      recv = send + rank * count * elt;
+    else
+      send = recv;
   }
   // On the collective's stream: a plain cudaMemcpy runs on the legacy stream, which a
   // non-blocking stream does not wait for.
   cudaMemcpyAsync(recv, hr.data(), recv_elems * elt, cudaMemcpyHostToDevice, st);
   cudaMemcpyAsync(send, hs.data(), send_elems * elt, cudaMemcpyHostToDevice, st);
   auto cs = reinterpret_cast<coccl::cuda_stream>(st);
-  if (coll == "allreduce") comm.all_reduce(send, recv, count, type, op, cs);
-  else if (coll == "allgather") comm.all_gather(send, recv, count, type, cs);
-  else if (coll == "reducescatter") comm.reduce_scatter(send, recv, count, type, op, cs);
-  else if (coll == "broadcast") comm.broadcast(send, recv, count, type, root, cs);
-  else if (coll == "reduce") comm.reduce(send, recv, count, type, op, root, cs);
-  else if (coll == "gather") comm.gather(send, recv, count, type, root, cs);
-  else if (coll == "scatter") comm.scatter(send, recv, count, type, root, cs);
-  else comm.all_to_all(send, recv, count, type, cs);
+  if (coll == "allreduce")
+    comm.all_reduce(send, recv, count, type, op, cs);
+  else if (coll == "allgather")
+    comm.all_gather(send, recv, count, type, cs);
+  else if (coll == "reducescatter")
+    comm.reduce_scatter(send, recv, count, type, op, cs);
+  else if (coll == "broadcast")
+    comm.broadcast(send, recv, count, type, root, cs);
+  else if (coll == "reduce")
+    comm.reduce(send, recv, count, type, op, root, cs);
+  else if (coll == "gather")
+    comm.gather(send, recv, count, type, root, cs);
+  else if (coll == "scatter")
+    comm.scatter(send, recv, count, type, root, cs);
+  else
+    comm.all_to_all(send, recv, count, type, cs);
   cudaStreamSynchronize(st);
   cudaMemcpy(hr.data(), recv, recv_elems * elt, cudaMemcpyDeviceToHost);
   return perf::count_wrong(coll, o, count, n, rank, hr.data());
+}
+
+// ---- One case of every collective, for the graph and awaitable checks ----
+
+struct Case {
+  const char* coll;
+  std::size_t count;
+};
+// Sizes past the one-shot limit included.
+const Case every_collective[] = {
+    {"allreduce", 3001}, {"allreduce", 400000}, {"allgather", 70001}, {"reducescatter", 70001},
+    {"alltoall", 70001}, {"broadcast", 70001},  {"reduce", 70001},    {"gather", 70001},
+    {"scatter", 70001},  {"sendrecv", 70001}};
+// Rooted cases use the last rank as root; sendrecv sends to the next rank, receives from the
+// previous one.
+int root_of(int n) { return n - 1; }
+
+struct Layout {
+  std::size_t send_elems, recv_elems;
+};
+Layout layout(const Case& c, int n) {
+  const std::string k = c.coll;
+  const bool whole = k == "reducescatter" || k == "alltoall" || k == "scatter";
+  const bool gathered = k == "allgather" || k == "alltoall" || k == "gather";
+  return {whole ? c.count * n : c.count, gathered ? c.count * n : c.count};
+}
+
+// Rank r's float32 input element j in round k: small integers, exact in float.
+float input(int r, std::size_t j, int k) {
+  return static_cast<float>((r + 1) * static_cast<int>((j + static_cast<std::size_t>(k)) % 13));
+}
+
+// Wrong elements of this rank's recv after case c in round k (recv was filled with -1 before).
+long long count_wrong_output(const Case& c, int rank, int n, int k, const std::vector<float>& out) {
+  const std::string coll = c.coll;
+  const std::size_t count = c.count;
+  const int root = root_of(n), prev = (rank + n - 1) % n;
+  long long bad = 0;
+  for (std::size_t e = 0; e < out.size(); ++e) {
+    const std::size_t q = e / count, i = e % count;  // source block and offset
+    float want = 0;
+    if (coll == "allreduce" || (coll == "reduce" && rank == root)) {
+      for (int r = 0; r < n; ++r) want += input(r, e, k);
+    } else if (coll == "reducescatter") {
+      for (int r = 0; r < n; ++r) want += input(r, rank * count + e, k);
+    } else if (coll == "allgather" || (coll == "gather" && rank == root)) {
+      want = input(static_cast<int>(q), i, k);
+    } else if (coll == "alltoall") {
+      want = input(static_cast<int>(q), rank * count + i, k);
+    } else if (coll == "broadcast") {
+      want = input(root, e, k);
+    } else if (coll == "scatter") {
+      want = input(root, rank * count + e, k);
+    } else if (coll == "sendrecv") {
+      want = input(prev, e, k);
+    } else {
+      continue;  // reduce and gather promise nothing about a non-root's recv
+    }
+    bad += out[e] != want;
+  }
+  return bad;
+}
+
+void enqueue(coccl::Communicator& comm, const Case& c, Buffers& b, coccl::cuda_stream cs) {
+  const std::string coll = c.coll;
+  const std::size_t count = c.count;
+  const int n = comm.size(), root = root_of(n);
+  const DataType f = DataType::float32;
+  if (coll == "allreduce")
+    comm.all_reduce(b.send, b.recv, count, f, ReduceOp::sum, cs);
+  else if (coll == "allgather")
+    comm.all_gather(b.send, b.recv, count, f, cs);
+  else if (coll == "reducescatter")
+    comm.reduce_scatter(b.send, b.recv, count, f, ReduceOp::sum, cs);
+  else if (coll == "alltoall")
+    comm.all_to_all(b.send, b.recv, count, f, cs);
+  else if (coll == "broadcast")
+    comm.broadcast(b.send, b.recv, count, f, root, cs);
+  else if (coll == "reduce")
+    comm.reduce(b.send, b.recv, count, f, ReduceOp::sum, root, cs);
+  else if (coll == "gather")
+    comm.gather(b.send, b.recv, count, f, root, cs);
+  else if (coll == "scatter")
+    comm.scatter(b.send, b.recv, count, f, root, cs);
+  else
+    comm.send_recv({coccl::Communicator::send_op(b.send, count, f, (comm.rank() + 1) % n),
+                    coccl::Communicator::recv_op(b.recv, count, f, (comm.rank() + n - 1) % n)},
+                   cs);
+}
+
+boost::asio::awaitable<std::error_code> enqueue_async(coccl::Communicator& comm, const Case& c,
+                                                      Buffers& b, coccl::cuda_stream cs) {
+  const std::string coll = c.coll;
+  const std::size_t count = c.count;
+  const int n = comm.size(), root = root_of(n);
+  const DataType f = DataType::float32;
+  const auto& tok = boost::asio::use_awaitable;
+  if (coll == "allreduce")
+    co_return co_await comm.async_all_reduce(b.send, b.recv, count, f, ReduceOp::sum, cs, tok);
+  if (coll == "allgather")
+    co_return co_await comm.async_all_gather(b.send, b.recv, count, f, cs, tok);
+  if (coll == "reducescatter")
+    co_return co_await comm.async_reduce_scatter(b.send, b.recv, count, f, ReduceOp::sum, cs, tok);
+  if (coll == "alltoall")
+    co_return co_await comm.async_all_to_all(b.send, b.recv, count, f, cs, tok);
+  if (coll == "broadcast")
+    co_return co_await comm.async_broadcast(b.send, b.recv, count, f, root, cs, tok);
+  if (coll == "reduce")
+    co_return co_await comm.async_reduce(b.send, b.recv, count, f, ReduceOp::sum, root, cs, tok);
+  if (coll == "gather")
+    co_return co_await comm.async_gather(b.send, b.recv, count, f, root, cs, tok);
+  if (coll == "scatter")
+    co_return co_await comm.async_scatter(b.send, b.recv, count, f, root, cs, tok);
+  std::vector<coccl::detail::P2POp> ops;
+  ops.push_back(coccl::Communicator::send_op(b.send, count, f, (comm.rank() + 1) % n));
+  ops.push_back(coccl::Communicator::recv_op(b.recv, count, f, (comm.rank() + n - 1) % n));
+  co_return co_await comm.async_send_recv(std::move(ops), cs, tok);
 }
 
 int rank_main(int rank, int n, const std::string& id_hex) {
@@ -117,8 +245,8 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   // all_reduce: every type and op, one-shot and two-shot sizes, in and out of place.
   for (int t = 0; t < coccl::data_type_count; ++t)
     for (int o = 0; o < coccl::reduce_op_count; ++o)
-      for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1023},
-                                std::size_t{300001}})
+      for (std::size_t count :
+           {std::size_t{1}, std::size_t{7}, std::size_t{1023}, std::size_t{300001}})
         for (bool ip : {false, true}) {
           auto type = static_cast<DataType>(t);
           auto op = static_cast<ReduceOp>(o);
@@ -136,7 +264,8 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   // Rooted collectives: every root, odd sizes, in and out of place; reduce with every op.
   for (int root = 0; root < n; ++root)
     for (const char* coll : {"broadcast", "reduce", "gather", "scatter"})
-      for (DataType type : {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
+      for (DataType type :
+           {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
         for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{70001}})
           for (bool ip : {false, true})
             for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
@@ -237,55 +366,53 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
-  // Graph: one all_reduce captured, replayed 100 times, new inputs before every replay.
-  {
-    const std::size_t count = 4099;
-    std::vector<float> host(count), out(count);
+  // Graphs of every collective: each captured once (sizes past the one-shot limit included),
+  // replayed 100 times with new inputs before every replay, every replay checked.
+  for (const Case& c : every_collective) {
+    const Layout l = layout(c, n);
+    std::vector<float> host(l.send_elems), out(l.recv_elems);
+    auto cs = reinterpret_cast<coccl::cuda_stream>(st);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    auto cs = reinterpret_cast<coccl::cuda_stream>(st);
     CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    comm.all_reduce(b.send, b.recv, count, DataType::float32, ReduceOp::sum, cs);
+    enqueue(comm, c, b, cs);
     CHECK_CUDA(cudaStreamEndCapture(st, &graph));
     CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 100; ++replay) {
-      for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>((rank + 1) * (replay + i % 5));
-      CHECK_CUDA(cudaMemcpyAsync(b.send, host.data(), count * 4, cudaMemcpyHostToDevice, st));
+    for (int k = 0; k < 100; ++k) {
+      for (std::size_t j = 0; j < l.send_elems; ++j) host[j] = input(rank, j, k);
+      std::fill(out.begin(), out.end(), -1.0f);
+      CHECK_CUDA(
+          cudaMemcpyAsync(b.send, host.data(), l.send_elems * 4, cudaMemcpyHostToDevice, st));
+      CHECK_CUDA(cudaMemcpyAsync(b.recv, out.data(), l.recv_elems * 4, cudaMemcpyHostToDevice, st));
       CHECK_CUDA(cudaGraphLaunch(exec, st));
-      CHECK_CUDA(cudaMemcpyAsync(out.data(), b.recv, count * 4, cudaMemcpyDeviceToHost, st));
+      CHECK_CUDA(cudaMemcpyAsync(out.data(), b.recv, l.recv_elems * 4, cudaMemcpyDeviceToHost, st));
       CHECK_CUDA(cudaStreamSynchronize(st));
-      long long bad = 0;
-      for (std::size_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int r = 0; r < n; ++r) want += static_cast<float>((r + 1) * (replay + i % 5));
-        bad += out[i] != want;
-      }
-      record(bad, "graph-replay", DataType::float32, ReduceOp::sum, count, false);
+      record(count_wrong_output(c, rank, n, k, out),
+             ("graph-replay " + std::string(c.coll)).c_str(), DataType::float32, ReduceOp::sum,
+             c.count, false);
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
-  // The awaitable form resumes once the GPU is done.
-  {
-    const std::size_t count = 1 << 20;
-    std::vector<int> host(count, rank + 1), out(count, 0);
-    CHECK_CUDA(cudaMemcpyAsync(b.send, host.data(), count * 4, cudaMemcpyHostToDevice, st));
-    CHECK_CUDA(cudaStreamSynchronize(st));
+  // The awaitable device form of every collective: resumes once the GPU is done, so the result
+  // is read with no synchronisation.
+  for (const Case& c : every_collective) {
+    const Layout l = layout(c, n);
+    std::vector<float> host(l.send_elems), out(l.recv_elems, -1.0f);
+    for (std::size_t j = 0; j < l.send_elems; ++j) host[j] = input(rank, j, 5);
+    CHECK_CUDA(cudaMemcpy(b.send, host.data(), l.send_elems * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(b.recv, out.data(), l.recv_elems * 4, cudaMemcpyHostToDevice));
     boost::asio::io_context io;
     std::error_code result = coccl::make_error_code(coccl::errc::internal);
     auto task = [&]() -> boost::asio::awaitable<void> {
-      result = co_await comm.async_all_reduce(b.send, b.recv, count, DataType::int32,
-                                              ReduceOp::sum,
-                                              reinterpret_cast<coccl::cuda_stream>(st),
-                                              boost::asio::use_awaitable);
-      // No synchronisation here: completion means the data is there.
-      cudaMemcpy(out.data(), b.recv, count * 4, cudaMemcpyDeviceToHost);
+      result = co_await enqueue_async(comm, c, b, reinterpret_cast<coccl::cuda_stream>(st));
+      cudaMemcpy(out.data(), b.recv, l.recv_elems * 4, cudaMemcpyDeviceToHost);
     };
     boost::asio::co_spawn(io, task, boost::asio::detached);
     io.run();
-    long long bad = result ? 1 : 0;
-    for (int v : out) bad += v != n * (n + 1) / 2;
-    record(bad, "async", DataType::int32, ReduceOp::sum, count, false);
+    record((result ? 1 : 0) + count_wrong_output(c, rank, n, 5, out),
+           ("async " + std::string(c.coll)).c_str(), DataType::float32, ReduceOp::sum, c.count,
+           false);
   }
   std::printf("rank %d: %d cases, %lld wrong\n", rank, cases, wrong);
   cudaStreamDestroy(st);
@@ -306,8 +433,9 @@ TEST(DeviceCollectives, OneProcessPerGpuMatchReferenceReplayInGraphsAndAwait) {
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
     std::string exe = self_exe(), rs = std::to_string(r), hex = id.to_string();
-    std::vector<char*> argv{exe.data(), const_cast<char*>("--rank"), rs.data(),
-                            const_cast<char*>("2"), hex.data(), nullptr};
+    std::vector<char*> argv{exe.data(), const_cast<char*>("--rank"),
+                            rs.data(),  const_cast<char*>("2"),
+                            hex.data(), nullptr};
     pid_t pid;
     ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ), 0);
     pids.push_back(pid);

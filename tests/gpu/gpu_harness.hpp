@@ -35,8 +35,11 @@ inline int gpu_count() {
   return n;
 }
 
-/// True when devices 0..n-1 can all reach each other; enables peer access between them.
+/// True when devices 0..n-1 can all reach each other; enables peer access between them (once
+/// per process: enabling it again is an API error, which compute-sanitizer reports).
 inline bool enable_peers(int n) {
+  static int enabled_for = 0;
+  if (n <= enabled_for) return true;
   for (int a = 0; a < n; ++a) {
     for (int b = 0; b < n; ++b) {
       if (a == b) continue;
@@ -51,6 +54,7 @@ inline bool enable_peers(int n) {
       }
     }
   }
+  enabled_for = n;
   return true;
 }
 
