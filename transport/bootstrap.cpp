@@ -264,6 +264,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       on_failure_(std::move(on_failure)),
       acceptor_(ex_),
       table_box_(ex_),
+      table_ready_(ex_, runtime::default_timeout()),
       by_peer_(nranks, nullptr),
       pending_(nranks),
       dialing_(nranks, false),
@@ -375,6 +376,7 @@ asio::awaitable<void> Peers::rendezvous(RootAddress root) {
     }
   }
   table_ = decode_table(payload, nranks_);
+  table_ready_.cancel();
   for (int child : {2 * rank_ + 1, 2 * rank_ + 2})
     if (child < nranks_) co_await forward_table(child, payload);
   COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
@@ -472,6 +474,15 @@ asio::awaitable<void> Peers::dial(int peer) {
 asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
                                     std::vector<std::uint8_t> payload) {
   auto limit = runtime::default_timeout();
+  if (table_.empty()) {
+    try {
+      co_await table_ready_.async_wait(asio::use_awaitable);
+    } catch (const boost::system::system_error&) {
+      // Cancelled: the table is here, or this rank is shutting down (checked below).
+    }
+    if (table_.empty())
+      bad("rank " + std::to_string(peer) + " connected before this rank had the address table");
+  }
   bool shm = use_shm(peer);
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
   std::unique_ptr<ShmSegment> own, theirs;
@@ -518,6 +529,7 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   table_box_.fail(asio::error::operation_aborted);
+  table_ready_.cancel();
   for (int p = 0; p < nranks_; ++p) announce(p);
   for (auto& c : conns_) {
     if (notify)

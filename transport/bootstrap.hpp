@@ -115,6 +115,9 @@ class Peers {
   asio::ip::tcp::acceptor acceptor_;
   std::vector<PeerInfo> table_;
   runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
+  // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
+  // the table earlier may dial before it reaches this rank; answering waits for it.
+  asio::steady_timer table_ready_;
   ShmPoller poller_;  // before the connections: they unregister from it when destroyed
   std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
   std::vector<Connection*> by_peer_;                // nranks entries

@@ -1,0 +1,196 @@
+// The device side of coccl::moe: one arena per object and rank, mapped by every peer (CUDA IPC
+// across processes, peer access between GPUs of one process), and host-mapped error words.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "collectives/moe_state.hpp"
+
+namespace coccl::moe::detail {
+
+struct DeviceArena {
+  Communicator comm;  // for the barrier before the arena is freed
+  int device = -1;
+  std::size_t bytes = 0;
+  char* base = nullptr;
+  std::vector<void*> opened;  // IPC mappings to close
+  kernels::moe::Arenas arenas{};
+  unsigned* errors = nullptr;  // host memory mapped into the device, error_kinds words
+};
+
+void DeviceArenaDeleter::operator()(DeviceArena* a) const noexcept {
+  if (a == nullptr) return;
+  int current = -1;
+  cudaGetDevice(&current);
+  cudaSetDevice(a->device);
+  cudaDeviceSynchronize();
+  // A peer's last signals into this arena (all_to_allv's "consumed" flags) may still be on the
+  // way when this rank's kernel has finished; after the barrier every rank's kernels are done.
+  // A failed communicator cannot synchronise: its peers are gone or stopping anyway.
+  try {
+    a->comm.barrier();
+  } catch (const std::exception&) {
+  }
+  for (void* p : a->opened) cudaIpcCloseMemHandle(p);
+  if (a->base) cudaFree(a->base);
+  if (a->errors) cudaFreeHost(a->errors);
+  if (current >= 0) cudaSetDevice(current);
+  delete a;
+}
+
+namespace {
+
+[[noreturn]] void fail(errc e, const std::string& why) {
+  throw std::system_error(make_error_code(e), "coccl::moe: " + why);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(errc::cuda_error, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// What each rank tells the others about its arena.
+struct Advert {
+  cudaIpcMemHandle_t handle;
+  std::uint64_t address;
+  std::uint64_t host;
+  std::int32_t pid;
+  std::int32_t device;
+};
+
+std::uint64_t host_id() {
+  std::array<char, 256> name{};
+  gethostname(name.data(), name.size() - 1);
+  return std::hash<std::string>{}(name.data());
+}
+
+void on_arena_device(const DeviceArena& a) {
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != a.device) {
+    fail(errc::invalid_argument, "current GPU " + std::to_string(current) +
+                                     " is not the GPU the object was prepared on (" +
+                                     std::to_string(a.device) + ")");
+  }
+}
+
+void launched(int rc, const char* what) {
+  if (rc == cudaErrorInvalidValue)
+    fail(errc::invalid_argument, std::string(what) + ": invalid arguments");
+  if (rc != 0) check(static_cast<cudaError_t>(rc), what);
+}
+
+}  // namespace
+
+DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
+  const int n = comm.size(), me = comm.rank();
+  if (n > device::max_ranks) {
+    fail(errc::unsupported, "device exchange supports up to " + std::to_string(device::max_ranks) +
+                                " GPUs of one host");
+  }
+  DeviceArenaPtr a(new DeviceArena);
+  check(cudaGetDevice(&a->device), "cudaGetDevice");
+  a->comm = comm;
+  a->bytes = bytes;
+  void* base = nullptr;
+  check(cudaMalloc(&base, bytes), "cudaMalloc of the exchange arena");
+  a->base = static_cast<char*>(base);
+  check(cudaMemset(base, 0, bytes), "cudaMemset");
+  void* errors = nullptr;
+  check(cudaHostAlloc(&errors, kernels::moe::error_kinds * sizeof(unsigned),
+                      cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc");
+  a->errors = static_cast<unsigned*>(errors);
+  std::memset(a->errors, 0, kernels::moe::error_kinds * sizeof(unsigned));
+  // Loaded now: with lazy loading a first launch waits for the device to go idle, which a peer
+  // kernel spinning on this GPU for a rank driven by the same thread would prevent.
+  check(static_cast<cudaError_t>(kernels::moe::load_moe()), "loading the MoE kernels");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+  Advert mine{};
+  check(cudaIpcGetMemHandle(&mine.handle, base), "cudaIpcGetMemHandle");
+  mine.address = reinterpret_cast<std::uintptr_t>(base);
+  mine.host = host_id();
+  mine.pid = ::getpid();
+  mine.device = a->device;
+  std::vector<Advert> all(n);
+  comm.all_gather(&mine, all.data(), sizeof(Advert), DataType::uint8);
+  a->arenas.rank = me;
+  a->arenas.nranks = n;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) {
+      a->arenas.peer[p] = a->base;
+      continue;
+    }
+    if (all[p].host != mine.host)
+      fail(errc::unsupported, "rank " + std::to_string(p) + " is on another host");
+    if (all[p].pid == mine.pid) {
+      // A GPU of this process: peer access (a process cannot open its own IPC handles).
+      if (all[p].device != a->device) {
+        const cudaError_t e = cudaDeviceEnablePeerAccess(all[p].device, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();
+        } else {
+          check(e, "cudaDeviceEnablePeerAccess");
+        }
+      }
+      a->arenas.peer[p] = reinterpret_cast<char*>(all[p].address);
+      continue;
+    }
+    void* mapped = nullptr;
+    check(cudaIpcOpenMemHandle(&mapped, all[p].handle, cudaIpcMemLazyEnablePeerAccess),
+          "cudaIpcOpenMemHandle");
+    a->opened.push_back(mapped);
+    a->arenas.peer[p] = static_cast<char*>(mapped);
+  }
+  // No rank launches before every arena is zeroed and mapped.
+  comm.barrier();
+  return a;
+}
+
+std::size_t arena_bytes(const DeviceArena& a) noexcept { return a.bytes; }
+
+char* arena_base(DeviceArena& a) noexcept { return a.base; }
+
+void launch_a2av(DeviceArena& a, kernels::moe::A2av args, cuda_stream stream) {
+  on_arena_device(a);
+  launched(kernels::moe::all_to_allv(args, a.arenas, a.errors, stream), "all_to_allv");
+}
+
+void launch_dispatch(DeviceArena& a, const kernels::moe::MoeShape& shape, const void* x, int tokens,
+                     const std::int32_t* topk_idx, cuda_stream stream) {
+  on_arena_device(a);
+  launched(kernels::moe::dispatch(shape, x, tokens, topk_idx, a.arenas, a.errors, stream),
+           "dispatch");
+}
+
+void launch_combine(DeviceArena& a, const kernels::moe::MoeShape& shape, const void* y,
+                    const float* weights, void* out, int tokens, cuda_stream stream) {
+  on_arena_device(a);
+  launched(kernels::moe::combine(shape, y, weights, out, tokens, a.arenas, stream), "combine");
+}
+
+std::error_code take_errors(DeviceArena& a, std::string* what) {
+  static const char* const names[kernels::moe::error_kinds] = {
+      "a send count above max_count (sent clamped to max_count)",
+      "a negative send count (sent as 0)",
+      "more rows for a rank than its capacity (rows past it dropped)",
+      "an expert id outside [-1, num_experts) (treated as -1)",
+  };
+  std::string text;
+  volatile unsigned* words = a.errors;
+  for (int i = 0; i < kernels::moe::error_kinds; ++i) {
+    if (words[i] == 0) continue;
+    words[i] = 0;
+    if (!text.empty()) text += "; ";
+    text += names[i];
+  }
+  if (text.empty()) return {};
+  if (what) *what = text;
+  return make_error_code(errc::invalid_argument);
+}
+
+}  // namespace coccl::moe::detail

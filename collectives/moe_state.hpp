@@ -1,0 +1,74 @@
+// collectives/moe_state.hpp: the state behind coccl::moe objects, and the device side they use
+// (collectives/moe_device.cpp with CUDA, moe_device_none.cpp without).
+#pragma once
+
+#include <coccl/moe.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "kernels/moe.hpp"
+
+namespace coccl::moe::detail {
+
+/// One rank's arena on its GPU, mapped by every peer, plus host-mapped error words.
+struct DeviceArena;
+struct DeviceArenaDeleter {
+  void operator()(DeviceArena* a) const noexcept;
+};
+using DeviceArenaPtr = std::unique_ptr<DeviceArena, DeviceArenaDeleter>;
+
+/// Collective and blocking: allocates `bytes` zeroed bytes on the current GPU, loads the kernels,
+/// exchanges mappings with every rank of `comm`. Throws std::system_error (errc::unsupported
+/// without CUDA or across hosts, errc::cuda_error on a CUDA failure).
+DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes);
+std::size_t arena_bytes(const DeviceArena& a) noexcept;
+/// The own arena's device address.
+char* arena_base(DeviceArena& a) noexcept;
+
+/// Launch the kernels; throw std::system_error on a launch error (nothing enqueued then) or when
+/// the current GPU is not the arena's.
+void launch_a2av(DeviceArena& a, kernels::moe::A2av args, cuda_stream stream);
+void launch_dispatch(DeviceArena& a, const kernels::moe::MoeShape& shape, const void* x, int tokens,
+                     const std::int32_t* topk_idx, cuda_stream stream);
+void launch_combine(DeviceArena& a, const kernels::moe::MoeShape& shape, const void* y,
+                    const float* weights, void* out, int tokens, cuda_stream stream);
+
+/// Reads and clears the error words the kernels set.
+std::error_code take_errors(DeviceArena& a, std::string* what);
+
+struct A2avState {
+  Communicator comm;
+  std::size_t max_count = 0;
+  DataType type = DataType::uint8;
+  DeviceArenaPtr arena;
+};
+
+/// Host-memory dispatch result and what combine needs to send rows back.
+struct HostSide {
+  std::vector<char> x;
+  std::vector<Row> rows;
+  std::vector<std::int32_t> expert_counts, expert_offsets;
+  /// counts[s * num_experts + e]: rows rank s sent to expert e in the last dispatch.
+  std::vector<std::int64_t> counts;
+  /// Own (token, slot) entries in the order they were sent to each destination rank.
+  std::vector<std::vector<std::int32_t>> sent;
+  /// Per own entry: destination rank and row there (-1 when no expert).
+  std::vector<std::int32_t> dest, pos;
+  int tokens = 0;
+};
+
+struct DispatchState {
+  Communicator comm;
+  DispatchConfig config;
+  kernels::moe::MoeShape shape{};
+  kernels::moe::MoeLayout layout{};
+  DeviceArenaPtr arena;
+  int device_tokens = 0;  // tokens of the last device dispatch
+  HostSide host;
+};
+
+}  // namespace coccl::moe::detail
