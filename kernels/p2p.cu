@@ -26,9 +26,16 @@ namespace {
 
 using detail::PeerParams;
 
-// Blocks (channels) per peer and direction: enough to keep NVLink busy, few enough that the
-// 2 (max_ranks - 1) directions of a full all_to_allv stay within max_blocks.
-constexpr int channels = 8;
+// Blocks (channels) per peer and direction: enough to keep NVLink busy (between two H200s 8
+// blocks moved about 190 GB/s and 16 about 260), few enough that the 2 (nranks - 1) directions of
+// a full all_to_allv stay within max_blocks. It depends only on the group size, so both sides of
+// every transfer agree on it.
+constexpr int max_channels = 32;
+__host__ __device__ constexpr int channels_for(int nranks) {
+  int c = max_channels;
+  while (c > 1 && 2 * (nranks - 1) * c > device::max_blocks) c /= 2;
+  return c;
+}
 constexpr std::size_t counters_offset = 8192;
 
 enum Counter : int {
@@ -43,10 +50,10 @@ enum Counter : int {
 };
 
 static_assert(counters_offset >= detail::flags_offset + device::max_blocks * device::max_ranks * 4);
-static_assert(counters_offset + counter_kinds * channels * device::max_ranks * 4 <=
+static_assert(counters_offset + counter_kinds * max_channels * device::max_ranks * 4 <=
               device::workspace_header_bytes);
-// A full all_to_allv: 2 (max_ranks - 1) directions of `channels` blocks each.
-static_assert(2 * (device::max_ranks - 1) * channels <= device::max_blocks);
+// A full all_to_allv: 2 (max_ranks - 1) directions of channels_for(max_ranks) blocks each.
+static_assert(2 * (device::max_ranks - 1) * channels_for(device::max_ranks) <= device::max_blocks);
 
 struct Op {
   char* buffer;
@@ -59,12 +66,13 @@ struct Op {
 struct OpList {
   Op ops[max_p2p_ops];
   int nops;
+  int channels;                     // blocks per direction
   int dirs[2 * device::max_ranks];  // peer * 2 + is_send, one entry per block group
 };
 
 __device__ __forceinline__ std::uint32_t* counter(char* ws, int kind, int ch, int peer) {
   return reinterpret_cast<std::uint32_t*>(ws + counters_offset) +
-         (kind * channels + ch) * device::max_ranks + peer;
+         (kind * max_channels + ch) * device::max_ranks + peer;
 }
 
 __device__ __forceinline__ char* slot(const PeerParams& p, char* ws, int ch, int h, int src) {
@@ -83,7 +91,8 @@ __device__ __forceinline__ void wait_at_least(const std::uint32_t* c, std::uint3
 
 // Both sides cut a transfer into the same tiles: the tile depends only on its size and the
 // (equal) slice.
-__host__ __device__ __forceinline__ std::size_t tile_of(std::size_t bytes, std::size_t slice) {
+__host__ __device__ __forceinline__ std::size_t tile_of(std::size_t bytes, std::size_t slice,
+                                                       int channels) {
   std::size_t t = (bytes + channels - 1) / channels;
   t = (t + 15) / 16 * 16;
   if (t < detail::min_tile) t = detail::min_tile;
@@ -96,6 +105,7 @@ __host__ __device__ __forceinline__ std::size_t tile_of(std::size_t bytes, std::
 // receives from the same peer cannot deadlock.
 __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list, PeerParams p) {
   detail::begin_after_prior_grid();
+  const int channels = list.channels;
   const int dir = list.dirs[blockIdx.x / channels];
   const int ch = static_cast<int>(blockIdx.x % channels);
   const int peer = dir / 2;
@@ -116,7 +126,7 @@ __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list,
     const Op op = list.ops[i];
     if (op.peer != peer || (op.is_send != 0) != sending) continue;
     const std::uint32_t k = ++xfers;
-    const std::size_t tile = tile_of(op.bytes, p.slice);
+    const std::size_t tile = tile_of(op.bytes, p.slice, channels);
     const std::size_t ntiles = (op.bytes + tile - 1) / tile;
     if (sending) {
       bool first = true;
@@ -167,6 +177,7 @@ int send_recv(const P2p* ops, int nops, const device::Workspace& ws, stream_t st
     return cudaErrorInvalidValue;
   }
   OpList list{};
+  list.channels = channels_for(ws.nranks);
   bool used[2 * device::max_ranks] = {};
   // Transfers to self pair up in order: k-th send with k-th receive, equal sizes.
   const P2p* self_sends[max_p2p_ops];
@@ -205,8 +216,8 @@ int send_recv(const P2p* ops, int nops, const device::Workspace& ws, stream_t st
     }
   }
   if (ndirs == 0) return cudaSuccess;
-  return detail::launch_peer_kernel(p2p_kernel, static_cast<unsigned>(ndirs * channels), stream,
-                                    list, p);
+  return detail::launch_peer_kernel(p2p_kernel, static_cast<unsigned>(ndirs * list.channels),
+                                    stream, list, p);
 }
 
 int all_to_allv(const void* send, void* recv, const AllToAllvLayout& layout, std::size_t elem_bytes,
