@@ -33,8 +33,8 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
   if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
       opts.transport != "ib")
     throw std::system_error(make_error_code(errc::invalid_argument),
-                            "COCCL_TRANSPORT must be auto, tcp, shm or ib, not '" + opts.transport +
-                                "'");
+                            "COCCL_TRANSPORT must be auto, tcp, shm or ib, not '" +
+                                opts.transport + "'");
   // Peers registers a poller on the proxy thread, so it is built there.
   std::promise<void> built;
   asio::post(ex_, [&] {

@@ -19,7 +19,8 @@ config::Param<std::string> proto{"COCCL_PROTO", "",
                                  "NCCL_PROTO"};
 config::Param<std::string> transport{
     "COCCL_TRANSPORT", "auto",
-    "transport between ranks: auto (shm on one host, tcp across hosts), tcp or shm"};
+    "transport between ranks: auto (shm on one host, tcp across hosts), tcp, shm or ib (RDMA "
+    "verbs)"};
 config::Param<bool> shm_disable{"COCCL_SHM_DISABLE", false,
                                 "never use the shared-memory transport", "NCCL_SHM_DISABLE"};
 config::Param<std::int64_t> proxy_threads{
@@ -51,5 +52,21 @@ config::Param<std::string> secret{
     "32 hex digits: bootstrap secret for communicators made from the environment"};
 config::Param<std::int64_t> colltrace_size{"COCCL_COLLTRACE_SIZE", 64,
                                            "operations kept per communicator by CollTrace"};
+config::Param<std::string> ib_hca{
+    "COCCL_IB_HCA", "",
+    "RDMA devices and ports for the ib transport: mlx5_0:1,mlx5_1 (name prefixes), ^ to exclude, "
+    "= for exact names (empty: the first active port)",
+    "NCCL_IB_HCA"};
+config::Param<std::int64_t> ib_gid_index{
+    "COCCL_IB_GID_INDEX", -1,
+    "GID table index for RoCE (-1: the first RoCE v2 GID, IPv4-mapped preferred)",
+    "NCCL_IB_GID_INDEX"};
+config::Param<std::int64_t> ib_qps_per_peer{
+    "COCCL_IB_QPS_PER_PEER", 2,
+    "data queue pairs per ib connection; a large put is split across them",
+    "NCCL_IB_QPS_PER_CONNECTION"};
+config::Param<std::int64_t> ib_split_bytes{
+    "COCCL_IB_SPLIT_BYTES", 64 << 10,
+    "smallest piece of a put split across the queue pairs of an ib connection"};
 
 }  // namespace coccl::params

@@ -24,5 +24,9 @@ extern config::Param<bool> dependent_launch;              // COCCL_DEPENDENT_LAU
 extern config::Param<std::string> comm_id;          // COCCL_COMM_ID
 extern config::Param<std::string> secret;           // COCCL_SECRET
 extern config::Param<std::int64_t> colltrace_size;  // COCCL_COLLTRACE_SIZE
+extern config::Param<std::string> ib_hca;           // COCCL_IB_HCA
+extern config::Param<std::int64_t> ib_gid_index;    // COCCL_IB_GID_INDEX
+extern config::Param<std::int64_t> ib_qps_per_peer; // COCCL_IB_QPS_PER_PEER
+extern config::Param<std::int64_t> ib_split_bytes;  // COCCL_IB_SPLIT_BYTES
 
 }  // namespace coccl::params

@@ -27,6 +27,13 @@ constexpr std::size_t max_table_frame = 64u << 20;
 
 using tcp = asio::ip::tcp;
 
+#if COCCL_HAVE_IB
+int ib_qps() { return static_cast<int>(params::ib_qps_per_peer.get()); }
+std::size_t ib_split_bytes() {
+  return static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_split_bytes.get()));
+}
+#endif
+
 [[noreturn]] void bad(const std::string& what) {
   throw std::system_error(make_error_code(errc::bad_message), what);
 }
@@ -274,13 +281,32 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
   acceptor_.open(ep.protocol());
   acceptor_.bind(ep);
   acceptor_.listen(asio::socket_base::max_listen_connections);
+  // Before any poller is registered: a constructor that throws runs no destructor to remove it.
+  if (options_.transport == "ib") {
+#if COCCL_HAVE_IB
+    std::string why;
+    ib_device_ = ib::Device::get(&why);
+    if (!ib_device_)
+      throw std::system_error(make_error_code(errc::unsupported),
+                              "COCCL_TRANSPORT=ib, but the ib transport is not available: " + why);
+#else
+    throw std::system_error(make_error_code(errc::unsupported),
+                            "COCCL_TRANSPORT=ib, but coccl was built without ibverbs headers");
+#endif
+  }
   thread_.add_poller(&poller_);
+#if COCCL_HAVE_IB
+  if (ib_device_) thread_.add_poller(&ib_poller_);
+#endif
   accept_loop();
 }
 
 Peers::~Peers() {
   *alive_ = false;
   thread_.remove_poller(&poller_);
+#if COCCL_HAVE_IB
+  thread_.remove_poller(&ib_poller_);
+#endif
   boost::system::error_code ignored;
   acceptor_.close(ignored);
 }
@@ -382,9 +408,11 @@ asio::awaitable<void> Peers::rendezvous(RootAddress root) {
   COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
 }
 
-bool Peers::use_shm(int peer) const {
-  if (options_.transport == "tcp" || params::shm_disable.get()) return false;
-  return table_[peer].host_hash == table_[rank_].host_hash;
+Peers::Kind Peers::kind_for(int peer) const {
+  // ib only when asked for: on one host shm is faster, and across hosts tcp needs no RDMA setup.
+  if (options_.transport == "ib") return Kind::ib;
+  if (options_.transport == "tcp" || params::shm_disable.get()) return Kind::tcp;
+  return table_[peer].host_hash == table_[rank_].host_hash ? Kind::shm : Kind::tcp;
 }
 
 void Peers::announce(int peer) {
@@ -438,30 +466,58 @@ asio::awaitable<Connection*> Peers::get(int peer) {
 
 asio::awaitable<void> Peers::dial(int peer) {
   auto limit = runtime::default_timeout();
-  bool shm = use_shm(peer);
+  const Kind kind = kind_for(peer);
+  const bool shm = kind == Kind::shm;
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
   auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
                                        std::chrono::steady_clock::now() + limit);
   std::unique_ptr<ShmSegment> own, theirs;
+#if COCCL_HAVE_IB
+  std::unique_ptr<ib::Link> link;
+#endif
   {
     runtime::CloseAfter guard(*sock, limit);
     if (shm) own = ShmSegment::create(seg_bytes);
+    std::vector<std::uint8_t> address;
+#if COCCL_HAVE_IB
+    if (kind == Kind::ib) {
+      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps());
+      address = link->address().encode();
+    }
+#endif
     Writer w;
-    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint8_t>(shm);
+    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put(kind);
     w.put<std::uint64_t>(options_.slots).put<std::uint64_t>(options_.slot_bytes);
     std::string name = own ? own->name() : "";
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
+    w.put_bytes(address);
     co_await write_frame(*sock, secret_, FrameType::connect, w.bytes());
     Frame f = co_await read_frame(*sock, secret_, max_small_frame);
     if (f.type != FrameType::accept) bad("expected accept");
     Reader r(f.payload);
     auto their_name = r.get_bytes();
+    auto their_address = r.get_bytes();
     if (shm) {
       theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
       own->unlink();  // the peer mapped it before accepting
     }
+#if COCCL_HAVE_IB
+    if (link) {
+      link->connect(ib::LinkAddress::decode(their_address));
+      // The peer may write only once our queue pairs are ready to receive.
+      const std::vector<std::uint8_t> ready;
+      co_await write_frame(*sock, secret_, FrameType::accept, ready);
+    }
+#endif
   }
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+#if COCCL_HAVE_IB
+  if (link) {
+    add(peer, std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
+                                             ib_split_bytes(), ib_poller_, on_failure_));
+    co_return;
+  }
+#endif
   if (shm)
     add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
                                               options_.slot_bytes, std::move(own),
@@ -475,38 +531,68 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
                                     std::vector<std::uint8_t> payload) {
   auto limit = runtime::default_timeout();
   if (table_.empty()) {
+    auto alive = alive_;
     try {
       co_await table_ready_.async_wait(asio::use_awaitable);
     } catch (const boost::system::system_error&) {
       // Cancelled: the table is here, or this rank is shutting down (checked below).
     }
+    if (!*alive) co_return;
     if (table_.empty())
       bad("rank " + std::to_string(peer) + " connected before this rank had the address table");
   }
-  bool shm = use_shm(peer);
+  const Kind kind = kind_for(peer);
+  const bool shm = kind == Kind::shm;
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
   std::unique_ptr<ShmSegment> own, theirs;
+#if COCCL_HAVE_IB
+  std::unique_ptr<ib::Link> link;
+#endif
   {
     runtime::CloseAfter guard(*sock, limit);
     Reader r(payload);
     r.get<std::int32_t>();
     r.get<std::int32_t>();
-    bool their_shm = r.get<std::uint8_t>() != 0;
+    auto their_kind = r.get<Kind>();
     auto slots = r.get<std::uint64_t>();
     auto slot_bytes = r.get<std::uint64_t>();
     auto their_name = r.get_bytes();
-    if (their_shm != shm || slots != options_.slots || slot_bytes != options_.slot_bytes)
+    auto their_address = r.get_bytes();
+    if (their_kind != kind || slots != options_.slots || slot_bytes != options_.slot_bytes)
       bad("rank " + std::to_string(peer) + " uses different link settings");
     if (shm) {
       theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
       own = ShmSegment::create(seg_bytes);
     }
+    std::vector<std::uint8_t> address;
+#if COCCL_HAVE_IB
+    if (kind == Kind::ib) {
+      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps());
+      link->connect(ib::LinkAddress::decode(their_address));
+      address = link->address().encode();
+    }
+#endif
     Writer w;
     std::string name = own ? own->name() : "";
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
+    w.put_bytes(address);
     co_await write_frame(*sock, secret_, FrameType::accept, w.bytes());
+#if COCCL_HAVE_IB
+    if (link) {
+      Frame ready = co_await read_frame(*sock, secret_, max_small_frame);
+      if (ready.type != FrameType::accept || !ready.payload.empty())
+        bad("rank " + std::to_string(peer) + " did not confirm the ib link");
+    }
+#endif
   }
   if (shut_) co_return;
+#if COCCL_HAVE_IB
+  if (link) {
+    add(peer, std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
+                                             ib_split_bytes(), ib_poller_, on_failure_));
+    co_return;
+  }
+#endif
   if (shm)
     add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
                                               options_.slot_bytes, std::move(own),

@@ -22,6 +22,9 @@
 #include "runtime/engine.hpp"
 #include "transport/connection.hpp"
 #include "transport/shm.hpp"
+#if COCCL_HAVE_IB
+#include "transport/ib.hpp"
+#endif
 #include "transport/wire.hpp"
 
 namespace coccl::transport {
@@ -56,7 +59,7 @@ std::uint64_t host_hash();
 
 /// Connection settings fixed when the communicator is created.
 struct LinkOptions {
-  std::string transport;  // auto, tcp or shm
+  std::string transport;  // auto, tcp, shm or ib
   std::size_t slots;
   std::size_t slot_bytes;
 };
@@ -102,7 +105,9 @@ class Peers {
   void add(int peer, std::unique_ptr<SocketConnection> c);
   // Wakes everyone waiting for the link to `peer` (made or failed).
   void announce(int peer);
-  bool use_shm(int peer) const;
+  // How this rank links to `peer`; both sides decide alike from the table and the settings.
+  enum class Kind : std::uint8_t { tcp = 0, shm = 1, ib = 2 };
+  Kind kind_for(int peer) const;
   asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
 
   runtime::ProxyThread& thread_;
@@ -119,6 +124,10 @@ class Peers {
   // the table earlier may dial before it reaches this rank; answering waits for it.
   asio::steady_timer table_ready_;
   ShmPoller poller_;  // before the connections: they unregister from it when destroyed
+#if COCCL_HAVE_IB
+  IbPoller ib_poller_;
+  std::shared_ptr<ib::Device> ib_device_;  // set when COCCL_TRANSPORT=ib
+#endif
   std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
   std::vector<Connection*> by_peer_;                // nranks entries
   // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the

@@ -1,0 +1,106 @@
+// Specification of the ib transport across real processes, run inside the Soft-RoCE guest (see
+// run_guest.sh): every collective over COCCL_TRANSPORT=ib with 2, 3 and 4 ranks against the
+// multirank reference, the split of puts over several queue pairs, small rings, and a rank killed
+// in the middle of an operation. Each test launches one coccl_worker per rank (tests/multirank).
+#include <gtest/gtest.h>
+
+#include <coccl/error.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/multirank/harness.hpp"
+#include "tests/multirank/worker.hpp"
+
+namespace coccl::test {
+namespace {
+
+using std::chrono::seconds;
+
+// Emulated: generous, so a hang shows up as timed_out rather than as the harness deadline.
+const std::string ib = "COCCL_TRANSPORT=ib";
+const std::string timeout = "COCCL_TIMEOUT=120";
+
+LaunchResult run(const std::string& scenario, int nranks, std::vector<std::string> env,
+                 std::vector<std::string> args = {}) {
+  LaunchOptions o;
+  o.scenario = scenario;
+  o.nranks = nranks;
+  o.env = std::move(env);
+  o.env.push_back(ib);
+  o.env.push_back(timeout);
+  o.args = std::move(args);
+  o.deadline = seconds(300);
+  return launch(o);
+}
+
+bool every_link_is_ib(const LaunchResult& r) {
+  // COCCL_DEBUG=INFO makes each rank log "connected to rank N over <kind>".
+  for (const RankResult& x : r.ranks)
+    if (x.output.find(" over ib") == std::string::npos ||
+        x.output.find(" over tcp") != std::string::npos ||
+        x.output.find(" over shm") != std::string::npos)
+      return false;
+  return true;
+}
+
+class EveryCollectiveOverIb : public ::testing::TestWithParam<int> {};
+
+TEST_P(EveryCollectiveOverIb, MatchesTheReference) {
+  const LaunchResult r =
+      run("every_collective", GetParam(), {"COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=NET"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  EXPECT_TRUE(every_link_is_ib(r)) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EveryCollectiveOverIb, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(IbQueuePairs, PutsSplitOverFourQueuePairsArriveInOrder) {
+  // 4 KiB pieces: every put of a large all_reduce is split over all four queue pairs.
+  const LaunchResult r =
+      run("all_reduce", 3, {"COCCL_IB_QPS_PER_PEER=4", "COCCL_IB_SPLIT_BYTES=4096"}, {"quick"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+TEST(IbQueuePairs, OneQueuePairAndTwoSmallSlotsKeepCreditsFlowing) {
+  // Every large message becomes hundreds of 16 KiB puts, each waiting for a credit.
+  const LaunchResult r =
+      run("all_reduce", 3, {"COCCL_IB_QPS_PER_PEER=1", "COCCL_SLOTS=2", "COCCL_SLOT_BYTES=16384"},
+          {"quick"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+int coccl_exit(errc e) { return exit_coccl_error_base + static_cast<int>(e); }
+
+std::string last_error_line(const RankResult& r) {
+  auto at = r.output.find("LAST_ERROR ");
+  if (at == std::string::npos) return {};
+  return r.output.substr(at, r.output.find('\n', at) - at);
+}
+
+TEST(IbFaults, KilledRankFailsEverySurvivorNamingIt) {
+  LaunchOptions o;
+  o.scenario = "loop";
+  o.nranks = 4;
+  o.env = {ib, "COCCL_TIMEOUT=30"};
+  o.signals = {{2, SIGKILL, "looping", std::chrono::milliseconds(500)}};
+  o.deadline = seconds(240);
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  ASSERT_TRUE(r.fired[0]) << r.describe();
+  EXPECT_EQ(r.ranks[2].signal, SIGKILL) << r.describe();
+  for (int rank : {0, 1, 3}) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    std::printf("rank %d: exit %d, %s\n", rank, x.exit_code, last_error_line(x).c_str());
+    EXPECT_EQ(x.signal, 0) << r.describe();
+    EXPECT_TRUE(x.exit_code == coccl_exit(errc::peer_lost) ||
+                x.exit_code == coccl_exit(errc::remote_error))
+        << r.describe();
+    EXPECT_NE(last_error_line(x).find("rank 2"), std::string::npos) << r.describe();
+  }
+}
+
+}  // namespace
+}  // namespace coccl::test
