@@ -423,7 +423,7 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int exclude
 }
 
 const char* pncclGetErrorString(ncclResult_t result) {
-  switch (result) {
+  switch (raw_value(result)) {
     case ncclSuccess:
       return "no error";
     case ncclUnhandledCudaError:

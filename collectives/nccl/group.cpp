@@ -30,8 +30,8 @@ struct Call {
   const void* send;
   void* recv;
   std::size_t count;
-  ncclDataType_t type;
-  ncclRedOp_t op;
+  int type;  // ncclDataType_t and ncclRedOp_t as given (raw_value): possibly out of range
+  int op;
   int root;  // the peer for sends and receives
   bool is_send;
   cudaStream_t stream;
@@ -478,14 +478,14 @@ ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                             cudaStream_t stream) {
   return submit(
-      {comm, OpKind::all_reduce, sendbuff, recvbuff, count, datatype, op, 0, false, stream});
+      {comm, OpKind::all_reduce, sendbuff, recvbuff, count, raw_value(datatype), raw_value(op), 0, false, stream});
 }
 
 ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, int root, ncclComm_t comm,
                             cudaStream_t stream) {
   return submit(
-      {comm, OpKind::broadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, false, stream});
+      {comm, OpKind::broadcast, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root, false, stream});
 }
 
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
@@ -497,50 +497,50 @@ ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                          cudaStream_t stream) {
   return submit(
-      {comm, OpKind::reduce, sendbuff, recvbuff, count, datatype, op, root, false, stream});
+      {comm, OpKind::reduce, sendbuff, recvbuff, count, raw_value(datatype), raw_value(op), root, false, stream});
 }
 
 ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                             ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return submit({comm, OpKind::all_gather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0,
+  return submit({comm, OpKind::all_gather, sendbuff, recvbuff, sendcount, raw_value(datatype), ncclSum, 0,
                  false, stream});
 }
 
 ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream) {
-  return submit({comm, OpKind::reduce_scatter, sendbuff, recvbuff, recvcount, datatype, op, 0,
+  return submit({comm, OpKind::reduce_scatter, sendbuff, recvbuff, recvcount, raw_value(datatype), raw_value(op), 0,
                  false, stream});
 }
 
 ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return submit(
-      {comm, OpKind::all_to_all, sendbuff, recvbuff, count, datatype, ncclSum, 0, false, stream});
+      {comm, OpKind::all_to_all, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, 0, false, stream});
 }
 
 ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   return submit(
-      {comm, OpKind::gather, sendbuff, recvbuff, count, datatype, ncclSum, root, false, stream});
+      {comm, OpKind::gather, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root, false, stream});
 }
 
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   return submit(
-      {comm, OpKind::scatter, sendbuff, recvbuff, count, datatype, ncclSum, root, false, stream});
+      {comm, OpKind::scatter, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root, false, stream});
 }
 
 ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream) {
   return submit(
-      {comm, OpKind::p2p, sendbuff, nullptr, count, datatype, ncclSum, peer, true, stream});
+      {comm, OpKind::p2p, sendbuff, nullptr, count, raw_value(datatype), ncclSum, peer, true, stream});
 }
 
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream) {
   return submit(
-      {comm, OpKind::p2p, nullptr, recvbuff, count, datatype, ncclSum, peer, false, stream});
+      {comm, OpKind::p2p, nullptr, recvbuff, count, raw_value(datatype), ncclSum, peer, false, stream});
 }
 
 ncclResult_t pncclGroupStart(void) {

@@ -103,14 +103,16 @@ ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTy
   if (auto r = check_comm(comm, "ncclRedOpCreatePreMulSum")) return r;
   if (!op || !scalar)
     return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: NULL op or scalar");
-  auto type = static_cast<DataType>(datatype);
-  if (!is_valid(type))
+  const int raw_type = raw_value(datatype);
+  const int where = raw_value(residence);
+  auto type = static_cast<DataType>(raw_type);
+  if (raw_type < 0 || raw_type >= ncclNumTypes || !is_valid(type))
     return fail(ncclInvalidArgument,
-                "ncclRedOpCreatePreMulSum: unknown datatype " + std::to_string(datatype));
+                "ncclRedOpCreatePreMulSum: unknown datatype " + std::to_string(raw_type));
   PreMulSum pm{type, nullptr, 0};
-  if (residence == ncclScalarHostImmediate) {
+  if (where == ncclScalarHostImmediate) {
     std::memcpy(&pm.scalar_bits, scalar, size_of(type));
-  } else if (residence == ncclScalarDevice) {
+  } else if (where == ncclScalarDevice) {
     pm.scalar_address = scalar;
   } else {
     return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: unknown residence");

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <coccl/coccl.hpp>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -16,6 +17,16 @@
 #include <thread>
 
 namespace coccl::nccl {
+
+/// An enum argument's value, read from its bytes: a C caller may pass a value the enumeration
+/// does not hold (an error to report), and reading that as the C++ enum type is undefined.
+template <typename E>
+int raw_value(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 /// An operator made by ncclRedOpCreatePreMulSum: multiply the input by a scalar, then sum.
 struct PreMulSum {
