@@ -373,19 +373,4 @@ void IbConnection::send_credit() {
   ++ctrl_in_flight_;
 }
 
-asio::awaitable<void> IbConnection::on_put(const LinkHeader&) {
-  throw std::system_error(make_error_code(errc::bad_message), "data frame on an ib link");
-  co_return;
-}
-
-void IbConnection::fail_waiters_soft() {
-  resume(recv_waiter_);
-  resume(credit_waiter_);
-}
-
-void IbConnection::fail_waiters() {
-  resume(recv_waiter_, asio::error::operation_aborted);
-  resume(credit_waiter_, asio::error::operation_aborted);
-}
-
 }  // namespace coccl::transport

@@ -66,11 +66,6 @@ class IbConnection final : public SocketConnection {
   void arm();
 
  private:
-  asio::awaitable<void> on_put(const LinkHeader& h) override;
-  void on_credit(std::uint64_t) override {}
-  void fail_waiters() override;
-  void fail_waiters_soft() override;
-
   // Polls the completion queue dry; true if it found any completion.
   bool drain();
   // drain(); arms the channel only when nothing was found (busy: keep polling).
@@ -103,8 +98,6 @@ class IbConnection final : public SocketConnection {
   // Credits: the released count last sent, control sends in flight, the next control buffer.
   std::uint64_t credited_ = 0;
   std::size_t ctrl_in_flight_ = 0, ctrl_next_ = 0;
-  Waiter recv_waiter_;
-  Waiter credit_waiter_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

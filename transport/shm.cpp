@@ -222,19 +222,4 @@ void ShmConnection::release() {
   recv_ring_->tail.store(released_, std::memory_order_release);
 }
 
-asio::awaitable<void> ShmConnection::on_put(const LinkHeader&) {
-  throw std::system_error(make_error_code(errc::bad_message), "data frame on an shm link");
-  co_return;
-}
-
-void ShmConnection::fail_waiters_soft() {
-  resume(recv_waiter_);
-  resume(credit_waiter_);
-}
-
-void ShmConnection::fail_waiters() {
-  resume(recv_waiter_, asio::error::operation_aborted);
-  resume(credit_waiter_, asio::error::operation_aborted);
-}
-
 }  // namespace coccl::transport

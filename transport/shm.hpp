@@ -77,10 +77,6 @@ class ShmConnection final : public SocketConnection {
   bool has_waiter() const noexcept { return recv_waiter_.has_value() || credit_waiter_.has_value(); }
 
  private:
-  asio::awaitable<void> on_put(const LinkHeader& h) override;
-  void on_credit(std::uint64_t) override {}
-  void fail_waiters() override;
-  void fail_waiters_soft() override;
   bool can_put() const noexcept;
   bool can_recv() const noexcept;
   void resume_inline(Waiter& w);
@@ -95,8 +91,6 @@ class ShmConnection final : public SocketConnection {
   std::uint64_t sent_ = 0;      // puts published into the peer's ring
   std::uint64_t consumed_ = 0;  // chunks handed out by wait()
   std::uint64_t released_ = 0;  // chunks released
-  Waiter recv_waiter_;
-  Waiter credit_waiter_;
 };
 
 }  // namespace coccl::transport

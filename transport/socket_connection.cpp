@@ -234,4 +234,20 @@ void SocketConnection::send_goodbye() {
   socket_.write_some(asio::buffer(&h, sizeof h), ignored);
 }
 
+asio::awaitable<void> SocketConnection::on_put(const LinkHeader&) {
+  throw std::system_error(make_error_code(errc::bad_message),
+                          std::string("data frame on an ") + kind() + " link");
+  co_return;
+}
+
+void SocketConnection::fail_waiters_soft() {
+  resume(recv_waiter_);
+  resume(credit_waiter_);
+}
+
+void SocketConnection::fail_waiters() {
+  resume(recv_waiter_, asio::error::operation_aborted);
+  resume(credit_waiter_, asio::error::operation_aborted);
+}
+
 }  // namespace coccl::transport

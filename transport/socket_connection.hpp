@@ -45,13 +45,15 @@ class SocketConnection : public Connection {
  protected:
   // Queues a frame; `done` (optional) runs once its bytes are handed to the kernel.
   void enqueue(LinkHeader h, const void* data, std::size_t n, Resume done);
-  // Reads the payload of a put frame (tcp) or rejects it (shm).
-  virtual asio::awaitable<void> on_put(const LinkHeader& h) = 0;
-  virtual void on_credit(std::uint64_t n) = 0;
-  // Fails the derived class's waiters.
-  virtual void fail_waiters() = 0;
+  // Reads the payload of a put frame (tcp); links that carry data elsewhere (shm, ib) keep this
+  // default, which rejects it.
+  virtual asio::awaitable<void> on_put(const LinkHeader& h);
+  // A credit frame (tcp); the others return credits through their own channel.
+  virtual void on_credit(std::uint64_t) {}
+  // Fails the waiters.
+  void fail_waiters();
   // Wakes them without an error so they re-check their condition.
-  virtual void fail_waiters_soft() = 0;
+  void fail_waiters_soft();
   // Resumes a suspended coroutine with `ec` from the executor (never inline).
   void resume(Waiter& w, boost::system::error_code ec = {});
   void resume_now(Resume& r, boost::system::error_code ec);
@@ -62,6 +64,10 @@ class SocketConnection : public Connection {
   [[noreturn]] void fail_departed(const char* needed);
 
   asio::ip::tcp::socket socket_;
+  // The coroutine waiting for the next chunk, and the one waiting for a free slot of the peer's
+  // ring (at most one each: see Connection).
+  Waiter recv_waiter_;
+  Waiter credit_waiter_;
   bool closed_ = false;
   bool departed_ = false;  // the peer said goodbye (destroyed its communicator)
   std::error_code error_;

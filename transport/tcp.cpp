@@ -102,14 +102,4 @@ void TcpConnection::on_credit(std::uint64_t n) {
   resume(credit_waiter_);
 }
 
-void TcpConnection::fail_waiters_soft() {
-  resume(recv_waiter_);
-  resume(credit_waiter_);
-}
-
-void TcpConnection::fail_waiters() {
-  resume(recv_waiter_, asio::error::operation_aborted);
-  resume(credit_waiter_, asio::error::operation_aborted);
-}
-
 }  // namespace coccl::transport

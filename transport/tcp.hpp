@@ -24,8 +24,6 @@ class TcpConnection final : public SocketConnection {
  private:
   asio::awaitable<void> on_put(const LinkHeader& h) override;
   void on_credit(std::uint64_t n) override;
-  void fail_waiters() override;
-  void fail_waiters_soft() override;
 
   std::size_t slots_;
   std::size_t slot_bytes_;
@@ -36,8 +34,6 @@ class TcpConnection final : public SocketConnection {
   std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
   // Send side: puts issued, slots the peer has released.
   std::uint64_t sent_ = 0, acked_ = 0;
-  Waiter recv_waiter_;
-  Waiter credit_waiter_;
 };
 
 }  // namespace coccl::transport
