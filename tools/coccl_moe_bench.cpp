@@ -20,7 +20,6 @@
 // captured dispatch + combine. Every library's output is checked against a host reference after
 // the timed batches (#wrong = elements that differ, over all ranks).
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +38,7 @@
 #include <vector>
 
 #include "coccl_moe_bench_kernels.hpp"
+#include "nccl_runtime.hpp"
 
 extern char** environ;
 
@@ -59,37 +59,9 @@ struct Options {
   bool nccl = true;
 };
 
-// NCCL's C API, resolved from libnccl.so.2 at run time (no header or library needed to build).
-struct NcclId {
-  char internal[128];
-};
-using nccl_comm = void*;
-struct Nccl {
-  int (*get_unique_id)(NcclId*) = nullptr;
-  int (*init_rank)(nccl_comm*, int, NcclId, int) = nullptr;
-  int (*destroy)(nccl_comm) = nullptr;
-  int (*send)(const void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*recv)(void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*group_start)() = nullptr;
-  int (*group_end)() = nullptr;
-  int (*get_version)(int*) = nullptr;
-
-  bool load() {
-    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return false;
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      return fn != nullptr;
-    };
-    return sym(get_unique_id, "ncclGetUniqueId") && sym(init_rank, "ncclCommInitRank") &&
-           sym(destroy, "ncclCommDestroy") && sym(send, "ncclSend") && sym(recv, "ncclRecv") &&
-           sym(group_start, "ncclGroupStart") && sym(group_end, "ncclGroupEnd") &&
-           sym(get_version, "ncclGetVersion");
-  }
-  void ok(int rc, const char* what) const {
-    if (rc != 0) throw std::runtime_error(std::string(what) + " failed with " + std::to_string(rc));
-  }
-};
+using coccl_tools::Nccl;
+using coccl_tools::nccl_comm;
+using coccl_tools::NcclId;
 
 constexpr int nccl_int64 = 4;
 constexpr int nccl_bfloat16 = 9;

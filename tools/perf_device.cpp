@@ -2,13 +2,14 @@
 #include "perf_device.hpp"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "nccl_runtime.hpp"
 
 namespace perf {
 namespace {
@@ -22,44 +23,9 @@ namespace {
     }                                                                              \
   } while (0)
 
-// NCCL's C API, declared here and resolved from libnccl.so.2 at run time, so coccl-perf needs
-// neither NCCL's header nor its library to build.
-struct NcclId {
-  char internal[128];
-};
-using nccl_comm = void*;
-struct Nccl {
-  void* lib = nullptr;
-  int (*get_unique_id)(NcclId*) = nullptr;
-  int (*init_rank)(nccl_comm*, int, NcclId, int) = nullptr;
-  int (*destroy)(nccl_comm) = nullptr;
-  int (*all_reduce)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*all_gather)(const void*, void*, std::size_t, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*reduce_scatter)(const void*, void*, std::size_t, int, int, nccl_comm,
-                        cudaStream_t) = nullptr;
-  int (*broadcast)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*reduce)(const void*, void*, std::size_t, int, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*send)(const void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*recv)(void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*group_start)() = nullptr;
-  int (*group_end)() = nullptr;
-  int (*get_version)(int*) = nullptr;
-
-  bool load() {
-    lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return false;
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      return fn != nullptr;
-    };
-    return sym(get_unique_id, "ncclGetUniqueId") && sym(init_rank, "ncclCommInitRank") &&
-           sym(destroy, "ncclCommDestroy") && sym(all_reduce, "ncclAllReduce") &&
-           sym(all_gather, "ncclAllGather") && sym(reduce_scatter, "ncclReduceScatter") &&
-           sym(send, "ncclSend") && sym(recv, "ncclRecv") && sym(group_start, "ncclGroupStart") &&
-           sym(group_end, "ncclGroupEnd") && sym(get_version, "ncclGetVersion") &&
-           sym(broadcast, "ncclBroadcast") && sym(reduce, "ncclReduce");
-  }
-};
+using coccl_tools::Nccl;
+using coccl_tools::nccl_comm;
+using coccl_tools::NcclId;
 
 bool device_coll(const std::string& c) {
   return c == "allreduce" || c == "allgather" || c == "reducescatter" || c == "alltoall" ||
