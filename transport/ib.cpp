@@ -29,11 +29,6 @@ struct SlotHeader {
 };
 static_assert(sizeof(SlotHeader) <= ib::slot_header);
 
-asio::awaitable<void> suspend(Waiter& slot) {
-  co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
-      [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
-}
-
 }  // namespace
 
 bool IbPoller::poll() {
@@ -259,15 +254,7 @@ bool IbConnection::can_recv() const noexcept {
 
 asio::awaitable<void> IbConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  while (!closed_ && !departed_ && !can_put()) {
-    blocked_since_ = std::chrono::steady_clock::now();
-    poller_.activate(this);
-    try {
-      co_await suspend(credit_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-    blocked_since_.reset();
-  }
+  co_await park_for_credit();
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   const std::size_t slot = sent_ % slots_;
@@ -313,15 +300,7 @@ asio::awaitable<void> IbConnection::put(const void* src, std::size_t n, std::uin
 }
 
 asio::awaitable<Chunk> IbConnection::wait() {
-  while (!closed_ && !departed_ && !can_recv()) {
-    blocked_since_ = std::chrono::steady_clock::now();
-    poller_.activate(this);
-    try {
-      co_await suspend(recv_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-    blocked_since_.reset();
-  }
+  co_await park_for_data();
   // Chunks that fully arrived are delivered even after the peer left or the link closed.
   if (!can_recv()) {
     if (departed_) fail_departed("was waiting for data from it");

@@ -74,8 +74,9 @@ class IbConnection final : public SocketConnection {
   void on_completion(const ibv_wc& wc);
   void on_error(const ibv_wc& wc);
   void send_credit();
-  bool can_put() const noexcept;
-  bool can_recv() const noexcept;
+  bool can_put() const noexcept override;
+  bool can_recv() const noexcept override;
+  void before_park() override { poller_.activate(this); }
   void wake(bool now);
   [[noreturn]] void post_failed(const char* what);
 

@@ -33,11 +33,6 @@ std::atomic<std::uint32_t>& meta(void* ring, std::size_t i) {
   return reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<char*>(ring) + meta_offset)[i];
 }
 
-asio::awaitable<void> suspend(Waiter& slot) {
-  co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
-      [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
-}
-
 std::system_error sys_error(const std::string& what) {
   return std::system_error(errno, std::system_category(), what);
 }
@@ -172,15 +167,7 @@ void ShmConnection::resume_inline(Waiter& w) {
 
 asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  while (!closed_ && !departed_ && !can_put()) {
-    blocked_since_ = std::chrono::steady_clock::now();
-    poller_.activate(this);
-    try {
-      co_await suspend(credit_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-    blocked_since_.reset();
-  }
+  co_await park_for_credit();
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   std::size_t slot = sent_ % slots_;
@@ -194,15 +181,7 @@ asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::ui
 }
 
 asio::awaitable<Chunk> ShmConnection::wait() {
-  while (!closed_ && !departed_ && !can_recv()) {
-    blocked_since_ = std::chrono::steady_clock::now();
-    poller_.activate(this);
-    try {
-      co_await suspend(recv_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-    blocked_since_.reset();
-  }
+  co_await park_for_data();
   // Published chunks are delivered even after the peer left or the link closed (see tcp).
   if (!can_recv()) {
     if (departed_) fail_departed("was waiting for data from it");

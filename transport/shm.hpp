@@ -77,8 +77,9 @@ class ShmConnection final : public SocketConnection {
   bool has_waiter() const noexcept { return recv_waiter_.has_value() || credit_waiter_.has_value(); }
 
  private:
-  bool can_put() const noexcept;
-  bool can_recv() const noexcept;
+  bool can_put() const noexcept override;
+  bool can_recv() const noexcept override;
+  void before_park() override { poller_.activate(this); }
   void resume_inline(Waiter& w);
 
   std::size_t slots_;

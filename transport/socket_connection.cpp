@@ -240,6 +240,35 @@ asio::awaitable<void> SocketConnection::on_put(const LinkHeader&) {
   co_return;
 }
 
+asio::awaitable<void> SocketConnection::suspend(Waiter& slot) {
+  co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
+      [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
+}
+
+asio::awaitable<void> SocketConnection::park_for_credit() {
+  while (!closed_ && !departed_ && !can_put()) {
+    blocked_since_ = std::chrono::steady_clock::now();
+    before_park();
+    try {
+      co_await suspend(credit_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+    blocked_since_.reset();
+  }
+}
+
+asio::awaitable<void> SocketConnection::park_for_data() {
+  while (!closed_ && !departed_ && !can_recv()) {
+    blocked_since_ = std::chrono::steady_clock::now();
+    before_park();
+    try {
+      co_await suspend(recv_waiter_);
+    } catch (const boost::system::system_error&) {
+    }
+    blocked_since_.reset();
+  }
+}
+
 void SocketConnection::fail_waiters_soft() {
   resume(recv_waiter_);
   resume(credit_waiter_);

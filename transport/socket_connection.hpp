@@ -50,6 +50,17 @@ class SocketConnection : public Connection {
   virtual asio::awaitable<void> on_put(const LinkHeader& h);
   // A credit frame (tcp); the others return credits through their own channel.
   virtual void on_credit(std::uint64_t) {}
+  // A slot of the peer's ring is free for the next put / the next chunk is ready to hand out.
+  virtual bool can_put() const noexcept = 0;
+  virtual bool can_recv() const noexcept = 0;
+  // Runs before a coroutine parks: a polled link makes its poller visit it.
+  virtual void before_park() {}
+  // Parks the calling coroutine in credit_waiter_ / recv_waiter_ until can_put() / can_recv()
+  // holds, the link closed or the peer left; the caller then checks which.
+  asio::awaitable<void> park_for_credit();
+  asio::awaitable<void> park_for_data();
+  // Parks the calling coroutine in `slot` until resume().
+  static asio::awaitable<void> suspend(Waiter& slot);
   // Fails the waiters.
   void fail_waiters();
   // Wakes them without an error so they re-check their condition.

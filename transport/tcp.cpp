@@ -6,13 +6,6 @@
 
 namespace coccl::transport {
 
-namespace {
-asio::awaitable<void> suspend(Waiter& slot) {
-  co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
-      [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
-}
-}  // namespace
-
 TcpConnection::TcpConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
                              std::size_t slot_bytes, FailureHandler on_failure)
     : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
@@ -24,14 +17,7 @@ TcpConnection::TcpConnection(int self, int peer, asio::ip::tcp::socket socket, s
 
 asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  while (!closed_ && !departed_ && sent_ - acked_ >= slots_) {
-    blocked_since_ = std::chrono::steady_clock::now();
-    try {
-      co_await suspend(credit_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-    blocked_since_.reset();
-  }
+  co_await park_for_credit();
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   ++sent_;
@@ -58,14 +44,7 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
 }
 
 asio::awaitable<Chunk> TcpConnection::wait() {
-  while (!closed_ && !departed_ && filled_ == consumed_) {
-    blocked_since_ = std::chrono::steady_clock::now();
-    try {
-      co_await suspend(recv_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-    blocked_since_.reset();
-  }
+  co_await park_for_data();
   // Chunks that fully arrived are delivered even after the peer left or the link closed: a peer
   // that sent everything and then destroyed its communicator did nothing wrong.
   if (filled_ == consumed_) {

@@ -24,6 +24,8 @@ class TcpConnection final : public SocketConnection {
  private:
   asio::awaitable<void> on_put(const LinkHeader& h) override;
   void on_credit(std::uint64_t n) override;
+  bool can_put() const noexcept override { return sent_ - acked_ < slots_; }
+  bool can_recv() const noexcept override { return filled_ != consumed_; }
 
   std::size_t slots_;
   std::size_t slot_bytes_;
