@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string_view>
 
 #include "collectives/comm.hpp"
@@ -108,6 +109,26 @@ class Op {
 
   // The link exists: take() made it.
   void release(int peer) { c_.peers().existing(peer)->release(); }
+
+  // Sends a block (see Connection) of `bytes` from `src` over `l` to `peer`, after checking the
+  // receiver's offer against this operation. True if it went zero-copy (flush_blocks() before
+  // the operation ends); false: send it as chunks.
+  asio::awaitable<bool> send_block(Connection* l, int peer, const std::byte* src,
+                                   std::size_t bytes) {
+    transport::BlockOffer o = co_await l->next_offer();
+    if (o.fingerprint != fp_ || o.size != bytes) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "rank %d offered to receive %zu bytes of another operation (fingerprint "
+                    "%08x) while this rank sends %zu bytes in %s #%llu (fingerprint %08x)",
+                    peer, o.size, o.fingerprint, bytes, c_.op_name(),
+                    static_cast<unsigned long long>(c_.seq()), fp_);
+      raise(make_error_code(errc::mismatch), buf);
+    }
+    co_return co_await l->write_block(src, bytes);
+  }
+
+  std::uint32_t fingerprint() const { return fp_; }
 
   // Sends `elems` elements in chunks.
   Task send(int peer, const std::byte* p, std::size_t elems) {
@@ -425,22 +446,48 @@ struct Block {
   std::size_t elems;
 };
 
+// Blocks large enough for the link's block protocol go first (zero-copy where both buffers are
+// registered, see Connection); what remains is sent chunk by chunk.
 Task exchange_send(Op& op, std::vector<Block> sends) {
   const std::size_t k = op.per_chunk(), e = op.elt();
+  std::vector<Block> staged;
+  std::vector<Connection*> written;
+  for (auto& b : sends) {
+    Connection* l = co_await op.link(b.peer);
+    if (l->uses_blocks(b.elems * e) &&
+        co_await op.send_block(l, b.peer, b.ptr, b.elems * e)) {
+      written.push_back(l);
+      continue;
+    }
+    staged.push_back(b);
+  }
   std::size_t most = 0;
-  for (auto& b : sends) most = std::max(most, chunks_of(b.elems, k));
+  for (auto& b : staged) most = std::max(most, chunks_of(b.elems, k));
   for (std::size_t c = 0; c < most; ++c)
-    for (auto& b : sends)
+    for (auto& b : staged)
       if (c * k < b.elems)
         co_await op.put(b.peer, b.ptr + c * k * e, std::min(k, b.elems - c * k) * e);
+  for (Connection* l : written) co_await l->flush_blocks();
 }
 
 Task exchange_recv(Op& op, std::vector<Block> recvs) {
   const std::size_t k = op.per_chunk(), e = op.elt();
+  // Every block is offered before waiting for any, so no sender waits on another's offer.
+  std::vector<std::optional<std::uint64_t>> offers;
+  for (auto& b : recvs) {
+    Connection* l = co_await op.link(b.peer);
+    offers.push_back(l->uses_blocks(b.elems * e)
+                         ? std::optional(l->offer(b.ptr, b.elems * e, op.fingerprint()))
+                         : std::nullopt);
+  }
+  std::vector<Block> staged;
+  for (std::size_t i = 0; i < recvs.size(); ++i)
+    if (!offers[i] || !co_await op.comm().peers().existing(recvs[i].peer)->landed(*offers[i]))
+      staged.push_back(recvs[i]);
   std::size_t most = 0;
-  for (auto& b : recvs) most = std::max(most, chunks_of(b.elems, k));
+  for (auto& b : staged) most = std::max(most, chunks_of(b.elems, k));
   for (std::size_t c = 0; c < most; ++c)
-    for (auto& b : recvs)
+    for (auto& b : staged)
       if (c * k < b.elems) {
         std::size_t len = std::min(k, b.elems - c * k) * e;
         Chunk ch = co_await op.take(b.peer, len);
@@ -555,12 +602,32 @@ Task scatter_direct(Op& op) {
   co_await exchange(op, std::move(sends), std::move(recvs));
 }
 
+// A peer's transfers in order; blocks (see Connection) zero-copy where possible.
 Task p2p_sends(Op& op, int peer, std::vector<const P2POp*> list) {
-  for (const P2POp* p : list) co_await op.send(peer, cbytes(p->buffer), p->count);
+  Connection* l = co_await op.link(peer);
+  bool written = false;
+  for (const P2POp* p : list) {
+    if (l->uses_blocks(p->count) && co_await op.send_block(l, peer, cbytes(p->buffer), p->count)) {
+      written = true;
+      continue;
+    }
+    co_await op.send(peer, cbytes(p->buffer), p->count);
+  }
+  if (written) co_await l->flush_blocks();
 }
 
 Task p2p_recvs(Op& op, int peer, std::vector<const P2POp*> list) {
-  for (const P2POp* p : list) co_await op.recv(peer, bytes(p->buffer), p->count);
+  Connection* l = co_await op.link(peer);
+  // Every block is offered up front (the link sends the offers as its window allows).
+  std::vector<std::optional<std::uint64_t>> offers;
+  for (const P2POp* p : list)
+    offers.push_back(l->uses_blocks(p->count)
+                         ? std::optional(l->offer(p->buffer, p->count, op.fingerprint()))
+                         : std::nullopt);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (offers[i] && co_await l->landed(*offers[i])) continue;
+    co_await op.recv(peer, bytes(list[i]->buffer), list[i]->count);
+  }
 }
 
 // Each peer gets one sending and one receiving coroutine that handle its transfers in order, so

@@ -234,6 +234,20 @@ boost::asio::any_io_executor Communicator::executor() const {
   return impl_->executor();
 }
 
+BufferRegistration Communicator::register_buffer(void* buffer, std::size_t bytes) {
+  if (!impl_) invalid("register_buffer on an empty communicator");
+  std::shared_ptr<transport::UserBuffers> buffers = impl_->user_buffers();
+  const std::uint64_t handle = buffers->add(buffer, bytes);
+  // The guard owns no object: its deleter ends the registration, with the table kept alive.
+  std::shared_ptr<void> guard(nullptr, [buffers, handle](void*) { buffers->remove(handle); });
+  return BufferRegistration(std::move(guard), buffer, bytes);
+}
+
+std::uint64_t Communicator::zero_copy_bytes() const {
+  if (!impl_) invalid("empty communicator");
+  return impl_->user_buffers()->zero_copy_bytes();
+}
+
 std::string Communicator::last_error() const { return impl_ ? impl_->last_error() : "empty communicator"; }
 
 Communicator Communicator::split(int color, int key) {

@@ -32,6 +32,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   int size() const noexcept { return size_; }
   asio::any_io_executor executor() const { return ex_; }
   transport::Peers& peers() { return *peers_; }
+  /// Any thread: the buffers registered with register_buffer.
+  std::shared_ptr<transport::UserBuffers> user_buffers() const { return peers_->user_buffers(); }
 
   /// Proxy thread: joins via the root.
   asio::awaitable<void> rendezvous(transport::RootAddress root);

@@ -68,5 +68,9 @@ config::Param<std::int64_t> ib_qps_per_peer{
 config::Param<std::int64_t> ib_split_bytes{
     "COCCL_IB_SPLIT_BYTES", 64 << 10,
     "smallest piece of a put split across the queue pairs of an ib connection"};
+config::Param<std::int64_t> ib_zcopy_min{
+    "COCCL_IB_ZCOPY_MIN", 64 << 10,
+    "smallest transfer an ib connection moves as a block: zero-copy when both buffers are "
+    "registered (register_buffer), after a rendezvous; every rank must use the same value"};
 
 }  // namespace coccl::params

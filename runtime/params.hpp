@@ -28,5 +28,6 @@ extern config::Param<std::string> ib_hca;           // COCCL_IB_HCA
 extern config::Param<std::int64_t> ib_gid_index;    // COCCL_IB_GID_INDEX
 extern config::Param<std::int64_t> ib_qps_per_peer; // COCCL_IB_QPS_PER_PEER
 extern config::Param<std::int64_t> ib_split_bytes;  // COCCL_IB_SPLIT_BYTES
+extern config::Param<std::int64_t> ib_zcopy_min;    // COCCL_IB_ZCOPY_MIN
 
 }  // namespace coccl::params

@@ -50,7 +50,7 @@ const std::vector<std::string> all_colls{"allreduce", "allgather", "broadcast", 
                "  [--coll allreduce|allgather|broadcast|reduce|reducescatter|alltoall|gather|"
                "scatter|all]\n"
                "  [--ranks N] [--baseline gloo|mpi|nccl]... [--json FILE] [--device host|cuda]"
-               " [-G 0|1]\n",
+               " [-G 0|1] [--register 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -92,6 +92,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--json") o.json = val();
     else if (a == "--device") o.device = val();
     else if (a == "-G") o.graph = std::atoi(val().c_str()) != 0;
+    else if (a == "--register") o.register_buffers = std::atoi(val().c_str()) != 0;
     else if (a == "-d") {
       auto t = coccl::parse_data_type(val());
       if (!t) usage("unknown type");
@@ -123,6 +124,7 @@ Options parse(int argc, char** argv) {
     if (!ranks_given) o.ranks = gpus;
     for (const auto& b : o.baselines)
       if (b != "nccl") usage("on --device cuda the baseline is nccl");
+    if (o.register_buffers) usage("--register applies to host memory");
   } else {
     for (const auto& b : o.baselines)
       if (b == "nccl") usage("--baseline nccl needs --device cuda");
@@ -201,6 +203,12 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
       if (coll == "allreduce" || coll == "broadcast" || coll == "reduce") row.bytes = s.count * elt;
       std::vector<std::byte> send(std::max<std::size_t>(1, s.send_elems * elt)),
           recv(std::max<std::size_t>(1, s.recv_elems * elt));
+      // Registered for this size only, and released before the buffers are freed.
+      std::vector<coccl::BufferRegistration> regs;
+      if (o.register_buffers) {
+        regs.push_back(c.register_buffer(send.data(), send.size()));
+        regs.push_back(c.register_buffer(recv.data(), recv.size()));
+      }
       for (int place = 0; place < 2; ++place) {
         // In place: the send buffer lives inside the receive buffer (or, for the collectives
         // whose send side is the large one, the receive buffer inside the send buffer).
@@ -256,8 +264,8 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
 double bus_factor(const std::string& coll, int n) { return shape_of(coll, 1 << 20, 4, n).bus_factor; }
 
 void print_table(const Options& o, int n, const std::vector<Row>& rows) {
-  std::printf("# coccl-perf: %d ranks, host memory, %s, %s, iters %d, warmup %d, median of %d\n",
-              n, std::string(coccl::to_string(o.type)).c_str(),
+  std::printf("# coccl-perf: %d ranks, host memory%s, %s, %s, iters %d, warmup %d, median of %d\n",
+              n, o.register_buffers ? " (registered)" : "", std::string(coccl::to_string(o.type)).c_str(),
               std::string(coccl::to_string(o.op)).c_str(), o.iters, o.warmup, o.repeat);
   std::string last;
   double bus_sum = 0;
@@ -333,6 +341,9 @@ int run_rank(coccl::Communicator comm, const Options& o) {
   for (auto& r : rows) wrong += r.wrong[0] + r.wrong[1];
   if (comm.rank() == 0) {
     print_table(o, comm.size(), rows);
+    if (o.register_buffers)
+      std::printf("# zero-copy bytes sent by rank 0: %llu\n",
+                  static_cast<unsigned long long>(comm.zero_copy_bytes()));
     if (const char* out = std::getenv("COCCL_PERF_RESULTS")) write_results(out, rows);
   }
   comm.destroy();

@@ -25,6 +25,7 @@ struct Options {
   std::vector<std::string> baselines;
   std::string json, device = "host";
   bool graph = false;  // -G: time CUDA graph replays (device only)
+  bool register_buffers = false;  // --register: register_buffer on both buffers (host only)
 };
 
 

@@ -32,6 +32,9 @@ int ib_qps() { return static_cast<int>(params::ib_qps_per_peer.get()); }
 std::size_t ib_split_bytes() {
   return static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_split_bytes.get()));
 }
+std::size_t ib_block_min() {
+  return static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_zcopy_min.get()));
+}
 #endif
 
 [[noreturn]] void bad(const std::string& what) {
@@ -294,6 +297,12 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
                             "COCCL_TRANSPORT=ib, but coccl was built without ibverbs headers");
 #endif
   }
+#if COCCL_HAVE_IB
+  user_buffers_ =
+      std::make_shared<UserBuffers>(ib_device_ ? &ib::registrations(ib_device_) : nullptr);
+#else
+  user_buffers_ = std::make_shared<UserBuffers>(nullptr);
+#endif
   thread_.add_poller(&poller_);
 #if COCCL_HAVE_IB
   if (ib_device_) thread_.add_poller(&ib_poller_);
@@ -481,7 +490,8 @@ asio::awaitable<void> Peers::dial(int peer) {
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps());
+      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps(),
+                                        ib_block_min());
       address = link->address().encode();
     }
 #endif
@@ -514,7 +524,8 @@ asio::awaitable<void> Peers::dial(int peer) {
 #if COCCL_HAVE_IB
   if (link) {
     add(peer, std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
-                                             ib_split_bytes(), ib_poller_, on_failure_));
+                                             ib_split_bytes(), ib_poller_, user_buffers_,
+                                             on_failure_));
     co_return;
   }
 #endif
@@ -567,7 +578,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps());
+      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps(),
+                                        ib_block_min());
       link->connect(ib::LinkAddress::decode(their_address));
       address = link->address().encode();
     }
@@ -589,7 +601,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
 #if COCCL_HAVE_IB
   if (link) {
     add(peer, std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
-                                             ib_split_bytes(), ib_poller_, on_failure_));
+                                             ib_split_bytes(), ib_poller_, user_buffers_,
+                                             on_failure_));
     co_return;
   }
 #endif

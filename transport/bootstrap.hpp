@@ -25,6 +25,7 @@
 #if COCCL_HAVE_IB
 #include "transport/ib.hpp"
 #endif
+#include "transport/user_buffers.hpp"
 #include "transport/wire.hpp"
 
 namespace coccl::transport {
@@ -90,6 +91,9 @@ class Peers {
 
   /// The connection to `peer` if it is open, else null.
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// The buffers the user registered (register_buffer); set at construction, usable from any
+  /// thread.
+  const std::shared_ptr<UserBuffers>& user_buffers() const noexcept { return user_buffers_; }
   /// Open connections (for the watchdog).
   const std::vector<std::unique_ptr<Connection>>& connections() const { return conns_; }
 
@@ -128,6 +132,7 @@ class Peers {
   IbPoller ib_poller_;
   std::shared_ptr<ib::Device> ib_device_;  // set when COCCL_TRANSPORT=ib
 #endif
+  std::shared_ptr<UserBuffers> user_buffers_;
   std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
   std::vector<Connection*> by_peer_;                // nranks entries
   // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the

@@ -41,6 +41,12 @@ struct Chunk {
   std::uint32_t fingerprint;
 };
 
+/// The receiver's offer of a block, as the sender sees it (see Connection::next_offer).
+struct BlockOffer {
+  std::size_t size;
+  std::uint32_t fingerprint;
+};
+
 /// Called once when the link fails: peer EOF/reset, an abort notice, a protocol error.
 using FailureHandler = std::function<void(int peer, std::error_code, const std::string&)>;
 
@@ -80,12 +86,42 @@ class Connection {
   /// Fails every pending and future put/wait with `ec`/`why` and closes the link. Idempotent.
   virtual void close(std::error_code ec, const std::string& why) = 0;
 
+  // Block transfers: one whole buffer moved from the sender's memory to the receiver's, zero-copy
+  // where the link and both buffers allow it (ib, both buffers registered by the user), as
+  // ordinary chunks otherwise. Blocks are matched in order per direction. For each block the
+  // receiver calls offer() (never waits; it may offer several blocks ahead) and later landed();
+  // the sender calls next_offer() then write_block(), and flush_blocks() before reusing sources.
+  // Links that move no blocks return false from uses_blocks() and never see the other calls.
+
+  /// True if a transfer of `n` bytes on this link is a block (both sides decide alike).
+  virtual bool uses_blocks(std::size_t /*n*/) const noexcept { return false; }
+  /// Receiver: the next block is `n` bytes into `dst`. Returns its id (ids count up from 0).
+  virtual std::uint64_t offer(void* /*dst*/, std::size_t /*n*/, std::uint32_t /*fingerprint*/) {
+    no_blocks();
+  }
+  /// Receiver: waits until block `id` (the oldest not yet landed) is settled: true if its bytes
+  /// are in `dst`, false if the sender sends them as chunks (take them with wait()).
+  virtual asio::awaitable<bool> landed(std::uint64_t /*id*/) { no_blocks(); }
+  /// Sender: waits for the receiver's offer of the next block.
+  virtual asio::awaitable<BlockOffer> next_offer() { no_blocks(); }
+  /// Sender: answers that offer with `src` (n bytes, matching it). Starts writing straight into
+  /// the receiver's buffer and returns true when both buffers are registered; otherwise returns
+  /// false (the receiver has been told): send the bytes with put().
+  virtual asio::awaitable<bool> write_block(const void* /*src*/, std::size_t /*n*/) { no_blocks(); }
+  /// Sender: waits until every block write started has finished reading its source.
+  virtual asio::awaitable<void> flush_blocks() { no_blocks(); }
+
   /// When a put or wait has been blocked on this peer since, if one is.
   std::optional<std::chrono::steady_clock::time_point> blocked_since() const noexcept {
     return blocked_since_;
   }
 
  protected:
+  [[noreturn]] static void no_blocks() {
+    throw LinkError(std::make_error_code(std::errc::operation_not_supported),
+                    "block transfer on a link without blocks");
+  }
+
   // Reports the first failure to the communicator.
   void report_failure(std::error_code ec, const std::string& why) {
     if (reported_) return;

@@ -14,15 +14,26 @@
 // A completion with an error fails the connection with the peer's rank and the verbs status.
 // As for shm, the TCP socket that set the link up stays open to detect a dead peer and carry
 // abort and goodbye notices.
+//
+// Blocks (transfers of at least COCCL_IB_ZCOPY_MIN bytes, see Connection) use a rendezvous: the
+// receiver SENDs an offer naming its buffer (address and rkey when the user registered it, else
+// "staged"); the sender, when its own buffer is registered too, RDMA-writes straight from it into
+// the receiver's, split over the queue pairs like a put, with a block flag and the block's id in
+// the immediates; otherwise it SENDs a decline (for a registered offer) and the bytes go through
+// the ring as ordinary puts. A receiver keeps at most ib::block_window offers outstanding beyond
+// the one it waits for, and a sender at most block_window + 1 blocks of writes in flight, which
+// bounds the receives and send slots they use (see Link).
 #pragma once
 
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <deque>
 #include <memory>
 #include <vector>
 
 #include "runtime/engine.hpp"
 #include "transport/ib_link.hpp"
 #include "transport/socket_connection.hpp"
+#include "transport/user_buffers.hpp"
 
 namespace coccl::transport {
 
@@ -44,9 +55,11 @@ class IbPoller final : public runtime::Poller {
 
 class IbConnection final : public SocketConnection {
  public:
-  /// `link` is connected (both sides in RTS). Starts watching the completion channel.
+  /// `link` is connected (both sides in RTS). `buffers` are the communicator's registered user
+  /// buffers (blocks in them move zero-copy). Starts watching the completion channel.
   IbConnection(int self, int peer, asio::ip::tcp::socket socket, std::unique_ptr<ib::Link> link,
-               std::size_t split_bytes, IbPoller& poller, FailureHandler on_failure);
+               std::size_t split_bytes, IbPoller& poller, std::shared_ptr<UserBuffers> buffers,
+               FailureHandler on_failure);
   ~IbConnection() override;
 
   const char* kind() const noexcept override { return "ib"; }
@@ -54,6 +67,13 @@ class IbConnection final : public SocketConnection {
   asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   asio::awaitable<Chunk> wait() override;
   void release() override;
+
+  bool uses_blocks(std::size_t n) const noexcept override;
+  std::uint64_t offer(void* dst, std::size_t n, std::uint32_t fingerprint) override;
+  asio::awaitable<bool> landed(std::uint64_t id) override;
+  asio::awaitable<BlockOffer> next_offer() override;
+  asio::awaitable<bool> write_block(const void* src, std::size_t n) override;
+  asio::awaitable<void> flush_blocks() override;
 
   /// Called by IbPoller: processes completions, arms the channel when there were none, resumes
   /// waiters whose condition holds. True if anything progressed.
@@ -74,13 +94,45 @@ class IbConnection final : public SocketConnection {
   void on_completion(const ibv_wc& wc);
   void on_error(const ibv_wc& wc);
   void send_credit();
+  // Control messages other than credits (offers, declines): sent in order as control buffers
+  // free up.
+  // An offer or a decline on the wire (a credit is a bare 8-byte count).
+  struct Control {
+    enum Type : std::uint32_t { offer_registered = 1, offer_staged = 2, decline = 3 };
+    std::uint32_t type;
+    std::uint32_t fingerprint;
+    std::uint64_t id;
+    std::uint64_t addr;
+    std::uint64_t size;
+    std::uint32_t rkey;
+    std::uint32_t reserved;
+  };
+  static_assert(sizeof(Control) <= ib::ctrl_bytes && sizeof(Control) != sizeof(std::uint64_t));
+  void send_control(const Control& m);
+  void flush_control();
+  void on_control(const Control& m);
+  void on_block_write(std::uint32_t imm);
+  void send_offers();
+  void protocol_error(const char* what);
+  // Splits `total` bytes at `from` into pieces over the least loaded queue pairs and posts them as
+  // RDMA writes with immediate `imm` (its low bits get the piece count). Returns the count.
+  std::size_t post_writes(std::uintptr_t from, std::uint32_t lkey, std::size_t total,
+                          std::uint64_t remote, std::uint32_t rkey, std::uint32_t imm,
+                          std::uint64_t wr_id);
   bool can_put() const noexcept override;
   bool can_recv() const noexcept override;
   void before_park() override { poller_.activate(this); }
   void wake(bool now);
   [[noreturn]] void post_failed(const char* what);
 
+  // What the sending / receiving coroutine is parked for when it is not a slot or a chunk.
+  enum class SendWait { slot, offer, write_room, flushed };
+  enum class RecvWait { chunk, block };
+  SendWait send_wait_ = SendWait::slot;
+  RecvWait recv_wait_ = RecvWait::chunk;
+
   std::unique_ptr<ib::Link> link_;
+  std::shared_ptr<UserBuffers> buffers_;
   std::size_t slots_;
   std::size_t slot_bytes_;
   std::size_t split_bytes_;
@@ -99,6 +151,39 @@ class IbConnection final : public SocketConnection {
   // Credits: the released count last sent, control sends in flight, the next control buffer.
   std::uint64_t credited_ = 0;
   std::size_t ctrl_in_flight_ = 0, ctrl_next_ = 0;
+  std::deque<Control> control_queue_;
+  // Receive side of blocks: offers made and not yet landed (oldest first), their ids, how many
+  // offers have been sent, and the id landed() was last called for plus one.
+  struct Offered {
+    std::uint64_t id;
+    std::uint64_t addr;
+    std::size_t size;
+    std::uint32_t fingerprint;
+    std::shared_ptr<const ib::Registration> reg;  // null: staged
+    std::uint32_t pieces = 0, arrived = 0;
+    bool declined = false;
+    bool settled() const noexcept { return !reg || declined || (pieces && arrived == pieces); }
+  };
+  std::deque<Offered> offered_;
+  std::uint64_t next_offer_id_ = 0, offers_sent_ = 0, landing_ = 0;
+  // Send side: offers received and not yet answered (in id order), the id expected next, and the
+  // blocks whose writes are in flight (each holds its source's registration until done).
+  struct Grant {
+    std::uint64_t id;
+    std::uint64_t addr;
+    std::uint64_t size;
+    std::uint32_t rkey;
+    std::uint32_t fingerprint;
+    bool direct;
+  };
+  std::deque<Grant> grants_;
+  std::uint64_t next_grant_id_ = 0;
+  struct Flight {
+    std::uint64_t id;
+    std::size_t left;
+    std::shared_ptr<const ib::Registration> reg;
+  };
+  std::deque<Flight> flights_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

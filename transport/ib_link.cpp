@@ -45,7 +45,7 @@ RegCache& registrations(const std::shared_ptr<Device>& device) {
 
 std::vector<std::uint8_t> LinkAddress::encode() const {
   Writer w;
-  w.put(gid).put(lid).put(mtu).put(ring).put(rkey).put(slots).put(slot_bytes);
+  w.put(gid).put(lid).put(mtu).put(ring).put(rkey).put(slots).put(slot_bytes).put(block_min);
   w.put<std::uint32_t>(static_cast<std::uint32_t>(qpn.size()));
   for (std::size_t i = 0; i < qpn.size(); ++i) w.put(qpn[i]).put(psn[i]);
   return std::move(w.bytes());
@@ -61,6 +61,7 @@ LinkAddress LinkAddress::decode(std::span<const std::uint8_t> bytes) {
   a.rkey = r.get<std::uint32_t>();
   a.slots = r.get<std::uint64_t>();
   a.slot_bytes = r.get<std::uint64_t>();
+  a.block_min = r.get<std::uint64_t>();
   auto n = r.get<std::uint32_t>();
   if (n < 1 || n > static_cast<std::uint32_t>(max_qps))
     throw std::system_error(make_error_code(errc::bad_message), "ib address: bad queue pair count");
@@ -73,16 +74,21 @@ LinkAddress LinkAddress::decode(std::span<const std::uint8_t> bytes) {
   return a;
 }
 
-Link::Link(std::shared_ptr<Device> device, std::size_t slots, std::size_t slot_bytes, int qps)
+Link::Link(std::shared_ptr<Device> device, std::size_t slots, std::size_t slot_bytes, int qps,
+           std::size_t block_min)
     : device_(std::move(device)),
       slots_(slots),
       slot_bytes_(slot_bytes),
       stride_(slot_header + round_up(slot_bytes, 64)),
-      // Per queue pair the peer can have unprocessed: one piece of each of `slots` puts, and on
-      // queue pair 0 also up to `slots` credit messages (each carries a larger released count
-      // than the one before, and none exceeds what the peer sent).
-      recv_depth_(2 * slots + 2),
-      send_depth_(slots + ctrl_slots) {
+      block_min_(block_min),
+      // Per queue pair the peer can have unprocessed: one piece of each of `slots` puts and of
+      // `block_window + 1` block writes; on queue pair 0 also up to `slots` credit messages (each
+      // carries a larger released count than the one before, and none exceeds what the peer
+      // sent), `block_window + 2` offers and `block_window + 1` declines (see IbConnection).
+      recv_depth_(2 * slots + 2 + 3 * (block_window + 2)),
+      // Sends per queue pair: `slots` puts, the control messages, the writes of
+      // `block_window + 1` blocks.
+      send_depth_(slots + ctrl_slots + block_window + 1) {
   if (qps < 1 || qps > max_qps)
     throw std::system_error(make_error_code(errc::invalid_argument),
                             "COCCL_IB_QPS_PER_PEER must be 1.." + std::to_string(max_qps));
@@ -191,6 +197,7 @@ LinkAddress Link::address() const {
   a.rkey = mr_->rkey;
   a.slots = slots_;
   a.slot_bytes = slot_bytes_;
+  a.block_min = block_min_;
   for (std::size_t q = 0; q < qp_.size(); ++q) {
     a.qpn.push_back(qp_[q]->qp_num);
     a.psn.push_back(psn_[q]);
@@ -199,10 +206,11 @@ LinkAddress Link::address() const {
 }
 
 void Link::connect(const LinkAddress& peer) {
-  if (peer.qpn.size() != qp_.size() || peer.slots != slots_ || peer.slot_bytes != slot_bytes_)
+  if (peer.qpn.size() != qp_.size() || peer.slots != slots_ || peer.slot_bytes != slot_bytes_ ||
+      peer.block_min != block_min_)
     throw std::system_error(make_error_code(errc::bad_message),
                             "ib: the peer uses different link settings (COCCL_SLOTS, "
-                            "COCCL_SLOT_BYTES or COCCL_IB_QPS_PER_PEER)");
+                            "COCCL_SLOT_BYTES, COCCL_IB_QPS_PER_PEER or COCCL_IB_ZCOPY_MIN)");
   peer_ring_ = peer.ring;
   peer_rkey_ = peer.rkey;
   const Verbs& v = verbs();

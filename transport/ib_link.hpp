@@ -25,8 +25,12 @@ inline constexpr std::size_t slot_header = 64;
 /// Control buffers: each holds one credit message.
 inline constexpr std::size_t ctrl_slots = 4;
 inline constexpr std::size_t ctrl_bytes = 64;
-/// Most pieces a put is split into (the count travels in 8 bits of the immediate).
+/// Most pieces a put is split into (the count travels in the low bits of the immediate).
 inline constexpr int max_qps = 16;
+/// Block transfers (see IbConnection): how many offers a receiver may have outstanding beyond
+/// the one it waits for, and the largest single RDMA write of a block.
+inline constexpr std::size_t block_window = 4;
+inline constexpr std::size_t max_write_bytes = std::size_t(1) << 30;
 
 /// What the peer needs to reach this side.
 struct LinkAddress {
@@ -37,6 +41,7 @@ struct LinkAddress {
   std::uint32_t rkey = 0;
   std::uint64_t slots = 0;
   std::uint64_t slot_bytes = 0;
+  std::uint64_t block_min = 0;
   std::vector<std::uint32_t> qpn;
   std::vector<std::uint32_t> psn;
 
@@ -47,9 +52,11 @@ struct LinkAddress {
 
 class Link {
  public:
-  /// Creates the resources with every queue pair in INIT and its receives posted. Throws
-  /// std::system_error naming the verbs call that failed.
-  Link(std::shared_ptr<Device> device, std::size_t slots, std::size_t slot_bytes, int qps);
+  /// Creates the resources with every queue pair in INIT and its receives posted. Transfers of
+  /// `block_min` bytes and more are blocks (both sides must agree). Throws std::system_error
+  /// naming the verbs call that failed.
+  Link(std::shared_ptr<Device> device, std::size_t slots, std::size_t slot_bytes, int qps,
+       std::size_t block_min);
   ~Link();
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
@@ -67,6 +74,7 @@ class Link {
   ibv_qp* qp(int i) const noexcept { return qp_[i]; }
   std::size_t slots() const noexcept { return slots_; }
   std::size_t stride() const noexcept { return stride_; }
+  std::size_t block_min() const noexcept { return block_min_; }
   /// Receives posted per queue pair: enough that none is ever missing (see the constructor).
   std::size_t recv_depth() const noexcept { return recv_depth_; }
   std::uint32_t lkey() const noexcept { return mr_->lkey; }
@@ -87,6 +95,7 @@ class Link {
   std::size_t slots_;
   std::size_t slot_bytes_;
   std::size_t stride_;
+  std::size_t block_min_;
   std::size_t recv_depth_;
   std::size_t send_depth_;
   std::byte* memory_ = nullptr;

@@ -34,7 +34,18 @@ std::shared_ptr<const Registration> RegCache::get(void* addr, std::size_t len) {
     b = std::max(b, it->second->end);
     ++it;
   }
-  Registration r = reg_(reinterpret_cast<void*>(a), b - a);
+  Registration r;
+  try {
+    r = reg_(reinterpret_cast<void*>(a), b - a);
+  } catch (...) {
+    const auto exact = reinterpret_cast<std::uintptr_t>(addr);
+    if (a == exact && b == exact + len) throw;
+    // A neighbour's memory may have been freed without forget() (the union then spans unmapped
+    // pages): register just the range asked for; the neighbours leave the cache below.
+    a = exact;
+    b = exact + len;
+    r = reg_(addr, len);
+  }
   r.begin = a;
   r.end = b;
   std::shared_ptr<const Registration> h(new Registration(r), [d = dereg_](const Registration* p) {

@@ -2,7 +2,8 @@
 //
 // Registering memory with an RDMA device pins it and is expensive, so registrations are cached:
 // asking for a range that an existing registration covers returns that one (free); a range that
-// overlaps or touches others gets one registration of the union, which replaces them in the cache.
+// overlaps or touches others gets one registration of the union, which replaces them in the cache
+// (when the device refuses the union, the range alone is registered and replaces them).
 // A registration is a shared handle: the device registration is released when the cache no longer
 // lists it and nobody holds it any more (a replaced registration may still back work requests in
 // flight). forget() is called when the memory is freed, so no registration outlives its memory.

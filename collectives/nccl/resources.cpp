@@ -26,7 +26,15 @@ ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, v
   if (auto r = check_comm(comm, "ncclCommRegister")) return r;
   if (!handle || (!buff && size > 0))
     return fail(ncclInvalidArgument, "ncclCommRegister: NULL buffer or handle");
-  auto* reg = new Registration{buff, size};
+  auto* reg = new Registration{buff, size, {}};
+  if (buff && size > 0 && !is_device_memory(buff)) {
+    try {
+      reg->host = comm->comm.register_buffer(buff, size);
+    } catch (const std::system_error& e) {
+      delete reg;
+      return fail(to_result(e.code()), std::string("ncclCommRegister: ") + e.what());
+    }
+  }
   std::lock_guard lock(comm->mutex);
   comm->registrations.insert(reg);
   *handle = reg;

@@ -37,11 +37,13 @@ struct PreMulSum {
   std::uint64_t scalar_bits;
 };
 
-/// What ncclCommRegister hands out. coccl's collectives need no registration; the handle only
-/// records the buffer.
+/// What ncclCommRegister hands out. Host memory is registered with the communicator
+/// (Communicator::register_buffer: zero-copy over the ib transport); device memory needs no
+/// registration for coccl's kernels, so the handle only records it.
 struct Registration {
   void* buffer;
   std::size_t bytes;
+  BufferRegistration host;
 };
 
 }  // namespace coccl::nccl

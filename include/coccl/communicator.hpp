@@ -8,6 +8,7 @@
 #include <coccl/types.hpp>
 #include <coccl/unique_id.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -79,6 +80,34 @@ void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error
 
 }  // namespace detail
 
+/// A host buffer registered with a communicator (see Communicator::register_buffer). Move-only;
+/// the registration ends when it is destroyed or reset(). Keep it while operations use the
+/// buffer, and end it before the buffer is freed.
+class BufferRegistration {
+ public:
+  BufferRegistration() = default;
+  BufferRegistration(BufferRegistration&&) noexcept = default;
+  BufferRegistration& operator=(BufferRegistration&&) noexcept = default;
+  BufferRegistration(const BufferRegistration&) = delete;
+  BufferRegistration& operator=(const BufferRegistration&) = delete;
+  ~BufferRegistration() = default;
+
+  /// True while registered.
+  explicit operator bool() const noexcept { return guard_ != nullptr; }
+  void* data() const noexcept { return guard_ ? data_ : nullptr; }
+  std::size_t size() const noexcept { return guard_ ? size_ : 0; }
+  /// Ends the registration now (nothing if already ended).
+  void reset() noexcept { guard_.reset(); }
+
+ private:
+  friend class Communicator;
+  BufferRegistration(std::shared_ptr<void> guard, void* data, std::size_t size)
+      : guard_(std::move(guard)), data_(data), size_(size) {}
+  std::shared_ptr<void> guard_;  // its deleter deregisters
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 /// A group of ranks that run collectives together.
 ///
 /// A Communicator is a cheap handle (copies share one communicator). Its state lives on one proxy
@@ -135,6 +164,20 @@ class Communicator {
   boost::asio::any_io_executor executor() const;
   /// Description of the first error (empty if none), naming the peer rank and the operation.
   std::string last_error() const;
+
+  /// Registers `bytes` of host memory at `buffer` for zero-copy transfers; any thread, not
+  /// collective. With the ib transport (COCCL_TRANSPORT=ib) the memory is registered with the
+  /// RDMA device (pinned; registering a buffer again, or part of one, reuses the registration),
+  /// and a transfer of at least COCCL_IB_ZCOPY_MIN bytes whose source and destination buffers are
+  /// both registered is written by the device straight from the sender's buffer into the
+  /// receiver's: send/recv, all_gather, all_to_all, all_to_allv, gather and scatter; when only
+  /// one side registered, the bytes are staged as usual. Other transports record the registration
+  /// and move the bytes as usual. Throws std::system_error: errc::invalid_argument for a null
+  /// buffer or 0 bytes or an empty handle, or the device's refusal (for instance the locked-memory
+  /// limit, RLIMIT_MEMLOCK) with its reason.
+  BufferRegistration register_buffer(void* buffer, std::size_t bytes);
+  /// Bytes this rank has sent zero-copy from registered buffers (see register_buffer).
+  std::uint64_t zero_copy_bytes() const;
 
   // ---- Collectives. `send` may equal `recv` (in place) where both exist. ----
 

@@ -48,6 +48,15 @@ int run_loop(Worker& w) {
     std::printf("looping\n");
     std::fflush(stdout);
     Bytes send(count * 4, std::byte{0}), recv(count * 4);
+    if (w.has("zcopy")) {
+      // all_to_all between registered buffers: over ib, zero-copy blocks are in flight when the
+      // fault lands.
+      BufferRegistration rs = w.comm.register_buffer(send.data(), send.size());
+      BufferRegistration rr = w.comm.register_buffer(recv.data(), recv.size());
+      const std::size_t each = count / static_cast<std::size_t>(w.n);
+      for (int i = 0; i < 200000 && since(start) < 120; ++i)
+        w.comm.all_to_all(send.data(), recv.data(), each, DataType::float32);
+    }
     for (int i = 0; i < 200000 && since(start) < 120; ++i)
       w.comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
   } catch (const std::system_error& e) {
@@ -63,10 +72,20 @@ int run_mismatch(Worker& w) {
   std::vector<float> send(count, 1.0f), recv(count);
   const auto start = std::chrono::steady_clock::now();
   try {
-    if (w.rank == 0)
+    if (w.has("blocks")) {
+      // all_to_all against all_gather with transfers of the same size, large enough to be ib
+      // blocks: the sender sees the receiver's offer belong to another operation.
+      const std::size_t each = 50000;
+      std::vector<float> big_send(each * w.n, 1.0f), big_recv(each * w.n);
+      if (w.rank == 0)
+        w.comm.all_to_all(big_send.data(), big_recv.data(), each, DataType::float32);
+      else
+        w.comm.all_gather(big_send.data(), big_recv.data(), each, DataType::float32);
+    } else if (w.rank == 0) {
       w.comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
-    else
+    } else {
       w.comm.broadcast(nullptr, recv.data(), count, DataType::float32, 0);
+    }
     // The collective may complete on some ranks before the mismatch is seen elsewhere; the next
     // operation must then fail.
     w.comm.barrier();

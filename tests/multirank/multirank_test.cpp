@@ -141,6 +141,17 @@ TEST(EveryCollective, OverShmWithThreeRanksAndSmallSlots) {
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
+// ---- Registered buffers (register_buffer) ----------------------------------------------------
+
+// Without the ib transport a registration is recorded and changes nothing: every transfer is
+// staged (zero_copy_bytes stays 0) and right; bad registrations are refused.
+TEST(RegisteredBuffers, OverShmAndTcpAreMovedAsUsual) {
+  for (const char* transport : {"COCCL_TRANSPORT=shm", "COCCL_TRANSPORT=tcp"}) {
+    const LaunchResult r = run_scenario("registered", 3, {transport});
+    EXPECT_TRUE(r.all_passed()) << transport << "\n" << r.describe();
+  }
+}
+
 // ---- Link setup by the first operation of a fresh communicator ------------------------------
 
 // Every other test starts with a warm-up that links all peers; here each collective is the first

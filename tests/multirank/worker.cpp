@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
       {"scatter", run_scatter},
       {"send_recv", run_send_recv},
       {"barrier", run_barrier},
+      {"registered", run_registered},
   };
   const std::map<std::string, std::function<int(Worker&)>> others{
       {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},

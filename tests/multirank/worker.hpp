@@ -57,6 +57,8 @@ void run_gather(Worker& w);
 void run_scatter(Worker& w);
 void run_send_recv(Worker& w);
 void run_barrier(Worker& w);
+/// Transfers between registered buffers (registered.cpp); flags reg=both|send|recv|none.
+void run_registered(Worker& w);
 
 /// Scenarios with communicators of their own or expected errors (lifecycle.cpp). Those that end
 /// in an error return the process exit code; the others return exit_ok and count failures in w.

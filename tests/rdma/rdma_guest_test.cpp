@@ -71,6 +71,43 @@ TEST(IbQueuePairs, OneQueuePairAndTwoSmallSlotsKeepCreditsFlowing) {
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
+// Zero-copy of registered buffers: the worker checks every result and that zero_copy_bytes()
+// equals the bytes it sent between registered buffers from COCCL_IB_ZCOPY_MIN up (none when only
+// one side registered), then deregisters and checks that nothing more goes zero-copy.
+struct RegCase {
+  const char* mode;
+  int nranks;
+};
+
+void PrintTo(const RegCase& c, std::ostream* os) { *os << c.mode << " " << c.nranks; }
+
+class RegisteredBuffersOverIb : public ::testing::TestWithParam<RegCase> {};
+
+TEST_P(RegisteredBuffersOverIb, MoveZeroCopyOnlyWhenBothSidesRegistered) {
+  const LaunchResult r = run("registered", GetParam().nranks, {},
+                             {std::string("reg=") + GetParam().mode});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  for (const RankResult& x : r.ranks)
+    EXPECT_NE(x.output.find("ZERO_COPY_BYTES"), std::string::npos) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, RegisteredBuffersOverIb,
+                         ::testing::Values(RegCase{"both", 2}, RegCase{"both", 3},
+                                           RegCase{"both", 4}, RegCase{"send", 3},
+                                           RegCase{"recv", 3}, RegCase{"none", 2}),
+                         [](const auto& info) {
+                           return std::string(info.param.mode) + "_" +
+                                  std::to_string(info.param.nranks) + "ranks";
+                         });
+
+TEST(RegisteredBuffersOverIb, OneQueuePairAndALowThresholdStillMatch) {
+  const LaunchResult r = run("registered", 3,
+                             {"COCCL_IB_QPS_PER_PEER=1", "COCCL_IB_ZCOPY_MIN=4096",
+                              "COCCL_SLOTS=2", "COCCL_SLOT_BYTES=16384"},
+                             {"reg=both"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
 int coccl_exit(errc e) { return exit_coccl_error_base + static_cast<int>(e); }
 
 std::string last_error_line(const RankResult& r) {
@@ -79,11 +116,15 @@ std::string last_error_line(const RankResult& r) {
   return r.output.substr(at, r.output.find('\n', at) - at);
 }
 
-TEST(IbFaults, KilledRankFailsEverySurvivorNamingIt) {
+class IbFaults : public ::testing::TestWithParam<const char*> {};
+
+// Plain: all_reduce through the rings; zcopy: all_to_all between registered buffers.
+TEST_P(IbFaults, KilledRankFailsEverySurvivorNamingIt) {
   LaunchOptions o;
   o.scenario = "loop";
   o.nranks = 4;
   o.env = {ib, "COCCL_TIMEOUT=30"};
+  if (std::string(GetParam()) == "zcopy") o.args = {"zcopy"};
   o.signals = {{2, SIGKILL, "looping", std::chrono::milliseconds(500)}};
   o.deadline = seconds(240);
   const LaunchResult r = launch(o);
@@ -100,6 +141,33 @@ TEST(IbFaults, KilledRankFailsEverySurvivorNamingIt) {
         << r.describe();
     EXPECT_NE(last_error_line(x).find("rank 2"), std::string::npos) << r.describe();
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transfers, IbFaults, ::testing::Values("rings", "zcopy"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(IbBlockMismatch, AnOfferOfAnotherOperationFailsWithMismatch) {
+  LaunchOptions o;
+  o.scenario = "mismatch";
+  o.nranks = 3;
+  o.env = {ib, "COCCL_TIMEOUT=30"};
+  o.args = {"blocks"};
+  o.deadline = seconds(120);
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  bool seen = false;
+  for (const RankResult& x : r.ranks) {
+    EXPECT_EQ(x.signal, 0) << r.describe();
+    EXPECT_TRUE(x.exit_code == coccl_exit(errc::mismatch) ||
+                x.exit_code == coccl_exit(errc::remote_error) ||
+                x.exit_code == coccl_exit(errc::peer_lost))
+        << r.describe();
+    if (x.exit_code == coccl_exit(errc::mismatch)) {
+      seen = true;
+      EXPECT_NE(last_error_line(x).find("offered to receive"), std::string::npos) << r.describe();
+    }
+  }
+  EXPECT_TRUE(seen) << r.describe();
 }
 
 }  // namespace

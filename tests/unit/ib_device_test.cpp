@@ -12,6 +12,7 @@
 #include <coccl/coccl.hpp>
 #include <coccl/error.hpp>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "runtime/params.hpp"
@@ -72,28 +73,31 @@ TEST_F(IbDevice, RegisteringABufferTwiceReusesTheMemoryRegion) {
 struct Pair {
   static constexpr std::size_t slots = 4;
   static constexpr std::size_t slot_bytes = 256 << 10;
+  static constexpr std::size_t block_min = 64 << 10;
 
   asio::io_context ctx;
   IbPoller poller;
   std::string failure[2];
   std::unique_ptr<IbConnection> conn[2];
+  std::shared_ptr<UserBuffers> buffers;
 
-  Pair(const std::shared_ptr<ib::Device>& dev, int qps, bool bad_rkey = false) {
+  Pair(const std::shared_ptr<ib::Device>& dev, int qps, bool bad_rkey = false)
+      : buffers(std::make_shared<UserBuffers>(&ib::registrations(dev))) {
     tcp::acceptor acc(ctx, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
     tcp::socket s0(ctx), s1(ctx);
     s0.connect(acc.local_endpoint());
     acc.accept(s1);
-    auto l0 = std::make_unique<ib::Link>(dev, slots, slot_bytes, qps);
-    auto l1 = std::make_unique<ib::Link>(dev, slots, slot_bytes, qps);
+    auto l0 = std::make_unique<ib::Link>(dev, slots, slot_bytes, qps, block_min);
+    auto l1 = std::make_unique<ib::Link>(dev, slots, slot_bytes, qps, block_min);
     ib::LinkAddress a1 = l1->address();
     if (bad_rkey) a1.rkey ^= 0x5a5a;
     l0->connect(a1);
     l1->connect(l0->address());
     conn[0] = std::make_unique<IbConnection>(
-        0, 1, std::move(s0), std::move(l0), 4096, poller,
+        0, 1, std::move(s0), std::move(l0), 4096, poller, buffers,
         [this](int, std::error_code, const std::string& w) { failure[0] = w; });
     conn[1] = std::make_unique<IbConnection>(
-        1, 0, std::move(s1), std::move(l1), 4096, poller,
+        1, 0, std::move(s1), std::move(l1), 4096, poller, buffers,
         [this](int, std::error_code, const std::string& w) { failure[1] = w; });
     conn[0]->start();
     conn[1]->start();
@@ -163,6 +167,97 @@ TEST_P(IbPair, PutsOfEverySizeArriveWholeAndInOrderBothWays) {
 
 INSTANTIATE_TEST_SUITE_P(QueuePairs, IbPair, ::testing::Values(1, 4),
                          [](const auto& info) { return std::to_string(info.param) + "qps"; });
+
+// ---- blocks: the rendezvous, zero-copy between registered buffers, staged otherwise -------------
+
+// Small transfers, blocks at the threshold and above, more of them than the offer window.
+const std::vector<std::size_t> block_sizes{1000, Pair::block_min, 300001, 3 << 20, 70000};
+constexpr int block_rounds = 3;
+constexpr std::uint32_t block_fp = 0xb10c;
+
+struct BlockCase {
+  const char* name;
+  bool reg_src, reg_dst;
+};
+
+asio::awaitable<void> send_blocks(IbConnection* c, std::vector<std::vector<std::byte>>* bufs,
+                                  int* bad, bool* done) {
+  for (auto& b : *bufs) {
+    if (c->uses_blocks(b.size())) {
+      BlockOffer o = co_await c->next_offer();
+      if (o.size != b.size() || o.fingerprint != block_fp) ++*bad;
+      if (co_await c->write_block(b.data(), b.size())) continue;
+    }
+    for (std::size_t off = 0; off < b.size(); off += Pair::slot_bytes)
+      co_await c->put(b.data() + off, std::min(Pair::slot_bytes, b.size() - off), block_fp);
+  }
+  co_await c->flush_blocks();
+  *done = true;
+}
+
+asio::awaitable<void> receive_blocks(IbConnection* c, std::vector<std::vector<std::byte>>* bufs,
+                                     int* bad, bool* done) {
+  std::vector<std::optional<std::uint64_t>> ids;
+  for (auto& b : *bufs)
+    ids.push_back(c->uses_blocks(b.size())
+                      ? std::optional(c->offer(b.data(), b.size(), block_fp))
+                      : std::nullopt);
+  for (std::size_t i = 0; i < bufs->size(); ++i) {
+    auto& b = (*bufs)[i];
+    if (ids[i] && co_await c->landed(*ids[i])) continue;
+    for (std::size_t off = 0; off < b.size(); off += Pair::slot_bytes) {
+      Chunk ch = co_await c->wait();
+      const std::size_t len = std::min(Pair::slot_bytes, b.size() - off);
+      if (ch.size != len || ch.fingerprint != block_fp) ++*bad;
+      std::memcpy(b.data() + off, ch.data, std::min(ch.size, len));
+      c->release();
+    }
+  }
+  *done = true;
+}
+
+void PrintTo(const BlockCase& c, std::ostream* os) { *os << c.name; }
+
+class IbBlocks : public IbDevice, public ::testing::WithParamInterface<BlockCase> {};
+
+TEST_P(IbBlocks, ArriveWholeZeroCopyOnlyWhenBothBuffersAreRegistered) {
+  const BlockCase bc = GetParam();
+  Pair p(dev_, 2);
+  std::vector<std::vector<std::byte>> src, dst;
+  std::vector<std::uint64_t> handles;
+  std::uint64_t block_bytes = 0;
+  for (int r = 0; r < block_rounds; ++r)
+    for (std::size_t i = 0; i < block_sizes.size(); ++i) {
+      src.push_back(pattern(block_sizes[i], r * 10 + i));
+      dst.emplace_back(block_sizes[i], std::byte{0});
+      if (block_sizes[i] >= Pair::block_min) block_bytes += block_sizes[i];
+    }
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (bc.reg_src) handles.push_back(p.buffers->add(src[i].data(), src[i].size()));
+    if (bc.reg_dst) handles.push_back(p.buffers->add(dst[i].data(), dst[i].size()));
+  }
+  bool sent = false, received = false;
+  int bad_send = 0, bad_recv = 0;
+  asio::co_spawn(p.ctx, send_blocks(p.conn[0].get(), &src, &bad_send, &sent), asio::detached);
+  asio::co_spawn(p.ctx, receive_blocks(p.conn[1].get(), &dst, &bad_recv, &received),
+                 asio::detached);
+  ASSERT_TRUE(p.drive(received)) << p.failure[0] << p.failure[1];
+  ASSERT_TRUE(p.drive(sent)) << p.failure[0] << p.failure[1];
+  EXPECT_EQ(bad_send, 0);
+  EXPECT_EQ(bad_recv, 0);
+  for (std::size_t i = 0; i < src.size(); ++i) EXPECT_TRUE(src[i] == dst[i]) << "transfer " << i;
+  EXPECT_EQ(p.buffers->zero_copy_bytes(), bc.reg_src && bc.reg_dst ? block_bytes : 0u);
+  EXPECT_EQ(p.failure[0], "");
+  EXPECT_EQ(p.failure[1], "");
+  for (auto h : handles) p.buffers->remove(h);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registration, IbBlocks,
+                         ::testing::Values(BlockCase{"both", true, true},
+                                           BlockCase{"sender", true, false},
+                                           BlockCase{"receiver", false, true},
+                                           BlockCase{"neither", false, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 asio::awaitable<void> put_once(IbConnection* c, bool* done) {
   std::vector<std::byte> data(1000, std::byte{1});

@@ -1,12 +1,13 @@
 // The registration cache, with a fake device (ib_device_test checks it with real verbs): hits
 // cost nothing, overlapping and adjacent ranges merge into one registration, forgotten memory is
-// deregistered once no holder is left.
+// deregistered once no holder is left. Also the table of user-registered buffers on top of it.
 #include <gtest/gtest.h>
 
 #include <coccl/error.hpp>
 #include <vector>
 
 #include "transport/ib_mr.hpp"
+#include "transport/user_buffers.hpp"
 
 namespace coccl::transport::ib {
 namespace {
@@ -134,6 +135,27 @@ TEST_F(RegCacheTest, AFailedRegistrationLeavesTheCacheAsItWas) {
   EXPECT_EQ(c.size(), 0u);
 }
 
+TEST_F(RegCacheTest, WhenTheUnionIsRefusedTheRangeAloneIsRegistered) {
+  // The first buffer is then "freed" without forget(): the device refuses its pages from then on.
+  bool freed = false;
+  RegCache c(
+      [&](void* p, std::size_t) {
+        if (freed && reinterpret_cast<std::uintptr_t>(p) < addr(4096))
+          throw std::system_error(EFAULT, std::system_category(), "bad address");
+        return Registration{0, 0, 7, 8, nullptr};
+      },
+      [](const Registration&) {});
+  c.get(at(0), 4096);
+  freed = true;
+  auto r = c.get(at(4096), 4096);  // touches the stale one: the union is refused
+  EXPECT_EQ(r->begin, addr(4096));
+  EXPECT_EQ(r->end, addr(8192));
+  EXPECT_EQ(c.size(), 1u);
+  EXPECT_EQ(c.find(at(0), 16), nullptr);
+  // A refused range of its own is still an error.
+  EXPECT_THROW(c.get(at(1024), 100), std::system_error);
+}
+
 TEST_F(RegCacheTest, ZeroBytesIsAnInvalidArgument) {
   RegCache c = dev.cache();
   try {
@@ -142,6 +164,76 @@ TEST_F(RegCacheTest, ZeroBytesIsAnInvalidArgument) {
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), make_error_code(errc::invalid_argument));
   }
+}
+
+// ---- UserBuffers: what register_buffer records ----------------------------------------------
+
+TEST_F(RegCacheTest, AUserBufferIsFoundForAnyRangeInsideItAndNotBeyond) {
+  RegCache c = dev.cache();
+  UserBuffers u(&c);
+  u.add(at(4096), 8192);
+  EXPECT_NE(u.find(at(4096), 8192), nullptr);
+  EXPECT_NE(u.find(at(5000), 100), nullptr);
+  EXPECT_EQ(u.find(at(4096), 8193), nullptr);
+  EXPECT_EQ(u.find(at(4095), 2), nullptr);
+  // Registered with the cache, not only recorded.
+  EXPECT_EQ(dev.registered.size(), 1u);
+}
+
+TEST_F(RegCacheTest, RemovingAUserBufferForgetsItAndDeregistersIt) {
+  RegCache c = dev.cache();
+  UserBuffers u(&c);
+  auto h = u.add(at(0), 4096);
+  u.remove(h);
+  EXPECT_EQ(u.find(at(0), 4096), nullptr);
+  EXPECT_EQ(c.find(at(0), 4096), nullptr);
+  EXPECT_EQ(dev.deregistered, std::vector<std::uint32_t>{1});
+  u.remove(h);  // a second remove is harmless
+  EXPECT_EQ(dev.deregistered.size(), 1u);
+}
+
+TEST_F(RegCacheTest, AnOverlappingUserBufferStaysUsableWhenTheOtherIsRemoved) {
+  RegCache c = dev.cache();
+  UserBuffers u(&c);
+  auto a = u.add(at(0), 8192);
+  u.add(at(4096), 8192);  // merges with the first in the cache
+  u.remove(a);
+  EXPECT_EQ(u.find(at(0), 4096), nullptr);
+  auto r = u.find(at(4096), 8192);
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->covers(at(4096), 8192));
+}
+
+TEST_F(RegCacheTest, RegisteringAUserBufferAgainCostsNoNewRegistration) {
+  RegCache c = dev.cache();
+  UserBuffers u(&c);
+  u.add(at(0), 16384);
+  u.add(at(0), 16384);
+  u.add(at(1024), 4096);
+  EXPECT_EQ(dev.registered.size(), 1u);
+}
+
+TEST_F(RegCacheTest, BadUserBuffersAreInvalidArguments) {
+  RegCache c = dev.cache();
+  UserBuffers u(&c);
+  for (auto [p, n] : {std::pair<void*, std::size_t>{nullptr, 16}, {at(0), 0},
+                      {reinterpret_cast<void*>(~std::uintptr_t{0} - 8), 64}}) {
+    try {
+      u.add(p, n);
+      ADD_FAILURE() << "registered " << p << " + " << n;
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::invalid_argument));
+    }
+  }
+  EXPECT_TRUE(dev.registered.empty());
+}
+
+TEST_F(RegCacheTest, WithoutADeviceUserBuffersAreRecordedButNeverUsedForZeroCopy) {
+  UserBuffers u(nullptr);
+  auto h = u.add(at(0), 4096);
+  EXPECT_EQ(u.find(at(0), 4096), nullptr);
+  u.remove(h);
+  EXPECT_EQ(u.zero_copy_bytes(), 0u);
 }
 
 }  // namespace

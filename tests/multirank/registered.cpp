@@ -1,0 +1,260 @@
+// The "registered" scenario: collectives and send/recv between buffers registered with
+// Communicator::register_buffer, in one of four modes (flag reg=both, reg=send, reg=recv,
+// reg=none; default both). Checks every result against the reference and checks
+// zero_copy_bytes() against the bytes this rank must have sent zero-copy: with the ib transport,
+// every transfer of at least COCCL_IB_ZCOPY_MIN bytes whose source and destination are both
+// registered; with other transports, none. Ends by deregistering everything and checking that
+// nothing more goes zero-copy, then checks that bad registrations are refused.
+#include <coccl/error.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "tests/multirank/worker.hpp"
+
+namespace coccl::test {
+namespace {
+
+Bytes data_of(int rank, std::uint64_t salt, std::size_t first, std::size_t bytes) {
+  Bytes b(std::max<std::size_t>(bytes, 1), std::byte{0xcd});
+  fill_copy(rank, salt, b.data(), first, bytes);
+  return b;
+}
+
+std::size_t env_size(const char* name, std::size_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? static_cast<std::size_t>(std::strtoull(v, nullptr, 0)) : fallback;
+}
+
+struct Registered {
+  explicit Registered(Worker& worker) : w(worker) {}
+  Worker& w;
+  bool reg_send = true, reg_recv = true;
+  bool ib = false;
+  std::size_t block_min = 0;
+  std::uint64_t expected = 0;  // bytes this rank must have sent zero-copy
+  std::vector<BufferRegistration> regs;
+  std::uint64_t salt = 1000;
+
+  void keep(Bytes& b, bool sending) {
+    if (sending ? reg_send : reg_recv) regs.push_back(w.comm.register_buffer(b.data(), b.size()));
+  }
+  // Ends the registrations of a step before its buffers are freed, as register_buffer requires.
+  void done() { regs.clear(); }
+  // A transfer of `bytes` from a buffer registered when `src_registered` into one registered
+  // when `dst_registered` goes zero-copy on ib from the threshold up.
+  void count(std::size_t bytes, bool src_registered, bool dst_registered) {
+    if (ib && src_registered && dst_registered && bytes >= block_min) expected += bytes;
+  }
+
+  void send_recv() {
+    // Per peer: a small transfer, transfers at and above the threshold, and more blocks than
+    // the ib offer window; one registered buffer per peer and direction.
+    const std::vector<std::size_t> sizes{300,   200003, 65536, 70000, 70001, 70002, 70003,
+                                         70004, 70005,  70006, (1u << 20) + 12};
+    std::size_t total = 0;
+    for (auto s : sizes) total += s;
+    const int n = w.n, me = w.rank;
+    const std::uint64_t s = ++salt;
+    std::vector<Bytes> out(n), in(n);
+    std::vector<detail::P2POp> ops;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      out[p] = data_of(me, s + p, 0, total);
+      in[p] = Bytes(total, std::byte{0xcd});
+      keep(out[p], true);
+      keep(in[p], false);
+      std::size_t off = 0;
+      for (auto sz : sizes) {
+        ops.push_back(Communicator::send_op(out[p].data() + off, sz, DataType::uint8, p));
+        ops.push_back(Communicator::recv_op(in[p].data() + off, sz, DataType::uint8, p));
+        count(sz, reg_send, reg_recv);
+        off += sz;
+      }
+    }
+    w.comm.send_recv(ops);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const Bytes want = data_of(p, s + me, 0, total);
+      w.expect_equal(describe("send_recv", DataType::uint8, ReduceOp::sum, total,
+                              "registered from_rank=" + std::to_string(p)),
+                     DataType::uint8, in[p].data(), want.data(), total);
+    }
+    done();
+  }
+
+  void all_gather() {
+    const std::size_t count_each = 100003, bytes = count_each * 4;
+    const std::uint64_t s = ++salt;
+    Bytes mine = data_of(w.rank, s, 0, bytes), all(bytes * w.n, std::byte{0xcd});
+    keep(mine, true);
+    keep(all, false);
+    w.comm.all_gather(mine.data(), all.data(), count_each, DataType::float32);
+    // Each rank's block leaves from its own place in the (receive) buffer.
+    for (int p = 0; p < w.n; ++p)
+      if (p != w.rank) count(bytes, reg_recv, reg_recv);
+    for (int r = 0; r < w.n; ++r) {
+      const Bytes want = data_of(r, s, 0, bytes);
+      w.expect_equal(describe("all_gather", DataType::float32, ReduceOp::sum, count_each,
+                              "registered from_rank=" + std::to_string(r)),
+                     DataType::float32, all.data() + r * bytes, want.data(), count_each);
+    }
+    done();
+  }
+
+  // all_to_allv with counts per (source, destination), some under the threshold.
+  void all_to_allv(bool uniform) {
+    const int n = w.n, me = w.rank;
+    auto count_of = [&](int src, int dst) -> std::size_t {
+      if (uniform) return 60001;
+      return (src + dst) % 2 ? 100 + src : 50000 + 7 * src + dst;
+    };
+    std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+    std::size_t st = 0, rt = 0;
+    for (int p = 0; p < n; ++p) {
+      sc[p] = count_of(me, p);
+      sd[p] = st;
+      st += sc[p];
+      rc[p] = count_of(p, me);
+      rd[p] = rt;
+      rt += rc[p];
+    }
+    const std::uint64_t s = ++salt;
+    Bytes send(st * 4), recv(rt * 4, std::byte{0xcd});
+    for (int p = 0; p < n; ++p) fill_copy(me, s + p, send.data() + sd[p] * 4, 0, sc[p] * 4);
+    keep(send, true);
+    keep(recv, false);
+    if (uniform)
+      w.comm.all_to_all(send.data(), recv.data(), sc[0], DataType::int32);
+    else
+      w.comm.all_to_allv(send.data(), sc, sd, recv.data(), rc, rd, DataType::int32);
+    for (int p = 0; p < n; ++p) {
+      if (p != me) count(sc[p] * 4, reg_send, reg_recv);
+      const Bytes want = data_of(p, s + me, 0, rc[p] * 4);
+      w.expect_equal(describe(uniform ? "all_to_all" : "all_to_allv", DataType::int32,
+                              ReduceOp::sum, rc[p], "registered from_rank=" + std::to_string(p)),
+                     DataType::int32, recv.data() + rd[p] * 4, want.data(), rc[p]);
+    }
+    done();
+  }
+
+  void gather_scatter() {
+    const int n = w.n, me = w.rank;
+    {
+      const std::size_t bytes = 70001;
+      const int root = 0;
+      const std::uint64_t s = ++salt;
+      Bytes mine = data_of(me, s, 0, bytes), all(bytes * n, std::byte{0xcd});
+      keep(mine, true);
+      if (me == root) keep(all, false);
+      w.comm.gather(mine.data(), all.data(), bytes, DataType::uint8, root);
+      if (me != root) count(bytes, reg_send, reg_recv);
+      if (me == root)
+        for (int r = 0; r < n; ++r) {
+          const Bytes want = data_of(r, s, 0, bytes);
+          w.expect_equal(describe("gather", DataType::uint8, ReduceOp::sum, bytes,
+                                  "registered from_rank=" + std::to_string(r)),
+                         DataType::uint8, all.data() + r * bytes, want.data(), bytes);
+        }
+      done();
+    }
+    {
+      const std::size_t count_each = 131072, bytes = count_each * 4;
+      const int root = n - 1;
+      const std::uint64_t s = ++salt;
+      Bytes all = data_of(root, s, 0, bytes * n), mine(bytes, std::byte{0xcd});
+      if (me == root) keep(all, true);
+      keep(mine, false);
+      w.comm.scatter(all.data(), mine.data(), count_each, DataType::float32, root);
+      if (me == root)
+        for (int p = 0; p < n; ++p)
+          if (p != root) count(bytes, reg_send, reg_recv);
+      const Bytes want = data_of(root, s, me * bytes, bytes);
+      w.expect_equal(describe("scatter", DataType::float32, ReduceOp::sum, count_each,
+                              "registered"),
+                     DataType::float32, mine.data(), want.data(), count_each);
+      done();
+    }
+  }
+
+  // The same buffers before and after their registrations end: zero-copy, then staged.
+  void same_buffers_after_deregistering() {
+    const int n = w.n, me = w.rank;
+    const std::size_t count_each = 60001, bytes = count_each * 4;
+    Bytes send(bytes * n), recv(bytes * n);
+    for (int round = 0; round < 2; ++round) {
+      const std::uint64_t s = ++salt;
+      for (int p = 0; p < n; ++p) fill_copy(me, s + p, send.data() + p * bytes, 0, bytes);
+      std::memset(recv.data(), 0xcd, recv.size());
+      if (round == 0) {
+        keep(send, true);
+        keep(recv, false);
+      }
+      w.comm.all_to_all(send.data(), recv.data(), count_each, DataType::int32);
+      for (int p = 0; p < n; ++p) {
+        if (round == 0 && p != me) count(bytes, reg_send, reg_recv);
+        const Bytes want = data_of(p, s + me, 0, bytes);
+        w.expect_equal(describe("all_to_all", DataType::int32, ReduceOp::sum, count_each,
+                                "registered round=" + std::to_string(round) +
+                                    " from_rank=" + std::to_string(p)),
+                       DataType::int32, recv.data() + p * bytes, want.data(), count_each);
+      }
+      done();
+    }
+  }
+
+  void check_counter(const char* when) {
+    const std::uint64_t got = w.comm.zero_copy_bytes();
+    std::printf("rank %d: ZERO_COPY_BYTES %llu %s\n", w.rank, static_cast<unsigned long long>(got),
+                when);
+    if (got != expected)
+      w.fail(std::string("zero_copy_bytes ") + when,
+             "got " + std::to_string(got) + ", want " + std::to_string(expected));
+  }
+
+  void bad_registrations() {
+    auto refused = [&](const char* what, auto&& call) {
+      try {
+        call();
+        w.fail("register_buffer", std::string(what) + " was accepted");
+      } catch (const std::system_error& e) {
+        if (e.code() != make_error_code(errc::invalid_argument))
+          w.fail("register_buffer", std::string(what) + ": " + e.what());
+      }
+    };
+    Bytes b(64);
+    refused("a null buffer", [&] { w.comm.register_buffer(nullptr, 64); });
+    refused("0 bytes", [&] { w.comm.register_buffer(b.data(), 0); });
+    refused("an empty communicator", [&] { Communicator().register_buffer(b.data(), 64); });
+  }
+};
+
+}  // namespace
+
+void run_registered(Worker& w) {
+  Registered t(w);
+  if (w.has("reg=send")) t.reg_recv = false;
+  if (w.has("reg=recv")) t.reg_send = false;
+  if (w.has("reg=none")) t.reg_send = t.reg_recv = false;
+  const char* transport = std::getenv("COCCL_TRANSPORT");
+  t.ib = transport && std::string(transport) == "ib";
+  t.block_min = std::max<std::size_t>(4096, env_size("COCCL_IB_ZCOPY_MIN", 64 << 10));
+  t.send_recv();
+  t.all_gather();
+  t.all_to_allv(true);
+  t.all_to_allv(false);
+  t.gather_scatter();
+  t.same_buffers_after_deregistering();
+  t.check_counter("after registered transfers");
+  // Without registrations the same transfers are staged, and still right.
+  const bool had_send = t.reg_send, had_recv = t.reg_recv;
+  t.reg_send = t.reg_recv = false;
+  t.all_to_allv(false);
+  t.send_recv();
+  t.check_counter("after deregistering");
+  t.reg_send = had_send;
+  t.reg_recv = had_recv;
+  t.bad_registrations();
+}
+
+}  // namespace coccl::test
