@@ -186,6 +186,72 @@ Task all_of(std::vector<Task> tasks) {
 const std::byte* cbytes(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 
+// One block per peer each way; a sending and a receiving coroutine per operation, chunk-major
+// over peers so no pair can starve another (every rank follows the same order).
+struct Block {
+  int peer;
+  std::byte* ptr;
+  std::size_t elems;
+};
+
+// Blocks large enough for the link's block protocol go first (zero-copy where both buffers are
+// registered, see Connection); what remains is sent chunk by chunk.
+Task exchange_send(Op& op, std::vector<Block> sends) {
+  const std::size_t k = op.per_chunk(), e = op.elt();
+  std::vector<Block> staged;
+  std::vector<Connection*> written;
+  for (auto& b : sends) {
+    Connection* l = co_await op.link(b.peer);
+    if (l->uses_blocks(b.elems * e) && co_await op.send_block(l, b.peer, b.ptr, b.elems * e)) {
+      written.push_back(l);
+      continue;
+    }
+    staged.push_back(b);
+  }
+  std::size_t most = 0;
+  for (auto& b : staged) most = std::max(most, chunks_of(b.elems, k));
+  for (std::size_t c = 0; c < most; ++c)
+    for (auto& b : staged)
+      if (c * k < b.elems)
+        co_await op.put(b.peer, b.ptr + c * k * e, std::min(k, b.elems - c * k) * e);
+  for (Connection* l : written) co_await l->flush_blocks();
+}
+
+Task exchange_recv(Op& op, std::vector<Block> recvs) {
+  const std::size_t k = op.per_chunk(), e = op.elt();
+  // Every block is offered before waiting for any, so no sender waits on another's offer.
+  std::vector<std::optional<std::uint64_t>> offers;
+  for (auto& b : recvs) {
+    Connection* l = co_await op.link(b.peer);
+    offers.push_back(l->uses_blocks(b.elems * e)
+                         ? std::optional(l->offer(b.ptr, b.elems * e, op.fingerprint()))
+                         : std::nullopt);
+  }
+  std::vector<Block> staged;
+  for (std::size_t i = 0; i < recvs.size(); ++i)
+    if (!offers[i] || !co_await op.comm().peers().existing(recvs[i].peer)->landed(*offers[i]))
+      staged.push_back(recvs[i]);
+  std::size_t most = 0;
+  for (auto& b : staged) most = std::max(most, chunks_of(b.elems, k));
+  for (std::size_t c = 0; c < most; ++c)
+    for (auto& b : staged)
+      if (c * k < b.elems) {
+        std::size_t len = std::min(k, b.elems - c * k) * e;
+        Chunk ch = co_await op.take(b.peer, len);
+        std::memcpy(b.ptr + c * k * e, ch.data, len);
+        op.release(b.peer);
+      }
+}
+
+Task exchange(Op& op, std::vector<Block> sends, std::vector<Block> recvs) {
+  for (const auto& b : sends) co_await op.link(b.peer);
+  for (const auto& b : recvs) co_await op.link(b.peer);
+  std::vector<Task> tasks;
+  if (!sends.empty()) tasks.push_back(exchange_send(op, std::move(sends)));
+  if (!recvs.empty()) tasks.push_back(exchange_recv(op, std::move(recvs)));
+  co_await all_of(std::move(tasks));
+}
+
 // ---- all_reduce -------------------------------------------------------------------------------
 
 // Reduces chunk `len` elements of every rank into dst, sources in rank order so every rank
@@ -272,31 +338,20 @@ Task direct_rs_recv(Op& op, Range mine, std::vector<int> order) {
   }
 }
 
-// All-gather phase, sending side: our reduced segment to every peer.
-Task direct_ag_send(Op& op, Range mine) {
+// All-gather phase: our reduced segment to every peer, theirs into place (blocks zero-copy where
+// the receive buffers are registered).
+Task direct_all_gather(Op& op, Range mine) {
   const auto& a = op.args();
   const int n = op.n(), r = op.rank();
-  const std::size_t k = op.per_chunk(), e = op.elt();
-  for (std::size_t off = 0; off < mine.size(); off += k)
-    for (int i = 1; i < n; ++i)
-      co_await op.put((r + i) % n, bytes(a.recv) + (mine.begin + off) * e,
-                      std::min(k, mine.size() - off) * e);
-}
-
-// Receiving side: every other segment, copied into place.
-Task direct_ag_recv(Op& op, std::size_t max_chunks) {
-  const auto& a = op.args();
-  const int n = op.n(), r = op.rank();
-  const std::size_t k = op.per_chunk(), e = op.elt();
-  for (std::size_t c = 0; c < max_chunks; ++c)
-    for (int p = 0; p < n; ++p) {
-      Range s = segment(a.count, n, p);
-      if (p == r || c * k >= s.size()) continue;
-      std::size_t len = std::min(k, s.size() - c * k) * e;
-      Chunk ch = co_await op.take(p, len);
-      std::memcpy(bytes(a.recv) + (s.begin + c * k) * e, ch.data, len);
-      op.release(p);
-    }
+  const std::size_t e = op.elt();
+  std::vector<Block> sends, recvs;
+  for (int i = 1; i < n; ++i) {
+    const int p = (r + i) % n;
+    const Range s = segment(a.count, n, p);
+    sends.push_back({p, bytes(a.recv) + mine.begin * e, mine.size()});
+    recvs.push_back({p, bytes(a.recv) + s.begin * e, s.size()});
+  }
+  co_await exchange(op, std::move(sends), std::move(recvs));
 }
 
 // Reduce-scatter then all-gather, each rank talking to all others at once: rank p reduces
@@ -314,26 +369,18 @@ Task all_reduce_direct(Op& op) {
     tasks.push_back(direct_rs_recv(op, mine, order));
     co_await all_of(std::move(tasks));
   }
-  {
-    std::vector<Task> tasks;
-    tasks.push_back(direct_ag_send(op, mine));
-    tasks.push_back(direct_ag_recv(op, max_chunks));
-    co_await all_of(std::move(tasks));
-  }
+  co_await direct_all_gather(op, mine);
 }
 
-// One ring step's receiving side: reduce into (or copy to) segment `in`.
-Task ring_recv(Op& op, int left, Range in, bool reducing) {
+// One reduce-scatter step's receiving side: reduce into segment `in`.
+Task ring_reduce_recv(Op& op, int left, Range in) {
   const auto& a = op.args();
   const std::size_t k = op.per_chunk(), e = op.elt();
   for (std::size_t off = 0; off < in.size(); off += k) {
     std::size_t elems = std::min(k, in.size() - off);
     std::byte* dst = bytes(a.recv) + (in.begin + off) * e;
     Chunk ch = co_await op.take(left, elems * e);
-    if (reducing)
-      reduce2(dst, dst, ch.data, elems, a.type, base_op(a.op));
-    else
-      std::memcpy(dst, ch.data, elems * e);
+    reduce2(dst, dst, ch.data, elems, a.type, base_op(a.op));
     op.release(left);
   }
 }
@@ -356,11 +403,19 @@ Task all_reduce_ring(Op& op) {
     int send_seg = reducing ? (r - s + n) % n : (r + 1 - s + n) % n;
     int recv_seg = reducing ? (r - s - 1 + 2 * n) % n : (r - s + n) % n;
     Range out = segment(a.count, n, send_seg), in = segment(a.count, n, recv_seg);
+    if (!reducing) {
+      // All-gather steps move segments between receive buffers: blocks where they are large.
+      std::vector<Block> sends, recvs;
+      sends.push_back({right, bytes(a.recv) + out.begin * e, out.size()});
+      recvs.push_back({left, bytes(a.recv) + in.begin * e, in.size()});
+      co_await exchange(op, std::move(sends), std::move(recvs));
+      continue;
+    }
     std::vector<Task> tasks;
     tasks.push_back(op.send(right, cbytes(a.recv) + out.begin * e, out.size()));
-    tasks.push_back(ring_recv(op, left, in, reducing));
+    tasks.push_back(ring_reduce_recv(op, left, in));
     co_await all_of(std::move(tasks));
-    if (reducing && step == n - 2) {
+    if (step == n - 2) {
       // This rank now holds the full reduction of segment recv_seg.
       finish_avg(op, bytes(a.recv) + in.begin * e, in.size());
     }
@@ -436,73 +491,6 @@ Task reduce_chain(Op& op) {
       finish_avg(op, dst, elems);
     }
   }
-}
-
-// One block per peer each way; a sending and a receiving coroutine per operation, chunk-major
-// over peers so no pair can starve another (every rank follows the same order).
-struct Block {
-  int peer;
-  std::byte* ptr;
-  std::size_t elems;
-};
-
-// Blocks large enough for the link's block protocol go first (zero-copy where both buffers are
-// registered, see Connection); what remains is sent chunk by chunk.
-Task exchange_send(Op& op, std::vector<Block> sends) {
-  const std::size_t k = op.per_chunk(), e = op.elt();
-  std::vector<Block> staged;
-  std::vector<Connection*> written;
-  for (auto& b : sends) {
-    Connection* l = co_await op.link(b.peer);
-    if (l->uses_blocks(b.elems * e) &&
-        co_await op.send_block(l, b.peer, b.ptr, b.elems * e)) {
-      written.push_back(l);
-      continue;
-    }
-    staged.push_back(b);
-  }
-  std::size_t most = 0;
-  for (auto& b : staged) most = std::max(most, chunks_of(b.elems, k));
-  for (std::size_t c = 0; c < most; ++c)
-    for (auto& b : staged)
-      if (c * k < b.elems)
-        co_await op.put(b.peer, b.ptr + c * k * e, std::min(k, b.elems - c * k) * e);
-  for (Connection* l : written) co_await l->flush_blocks();
-}
-
-Task exchange_recv(Op& op, std::vector<Block> recvs) {
-  const std::size_t k = op.per_chunk(), e = op.elt();
-  // Every block is offered before waiting for any, so no sender waits on another's offer.
-  std::vector<std::optional<std::uint64_t>> offers;
-  for (auto& b : recvs) {
-    Connection* l = co_await op.link(b.peer);
-    offers.push_back(l->uses_blocks(b.elems * e)
-                         ? std::optional(l->offer(b.ptr, b.elems * e, op.fingerprint()))
-                         : std::nullopt);
-  }
-  std::vector<Block> staged;
-  for (std::size_t i = 0; i < recvs.size(); ++i)
-    if (!offers[i] || !co_await op.comm().peers().existing(recvs[i].peer)->landed(*offers[i]))
-      staged.push_back(recvs[i]);
-  std::size_t most = 0;
-  for (auto& b : staged) most = std::max(most, chunks_of(b.elems, k));
-  for (std::size_t c = 0; c < most; ++c)
-    for (auto& b : staged)
-      if (c * k < b.elems) {
-        std::size_t len = std::min(k, b.elems - c * k) * e;
-        Chunk ch = co_await op.take(b.peer, len);
-        std::memcpy(b.ptr + c * k * e, ch.data, len);
-        op.release(b.peer);
-      }
-}
-
-Task exchange(Op& op, std::vector<Block> sends, std::vector<Block> recvs) {
-  for (const auto& b : sends) co_await op.link(b.peer);
-  for (const auto& b : recvs) co_await op.link(b.peer);
-  std::vector<Task> tasks;
-  if (!sends.empty()) tasks.push_back(exchange_send(op, std::move(sends)));
-  if (!recvs.empty()) tasks.push_back(exchange_recv(op, std::move(recvs)));
-  co_await all_of(std::move(tasks));
 }
 
 Task all_gather_direct(Op& op) {

@@ -394,8 +394,8 @@ asio::awaitable<void> Peers::rendezvous(RootAddress root) {
     } catch (const boost::system::system_error& e) {
       throw std::system_error(make_error_code(errc::timed_out),
                               "bootstrap: no address table from the root (" +
-                                  std::string(e.what()) + "); did all " +
-                                  std::to_string(nranks_) + " ranks start?");
+                                  std::string(e.what()) + "); did all " + std::to_string(nranks_) +
+                                  " ranks start?");
     }
     if (f.type != FrameType::table) bad("expected the address table");
     payload = std::move(f.payload);
@@ -523,9 +523,9 @@ asio::awaitable<void> Peers::dial(int peer) {
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
 #if COCCL_HAVE_IB
   if (link) {
-    add(peer, std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
-                                             ib_split_bytes(), ib_poller_, user_buffers_,
-                                             on_failure_));
+    add(peer,
+        std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
+                                       ib_split_bytes(), ib_poller_, user_buffers_, on_failure_));
     co_return;
   }
 #endif
@@ -600,9 +600,9 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
   if (shut_) co_return;
 #if COCCL_HAVE_IB
   if (link) {
-    add(peer, std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
-                                             ib_split_bytes(), ib_poller_, user_buffers_,
-                                             on_failure_));
+    add(peer,
+        std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
+                                       ib_split_bytes(), ib_poller_, user_buffers_, on_failure_));
     co_return;
   }
 #endif

@@ -15,9 +15,9 @@ namespace coccl::transport {
 namespace {
 
 // wr_id of send work requests; receives use their buffer index (below 2^32).
-constexpr std::uint64_t wr_data = 1ull << 62;    // | queue pair index
+constexpr std::uint64_t wr_data = 1ull << 62;  // | queue pair index
 constexpr std::uint64_t wr_ctrl = 2ull << 62;
-constexpr std::uint64_t wr_block = 3ull << 62;   // | block id << 5 | queue pair index
+constexpr std::uint64_t wr_block = 3ull << 62;  // | block id << 5 | queue pair index
 constexpr std::uint64_t wr_kind = 3ull << 62;
 constexpr std::uint64_t wr_qp_mask = 0x1f;
 // Channel events are acknowledged in batches (ibv_ack_cq_events takes a mutex).
@@ -476,10 +476,9 @@ asio::awaitable<bool> IbConnection::write_block(const void* src, std::size_t n) 
   send_wait_ = SendWait::slot;
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
-  const std::size_t pieces =
-      post_writes(reinterpret_cast<std::uintptr_t>(src), reg->lkey, n, g.addr, g.rkey,
-                  static_cast<std::uint32_t>((g.id & seq_mask) << 8) | block_flag,
-                  wr_block | (g.id << 5));
+  const std::size_t pieces = post_writes(
+      reinterpret_cast<std::uintptr_t>(src), reg->lkey, n, g.addr, g.rkey,
+      static_cast<std::uint32_t>((g.id & seq_mask) << 8) | block_flag, wr_block | (g.id << 5));
   flights_.push_back(Flight{g.id, pieces, std::move(reg)});
   buffers_->count_zero_copy(n);
   co_return true;
@@ -502,8 +501,8 @@ void IbConnection::on_control(const Control& m) {
       // Offers come in id order, within the window.
       if (m.id != next_grant_id_ || grants_.size() > ib::block_window + 1)
         return protocol_error("an offer out of order");
-      grants_.push_back(Grant{m.id, m.addr, m.size, m.rkey, m.fingerprint,
-                              m.type == Control::offer_registered});
+      grants_.push_back(
+          Grant{m.id, m.addr, m.size, m.rkey, m.fingerprint, m.type == Control::offer_registered});
       ++next_grant_id_;
       return;
     case Control::decline: {

@@ -35,8 +35,12 @@ class UserBuffers {
   std::shared_ptr<const ib::Registration> find(const void* p, std::size_t n) const;
 
   /// Bytes sent zero-copy from registered buffers (counted by the transport).
-  void count_zero_copy(std::size_t n) noexcept { zero_copy_.fetch_add(n, std::memory_order_relaxed); }
-  std::uint64_t zero_copy_bytes() const noexcept { return zero_copy_.load(std::memory_order_relaxed); }
+  void count_zero_copy(std::size_t n) noexcept {
+    zero_copy_.fetch_add(n, std::memory_order_relaxed);
+  }
+  std::uint64_t zero_copy_bytes() const noexcept {
+    return zero_copy_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct Entry {

@@ -170,8 +170,9 @@ class Communicator {
   /// RDMA device (pinned; registering a buffer again, or part of one, reuses the registration),
   /// and a transfer of at least COCCL_IB_ZCOPY_MIN bytes whose source and destination buffers are
   /// both registered is written by the device straight from the sender's buffer into the
-  /// receiver's: send/recv, all_gather, all_to_all, all_to_allv, gather and scatter; when only
-  /// one side registered, the bytes are staged as usual. Other transports record the registration
+  /// receiver's: send/recv, all_gather, all_to_all, all_to_allv, gather, scatter and the
+  /// all-gather phase of all_reduce (between receive buffers); when only one side registered,
+  /// the bytes are staged as usual. Other transports record the registration
   /// and move the bytes as usual. Throws std::system_error: errc::invalid_argument for a null
   /// buffer or 0 bytes or an empty handle, or the device's refusal (for instance the locked-memory
   /// limit, RLIMIT_MEMLOCK) with its reason.

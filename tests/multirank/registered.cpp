@@ -43,15 +43,15 @@ struct Registered {
   void done() { regs.clear(); }
   // A transfer of `bytes` from a buffer registered when `src_registered` into one registered
   // when `dst_registered` goes zero-copy on ib from the threshold up.
-  void count(std::size_t bytes, bool src_registered, bool dst_registered) {
+  void expect_zero_copy(std::size_t bytes, bool src_registered, bool dst_registered) {
     if (ib && src_registered && dst_registered && bytes >= block_min) expected += bytes;
   }
 
   void send_recv() {
     // Per peer: a small transfer, transfers at and above the threshold, and more blocks than
     // the ib offer window; one registered buffer per peer and direction.
-    const std::vector<std::size_t> sizes{300,   200003, 65536, 70000, 70001, 70002, 70003,
-                                         70004, 70005,  70006, (1u << 20) + 12};
+    const std::vector<std::size_t> sizes{300,   200003, 65536, 70000, 70001,          70002,
+                                         70003, 70004,  70005, 70006, (1u << 20) + 12};
     std::size_t total = 0;
     for (auto s : sizes) total += s;
     const int n = w.n, me = w.rank;
@@ -68,7 +68,7 @@ struct Registered {
       for (auto sz : sizes) {
         ops.push_back(Communicator::send_op(out[p].data() + off, sz, DataType::uint8, p));
         ops.push_back(Communicator::recv_op(in[p].data() + off, sz, DataType::uint8, p));
-        count(sz, reg_send, reg_recv);
+        expect_zero_copy(sz, reg_send, reg_recv);
         off += sz;
       }
     }
@@ -92,7 +92,7 @@ struct Registered {
     w.comm.all_gather(mine.data(), all.data(), count_each, DataType::float32);
     // Each rank's block leaves from its own place in the (receive) buffer.
     for (int p = 0; p < w.n; ++p)
-      if (p != w.rank) count(bytes, reg_recv, reg_recv);
+      if (p != w.rank) expect_zero_copy(bytes, reg_recv, reg_recv);
     for (int r = 0; r < w.n; ++r) {
       const Bytes want = data_of(r, s, 0, bytes);
       w.expect_equal(describe("all_gather", DataType::float32, ReduceOp::sum, count_each,
@@ -129,7 +129,7 @@ struct Registered {
     else
       w.comm.all_to_allv(send.data(), sc, sd, recv.data(), rc, rd, DataType::int32);
     for (int p = 0; p < n; ++p) {
-      if (p != me) count(sc[p] * 4, reg_send, reg_recv);
+      if (p != me) expect_zero_copy(sc[p] * 4, reg_send, reg_recv);
       const Bytes want = data_of(p, s + me, 0, rc[p] * 4);
       w.expect_equal(describe(uniform ? "all_to_all" : "all_to_allv", DataType::int32,
                               ReduceOp::sum, rc[p], "registered from_rank=" + std::to_string(p)),
@@ -148,7 +148,7 @@ struct Registered {
       keep(mine, true);
       if (me == root) keep(all, false);
       w.comm.gather(mine.data(), all.data(), bytes, DataType::uint8, root);
-      if (me != root) count(bytes, reg_send, reg_recv);
+      if (me != root) expect_zero_copy(bytes, reg_send, reg_recv);
       if (me == root)
         for (int r = 0; r < n; ++r) {
           const Bytes want = data_of(r, s, 0, bytes);
@@ -168,13 +168,43 @@ struct Registered {
       w.comm.scatter(all.data(), mine.data(), count_each, DataType::float32, root);
       if (me == root)
         for (int p = 0; p < n; ++p)
-          if (p != root) count(bytes, reg_send, reg_recv);
+          if (p != root) expect_zero_copy(bytes, reg_send, reg_recv);
       const Bytes want = data_of(root, s, me * bytes, bytes);
-      w.expect_equal(describe("scatter", DataType::float32, ReduceOp::sum, count_each,
-                              "registered"),
-                     DataType::float32, mine.data(), want.data(), count_each);
+      w.expect_equal(
+          describe("scatter", DataType::float32, ReduceOp::sum, count_each, "registered"),
+          DataType::float32, mine.data(), want.data(), count_each);
       done();
     }
+  }
+
+  // all_reduce of 4 MB: its all-gather phase moves reduced segments between the (registered)
+  // receive buffers; the reduce-scatter phase is staged. Direct (every peer at once, the choice
+  // on one host) or ring (COCCL_ALGO=ring).
+  void all_reduce() {
+    const int n = w.n, me = w.rank;
+    const std::size_t count = 1000003, bytes = count * 4;
+    const std::uint64_t s = ++salt;
+    Bytes send(bytes), recv(bytes, std::byte{0xcd});
+    fill_reduce(DataType::float32, ReduceOp::sum, me, s, send.data(), 0, count);
+    keep(send, true);
+    keep(recv, false);
+    w.comm.all_reduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum);
+    auto seg_bytes = [&](int i) {
+      const std::size_t base = count / n, extra = count % n;
+      return (base + (static_cast<std::size_t>(i) < extra ? 1 : 0)) * 4;
+    };
+    const char* algo = std::getenv("COCCL_ALGO");
+    if (algo && std::string(algo) == "ring") {
+      for (int step = 0; step < n - 1; ++step)
+        expect_zero_copy(seg_bytes((me + 1 - step + n) % n), reg_recv, reg_recv);
+    } else {
+      for (int p = 0; p < n; ++p)
+        if (p != me) expect_zero_copy(seg_bytes(me), reg_recv, reg_recv);
+    }
+    const Bytes want = reduce_reference(DataType::float32, ReduceOp::sum, n, s, 0, count);
+    w.expect_equal(describe("all_reduce", DataType::float32, ReduceOp::sum, count, "registered"),
+                   DataType::float32, recv.data(), want.data(), count);
+    done();
   }
 
   // The same buffers before and after their registrations end: zero-copy, then staged.
@@ -192,7 +222,7 @@ struct Registered {
       }
       w.comm.all_to_all(send.data(), recv.data(), count_each, DataType::int32);
       for (int p = 0; p < n; ++p) {
-        if (round == 0 && p != me) count(bytes, reg_send, reg_recv);
+        if (round == 0 && p != me) expect_zero_copy(bytes, reg_send, reg_recv);
         const Bytes want = data_of(p, s + me, 0, bytes);
         w.expect_equal(describe("all_to_all", DataType::int32, ReduceOp::sum, count_each,
                                 "registered round=" + std::to_string(round) +
@@ -244,6 +274,7 @@ void run_registered(Worker& w) {
   t.all_to_allv(true);
   t.all_to_allv(false);
   t.gather_scatter();
+  t.all_reduce();
   t.same_buffers_after_deregistering();
   t.check_counter("after registered transfers");
   // Without registrations the same transfers are staged, and still right.

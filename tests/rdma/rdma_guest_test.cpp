@@ -84,8 +84,8 @@ void PrintTo(const RegCase& c, std::ostream* os) { *os << c.mode << " " << c.nra
 class RegisteredBuffersOverIb : public ::testing::TestWithParam<RegCase> {};
 
 TEST_P(RegisteredBuffersOverIb, MoveZeroCopyOnlyWhenBothSidesRegistered) {
-  const LaunchResult r = run("registered", GetParam().nranks, {},
-                             {std::string("reg=") + GetParam().mode});
+  const LaunchResult r =
+      run("registered", GetParam().nranks, {}, {std::string("reg=") + GetParam().mode});
   EXPECT_TRUE(r.all_passed()) << r.describe();
   for (const RankResult& x : r.ranks)
     EXPECT_NE(x.output.find("ZERO_COPY_BYTES"), std::string::npos) << r.describe();
@@ -100,10 +100,15 @@ INSTANTIATE_TEST_SUITE_P(Modes, RegisteredBuffersOverIb,
                                   std::to_string(info.param.nranks) + "ranks";
                          });
 
+TEST(RegisteredBuffersOverIb, RingAllReduceGathersZeroCopy) {
+  const LaunchResult r = run("registered", 3, {"COCCL_ALGO=ring"}, {"reg=both"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
 TEST(RegisteredBuffersOverIb, OneQueuePairAndALowThresholdStillMatch) {
   const LaunchResult r = run("registered", 3,
-                             {"COCCL_IB_QPS_PER_PEER=1", "COCCL_IB_ZCOPY_MIN=4096",
-                              "COCCL_SLOTS=2", "COCCL_SLOT_BYTES=16384"},
+                             {"COCCL_IB_QPS_PER_PEER=1", "COCCL_IB_ZCOPY_MIN=4096", "COCCL_SLOTS=2",
+                              "COCCL_SLOT_BYTES=16384"},
                              {"reg=both"});
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }

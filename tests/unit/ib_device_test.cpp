@@ -199,9 +199,8 @@ asio::awaitable<void> receive_blocks(IbConnection* c, std::vector<std::vector<st
                                      int* bad, bool* done) {
   std::vector<std::optional<std::uint64_t>> ids;
   for (auto& b : *bufs)
-    ids.push_back(c->uses_blocks(b.size())
-                      ? std::optional(c->offer(b.data(), b.size(), block_fp))
-                      : std::nullopt);
+    ids.push_back(c->uses_blocks(b.size()) ? std::optional(c->offer(b.data(), b.size(), block_fp))
+                                           : std::nullopt);
   for (std::size_t i = 0; i < bufs->size(); ++i) {
     auto& b = (*bufs)[i];
     if (ids[i] && co_await c->landed(*ids[i])) continue;

@@ -216,7 +216,8 @@ TEST_F(RegCacheTest, RegisteringAUserBufferAgainCostsNoNewRegistration) {
 TEST_F(RegCacheTest, BadUserBuffersAreInvalidArguments) {
   RegCache c = dev.cache();
   UserBuffers u(&c);
-  for (auto [p, n] : {std::pair<void*, std::size_t>{nullptr, 16}, {at(0), 0},
+  for (auto [p, n] : {std::pair<void*, std::size_t>{nullptr, 16},
+                      {at(0), 0},
                       {reinterpret_cast<void*>(~std::uintptr_t{0} - 8), 64}}) {
     try {
       u.add(p, n);
