@@ -374,9 +374,14 @@ void IbConnection::send_credit() {
   // All control buffers in flight: this credit goes with the next control completion (credits
   // are cumulative, so one message covers every release since the last).
   if (ctrl_in_flight_ == ib::ctrl_slots) return;
+  if (!post_control(&released_, sizeof released_, "a credit")) return;
+  credited_ = released_;
+}
+
+bool IbConnection::post_control(const void* msg, std::size_t n, const char* what) {
   std::byte* buf = link_->ctrl_buffer(ctrl_next_++ % ib::ctrl_slots);
-  std::memcpy(buf, &released_, sizeof released_);
-  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), sizeof released_, link_->lkey()};
+  std::memcpy(buf, msg, n);
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), static_cast<std::uint32_t>(n), link_->lkey()};
   ibv_send_wr wr{};
   wr.wr_id = wr_ctrl;
   wr.sg_list = &sge;
@@ -386,13 +391,13 @@ void IbConnection::send_credit() {
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(link_->qp(0), &wr, &bad) != 0) {
     int e = errno;
-    close(make_error_code(errc::peer_lost),
-          "rank " + std::to_string(peer_) +
-              ": ibv_post_send of a credit failed: " + std::strerror(e));
-    return;
+    close(make_error_code(errc::peer_lost), "rank " + std::to_string(peer_) +
+                                                ": ibv_post_send of " + what +
+                                                " failed: " + std::strerror(e));
+    return false;
   }
-  credited_ = released_;
   ++ctrl_in_flight_;
+  return true;
 }
 
 // ---- blocks -----------------------------------------------------------------------------------
@@ -543,25 +548,9 @@ void IbConnection::send_control(const Control& m) {
 
 void IbConnection::flush_control() {
   while (!closed_ && !control_queue_.empty() && ctrl_in_flight_ < ib::ctrl_slots) {
-    std::byte* buf = link_->ctrl_buffer(ctrl_next_++ % ib::ctrl_slots);
-    std::memcpy(buf, &control_queue_.front(), sizeof(Control));
+    const Control m = control_queue_.front();
     control_queue_.pop_front();
-    ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), sizeof(Control), link_->lkey()};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_ctrl;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(link_->qp(0), &wr, &bad) != 0) {
-      int e = errno;
-      close(make_error_code(errc::peer_lost),
-            "rank " + std::to_string(peer_) +
-                ": ibv_post_send of a control message failed: " + std::strerror(e));
-      return;
-    }
-    ++ctrl_in_flight_;
+    if (!post_control(&m, sizeof m, "a control message")) return;
   }
 }
 

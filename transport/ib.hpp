@@ -94,6 +94,9 @@ class IbConnection final : public SocketConnection {
   void on_completion(const ibv_wc& wc);
   void on_error(const ibv_wc& wc);
   void send_credit();
+  // Copies `msg` into the next control buffer and SENDs it on queue pair 0; on failure closes the
+  // connection (naming `what`) and returns false.
+  bool post_control(const void* msg, std::size_t n, const char* what);
   // Control messages other than credits (offers, declines): sent in order as control buffers
   // free up.
   // An offer or a decline on the wire (a credit is a bare 8-byte count).
