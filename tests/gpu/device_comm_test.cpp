@@ -400,8 +400,10 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     const Layout l = layout(c, n);
     std::vector<float> host(l.send_elems), out(l.recv_elems, -1.0f);
     for (std::size_t j = 0; j < l.send_elems; ++j) host[j] = input(rank, j, 5);
-    CHECK_CUDA(cudaMemcpy(b.send, host.data(), l.send_elems * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(b.recv, out.data(), l.recv_elems * 4, cudaMemcpyHostToDevice));
+    // On the collective's stream: a cudaMemcpy from pageable memory may return before its DMA
+    // lands, and the non-blocking stream would not wait for it.
+    CHECK_CUDA(cudaMemcpyAsync(b.send, host.data(), l.send_elems * 4, cudaMemcpyHostToDevice, st));
+    CHECK_CUDA(cudaMemcpyAsync(b.recv, out.data(), l.recv_elems * 4, cudaMemcpyHostToDevice, st));
     boost::asio::io_context io;
     std::error_code result = coccl::make_error_code(coccl::errc::internal);
     auto task = [&]() -> boost::asio::awaitable<void> {

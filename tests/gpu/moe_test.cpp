@@ -315,7 +315,10 @@ void dispatch_combine_round(Rank& R, coccl::moe::Dispatcher& moe, const MoeCase&
   std::vector<char> y(x.size());
   for (std::size_t r = 0; r < rows.size(); ++r)
     expert_apply(c.type, rows[r].expert, x.data() + r * row, y.data() + r * row, c.hidden);
-  if (!y.empty()) R.cuda(cudaMemcpy(b.y.p, y.data(), y.size(), cudaMemcpyHostToDevice), "upload y");
+  // On the stream of the combine: a cudaMemcpy from pageable memory may return before its DMA
+  // lands, and the non-blocking stream would not wait for it.
+  if (!y.empty())
+    R.cuda(cudaMemcpyAsync(b.y.p, y.data(), y.size(), cudaMemcpyHostToDevice, R.st), "upload y");
   moe.combine(b.y.p, b.w.as<float>(), b.out.p, R.cs());
   std::vector<char> out(tokens * row);
   R.cuda(cudaMemcpyAsync(out.data(), b.out.p, out.size(), cudaMemcpyDeviceToHost, R.st),
