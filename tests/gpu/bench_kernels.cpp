@@ -61,7 +61,8 @@ struct Nccl {
     }                                                                           \
   } while (0)
 
-constexpr int nranks = 2;
+// GPUs taking part: argv[2], default 2.
+int nranks = 2;
 constexpr int batches = 5;
 
 float input_value(std::size_t i, int r) { return static_cast<float>((i * 7 + r * 3) % 64); }
@@ -171,8 +172,8 @@ class Bench {
 
   Group& g_;
   Buffers& b_;
-  cudaEvent_t start_[nranks]{};
-  cudaEvent_t stop_[nranks]{};
+  std::vector<cudaEvent_t> start_ = std::vector<cudaEvent_t>(nranks);
+  std::vector<cudaEvent_t> stop_ = std::vector<cudaEvent_t>(nranks);
 };
 
 GroupOp ours(Group& g, Buffers& b, bool oneshot, int nblocks) {
@@ -215,13 +216,19 @@ int main(int argc, char** argv) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast on shared machines
   std::size_t max_bytes = std::size_t{1} << 30;
   if (argc > 1) max_bytes = std::strtoull(argv[1], nullptr, 0);
+  if (argc > 2) nranks = std::atoi(argv[2]);
+  if (nranks < 2 || nranks > coccl::device::max_ranks) {
+    std::fprintf(stderr, "usage: gpu_kernels_bench [MAX_BYTES [NRANKS (2..8)]]\n");
+    return 2;
+  }
   if (coccl::gpu_test::gpu_count() < nranks || !coccl::gpu_test::enable_peers(nranks)) {
-    std::printf("gpu_kernels_bench: needs 2 GPUs with peer access; skipped\n");
+    std::printf("gpu_kernels_bench: needs %d GPUs with peer access; skipped\n", nranks);
     return 0;
   }
   Group g(nranks, coccl::device::default_oneshot_max_bytes, coccl::device::default_staging_bytes);
   Group g_small(nranks, coccl::device::default_oneshot_max_bytes, 32u << 20);
   Group g_big(nranks, coccl::device::default_oneshot_max_bytes, 128u << 20);
+  Group g_huge(nranks, coccl::device::default_oneshot_max_bytes, 256u << 20);
 
   Buffers b;
   {
@@ -236,12 +243,13 @@ int main(int argc, char** argv) {
 
   Nccl nccl;
   const bool have_nccl = nccl.load();
-  nccl_comm_t comms[nranks] = {};
+  std::vector<nccl_comm_t> comms(nranks);
   if (have_nccl) {
     int version = 0;
     nccl.get_version(&version);
-    const int devs[nranks] = {0, 1};
-    NCCL_CHECK(nccl, nccl.comm_init_all(comms, nranks, devs));
+    std::vector<int> devs(nranks);
+    for (int r = 0; r < nranks; ++r) devs[r] = r;
+    NCCL_CHECK(nccl, nccl.comm_init_all(comms.data(), nranks, devs.data()));
     std::printf("# NCCL %d loaded, NCCL_NVLS_ENABLE=%s\n", version,
                 std::getenv("NCCL_NVLS_ENABLE"));
   }
@@ -258,24 +266,24 @@ int main(int argc, char** argv) {
   Bench bench(g, b);
   Bench bench_small(g_small, b);
   Bench bench_big(g_big, b);
+  Bench bench_huge(g_huge, b);
   bool ok = true;
 
   // Two-shot tuning sweep: blocks x staging (slice = staging / (128 blocks * 2 * nranks)).
-  std::printf("\n# two-shot sweep, eager, busbw GB/s (slice = staging / 512 for 2 ranks)\n");
+  std::printf("\n# two-shot sweep, %d GPUs, eager, busbw GB/s (slice = staging / (256 x %d))\n",
+              nranks, nranks);
   std::printf("%8s %8s %7s %7s %7s %7s\n", "size", "staging", "b=32", "b=64", "b=96", "b=128");
   for (std::size_t bytes : {std::size_t{32} << 20, std::size_t{256} << 20, std::size_t{1} << 30}) {
     if (bytes > max_bytes) continue;
-    for (int which = 0; which < 3; ++which) {
-      std::printf("%8s %8s", human(bytes).c_str(),
-                  which == 0   ? "32M"
-                  : which == 1 ? "64M"
-                               : "128M");
+    for (int which = 0; which < 4; ++which) {
+      Group* groups[] = {&g_small, &g, &g_big, &g_huge};
+      Bench* benches[] = {&bench_small, &bench, &bench_big, &bench_huge};
+      const char* names[] = {"32M", "64M", "128M", "256M"};
+      std::printf("%8s %8s", human(bytes).c_str(), names[which]);
       for (int nb : {32, 64, 96, 128}) {
-        Group& gg = which == 0 ? g_small : which == 1 ? g : g_big;
-        Bench& bb = which == 0 ? bench_small : which == 1 ? bench : bench_big;
-        auto op = ours(gg, b, false, nb);
-        if (!bb.verify(op, bytes / 4)) ok = false;
-        std::printf(" %7.1f", busbw(bytes, bb.time(op, bytes / 4, false, false)));
+        auto op = ours(*groups[which], b, false, nb);
+        if (!benches[which]->verify(op, bytes / 4)) ok = false;
+        std::printf(" %7.1f", busbw(bytes, benches[which]->time(op, bytes / 4, false, false)));
         std::fflush(stdout);
       }
       std::printf("\n");
@@ -283,7 +291,7 @@ int main(int argc, char** argv) {
   }
 
   for (int graph = 0; graph < 2; ++graph) {
-    std::printf("\n# all_reduce float32 sum, 2 GPUs, %s; times in us, busbw in GB/s\n",
+    std::printf("\n# all_reduce float32 sum, %d GPUs, %s; times in us, busbw in GB/s\n", nranks,
                 graph ? "CUDA graphs" : "eager launches");
     std::printf("%8s %9s %9s %9s %9s %8s %8s %8s %8s\n", "size", "1shot", "2shot", "2shot-128M",
                 "nccl", "ours_bw", "nccl_bw", "best_bw", "speedup");
