@@ -83,8 +83,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   if (auto e = cudaGetDevice(&st->device)) return cuda_error(c, e, "cudaGetDevice");
   const auto oneshot_max =
       static_cast<std::size_t>(std::max<std::int64_t>(0, params::device_oneshot_max.get()));
-  const std::size_t staging = device::staging_bytes_for(n);
-  std::size_t bytes = device::workspace_bytes(n, oneshot_max, staging);
+  std::size_t bytes = device::workspace_bytes(n, oneshot_max);
   if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
   if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
   // Now, not at the first launch of each kernel: that may wait for a peer's kernel (see
@@ -153,7 +152,6 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   st->ws.rank = me;
   st->ws.nranks = n;
   st->ws.oneshot_max_bytes = oneshot_max;
-  st->ws.staging_bytes = staging;
   kernels::set_dependent_launch(params::dependent_launch.get());
   COCCL_INFO(p2p, me, "device workspace %zu bytes on GPU %d, %d peers mapped", bytes, st->device,
              n - 1);

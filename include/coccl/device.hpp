@@ -43,13 +43,6 @@ inline constexpr std::size_t default_oneshot_max_bytes = 512 * 1024;
 /// Default staging area for the bulk (two-shot, gather, scatter, all-to-all) kernels.
 inline constexpr std::size_t default_staging_bytes = 64 * 1024 * 1024;
 
-/// The staging area communicators use for `nranks` ranks: 32 MiB per rank (the default at 2), so
-/// a block's slot per rank (staging / (max_blocks x 2 x nranks)) stays 128 KiB at any group size
-/// and larger groups take as few barriers per byte as 2 ranks do.
-constexpr std::size_t staging_bytes_for(int nranks) noexcept {
-  return default_staging_bytes / 2 * static_cast<std::size_t>(nranks < 2 ? 2 : nranks);
-}
-
 /// Bytes of one rank's LL scratch for one-shot messages of up to `oneshot_max_bytes` among
 /// `nranks` ranks: two parities (so consecutive calls never reuse a slot a slow peer still
 /// reads) times one slot per rank, each holding the message as 8-byte LL packets (4 bytes of

@@ -1,5 +1,6 @@
-// tests/gpu/bench_kernels.cpp: gpu_kernels_bench, coccl's all-reduce kernels against NCCL on two
-// GPUs of one process, float32 sum, 8 B .. 1 GiB, eager launches and CUDA graphs.
+// tests/gpu/bench_kernels.cpp: gpu_kernels_bench, coccl's all-reduce kernels against NCCL on the
+// first N GPUs of one process (argv[2], default 2), float32 sum, 8 B .. 1 GiB, eager launches and
+// CUDA graphs; first a two-shot sweep of blocks x staging.
 //
 // NCCL is loaded at run time (dlopen("libnccl.so.2"), or $COCCL_BENCH_NCCL), through our own
 // declarations of its C API. Every configuration is verified before it is timed. Times are the
@@ -67,6 +68,13 @@ constexpr int batches = 5;
 
 float input_value(std::size_t i, int r) { return static_cast<float>((i * 7 + r * 3) % 64); }
 
+// The all_reduce of element i over every rank (exact: small integers).
+float sum_value(std::size_t i) {
+  float s = 0;
+  for (int r = 0; r < nranks; ++r) s += input_value(i, r);
+  return s;
+}
+
 struct Buffers {
   std::vector<DeviceBuffer> send;
   std::vector<DeviceBuffer> recv;
@@ -102,7 +110,7 @@ class Bench {
                                     cudaMemcpyDeviceToHost));
       for (std::size_t k = 0; k < n; ++k) {
         const std::size_t i = k * step;
-        const float want = input_value(i, 0) + input_value(i, 1);
+        const float want = sum_value(i);
         if (got[k] != want) {
           std::printf("# VERIFY FAILED rank %d element %zu: %g != %g\n", r, i, got[k], want);
           return false;
@@ -111,7 +119,7 @@ class Bench {
       float last = 0;
       COCCL_CUDA_CHECK(
           cudaMemcpy(&last, b_.recv[r].get() + (count - 1) * 4, 4, cudaMemcpyDeviceToHost));
-      if (last != input_value(count - 1, 0) + input_value(count - 1, 1)) {
+      if (last != sum_value(count - 1)) {
         std::printf("# VERIFY FAILED rank %d last element\n", r);
         return false;
       }
