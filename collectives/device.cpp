@@ -4,8 +4,8 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
-#include <boost/asio/post.hpp>
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -130,8 +130,10 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
       // its own IPC handles).
       if (all[p].device != st->device && !peer_access_enabled(st->device, all[p].device)) {
         auto e = cudaDeviceEnablePeerAccess(all[p].device, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-        else if (e) return cuda_error(c, e, "cudaDeviceEnablePeerAccess");
+        if (e == cudaErrorPeerAccessAlreadyEnabled)
+          cudaGetLastError();
+        else if (e)
+          return cuda_error(c, e, "cudaDeviceEnablePeerAccess");
         mark_peer_access(st->device, all[p].device);
       }
       st->peers[p] = reinterpret_cast<void*>(all[p].address);
@@ -180,8 +182,8 @@ class EventPoller final : public runtime::Poller {
       cudaEventDestroy(waits_[i].event);
       OpHandler h(std::move(waits_[i].handler));
       waits_.erase(waits_.begin() + static_cast<std::ptrdiff_t>(i));
-      runtime::complete(std::move(h), e == cudaSuccess ? std::error_code()
-                                                       : make_error_code(errc::cuda_error));
+      runtime::complete(std::move(h),
+                        e == cudaSuccess ? std::error_code() : make_error_code(errc::cuda_error));
       progress = true;
     }
     return progress;
@@ -196,6 +198,34 @@ class EventPoller final : public runtime::Poller {
   asio::any_io_executor ex_;
   std::vector<Wait> waits_;
 };
+
+}  // namespace
+
+namespace {
+
+// From this size up, a broadcast among more than 2 GPUs is a scatter from the root followed by
+// an all_gather: every GPU has its own links into the switch, so the root sends (n-1)/n of the
+// message once instead of n-1 copies of all of it, and the others relay the rest. Measured on 4
+// H200 (single kernel): 0.91x NCCL at 2 MiB, 0.48x at 16 MiB, 0.36x at 128 MiB.
+constexpr std::size_t broadcast_split_min = 4u << 20;
+
+int split_broadcast(const OpArgs& a, std::size_t elt, int rank, int n, const device::Workspace& ws,
+                    kernels::stream_t stream) {
+  const std::size_t bytes = a.count * elt;
+  if (n <= 2 || bytes < broadcast_split_min)
+    return kernels::broadcast(a.send, a.recv, bytes, a.root, ws, stream);
+  // Pieces of whole 16-byte vectors; the remainder goes with the plain kernel.
+  const std::size_t piece = bytes / static_cast<std::size_t>(n) / 16 * 16;
+  char* recv = static_cast<char*>(a.recv);
+  int rc = kernels::scatter(a.send, recv + rank * piece, piece, 1, a.root, ws, stream);
+  if (rc == 0) rc = kernels::all_gather(recv + rank * piece, recv, piece, 1, ws, stream);
+  const std::size_t done = piece * static_cast<std::size_t>(n);
+  if (rc == 0 && done < bytes) {
+    const char* rest = rank == a.root ? static_cast<const char*>(a.send) + done : nullptr;
+    rc = kernels::broadcast(rest, recv + done, bytes - done, a.root, ws, stream);
+  }
+  return rc;
+}
 
 }  // namespace
 
@@ -261,7 +291,7 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
                : kernels::all_reduce_twoshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
       break;
     case OpKind::broadcast:
-      rc = kernels::broadcast(a.send, a.recv, a.count * elt, a.root, d->ws, stream);
+      rc = split_broadcast(a, elt, c.rank(), c.size(), d->ws, stream);
       break;
     case OpKind::reduce:
       rc = kernels::reduce_to_root(a.send, a.recv, a.count, a.type, a.op, a.root, d->ws, stream);

@@ -112,9 +112,9 @@ struct Case {
 };
 // Sizes past the one-shot limit included.
 const Case every_collective[] = {
-    {"allreduce", 3001}, {"allreduce", 400000}, {"allgather", 70001}, {"reducescatter", 70001},
-    {"alltoall", 70001}, {"broadcast", 70001},  {"reduce", 70001},    {"gather", 70001},
-    {"scatter", 70001},  {"sendrecv", 70001}};
+    {"allreduce", 3001}, {"allreduce", 400000}, {"allgather", 70001},  {"reducescatter", 70001},
+    {"alltoall", 70001}, {"broadcast", 70001},  {"reduce", 70001},     {"gather", 70001},
+    {"scatter", 70001},  {"sendrecv", 70001},   {"broadcast", 1048583}};
 // Rooted cases use the last rank as root; sendrecv sends to the next rank, receives from the
 // previous one.
 int root_of(int n) { return n - 1; }
@@ -274,6 +274,15 @@ int rank_main(int rank, int n, const std::string& id_hex) {
               record(w, (std::string(coll) + " root=" + std::to_string(root)).c_str(), type, op,
                      count, ip);
             }
+  // Broadcasts from 4 MiB up: among more than 2 GPUs a scatter then an all_gather, with a
+  // remainder under one 16-byte vector per rank.
+  for (int root = 0; root < n; ++root)
+    for (auto [type, count] : {std::pair{DataType::float32, std::size_t{1048583}},
+                               std::pair{DataType::bfloat16, std::size_t{2097169}},
+                               std::pair{DataType::int8, std::size_t{4194319}}})
+      for (bool ip : {false, true})
+        record(run_one(comm, "broadcast", type, ReduceOp::sum, count, ip, st, b, root),
+               ("broadcast root=" + std::to_string(root)).c_str(), type, ReduceOp::sum, count, ip);
   // all_to_allv with uneven counts (rank r sends r + 2q + 1 elements, scaled, to rank q) and
   // blocks placed in reverse order with gaps.
   for (std::size_t scale : {std::size_t{1}, std::size_t{1000}, std::size_t{30011}}) {
