@@ -6,9 +6,6 @@
 // Skips without two GPUs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
@@ -19,21 +16,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/gpu/ranks.hpp"
 #include "tools/perf_data.hpp"
 
 namespace {
 
 using coccl::DataType;
 using coccl::ReduceOp;
-
-int gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
 
 #define CHECK_CUDA(call)                                           \
   do {                                                             \
@@ -431,54 +422,20 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   return wrong ? 1 : 0;
 }
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t k = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  buf[k > 0 ? k : 0] = 0;
-  return buf;
-}
-
-// Every GPU of the machine takes part (at most 8, the device collectives' limit).
-int ranks_here() { return std::min(gpus(), 8); }
-
 TEST(DeviceCollectives, OneProcessPerGpuMatchReferenceReplayInGraphsAndAwait) {
-  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  const int n = ranks_here();
-  auto id = coccl::UniqueId::create();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    std::string exe = self_exe(), rs = std::to_string(r), ns = std::to_string(n),
-                hex = id.to_string();
-    std::vector<char*> argv{
-        exe.data(), const_cast<char*>("--rank"), rs.data(), ns.data(), hex.data(), nullptr};
-    pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ), 0);
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-  }
+  const int n = coccl::gpu_test::ranks_here();
+  if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
+  coccl::gpu_test::expect_rank_processes_pass(n);
 }
 
 TEST(DeviceCollectives, SeveralGpusInOneProcessMatchReference) {
-  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  const int n = ranks_here();
-  auto id = coccl::UniqueId::create();
-  std::vector<int> rc(n, -1);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] { rc[r] = rank_main(r, n, id.to_string()); });
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(rc[r], 0) << "rank " << r;
+  const int n = coccl::gpu_test::ranks_here();
+  if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
+  coccl::gpu_test::expect_rank_threads_pass(n, rank_main);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[1]) == "--rank")
-    return rank_main(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return coccl::gpu_test::rank_or_tests_main(argc, argv, rank_main);
 }

@@ -6,9 +6,6 @@
 // on the device between replays. Skips without two GPUs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <coccl/coccl.hpp>
@@ -16,24 +13,15 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/gpu/ranks.hpp"
 #include "tests/moe/moe_reference.hpp"
 
 namespace {
 
 using coccl::DataType;
 using namespace coccl::moe_test;
-
-int gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 struct Rank {
   int me = 0;
@@ -445,53 +433,20 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   return R.failures ? 1 : 0;
 }
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t k = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  buf[k > 0 ? k : 0] = 0;
-  return buf;
-}
-
-int ranks_here() { return std::min(gpus(), 8); }
-
 TEST(MoeDevice, OneProcessPerGpuMatchesReferenceAndReplaysGraphs) {
-  const int n = ranks_here();
+  const int n = coccl::gpu_test::ranks_here();
   if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
-  auto id = coccl::UniqueId::create();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    std::string exe = self_exe(), rs = std::to_string(r), ns = std::to_string(n),
-                hex = id.to_string();
-    std::vector<char*> argv{
-        exe.data(), const_cast<char*>("--rank"), rs.data(), ns.data(), hex.data(), nullptr};
-    pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ), 0);
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-  }
+  coccl::gpu_test::expect_rank_processes_pass(n);
 }
 
 TEST(MoeDevice, AllGpusInOneProcessMatchReference) {
-  const int n = ranks_here();
+  const int n = coccl::gpu_test::ranks_here();
   if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
-  auto id = coccl::UniqueId::create();
-  std::vector<int> rc(n, -1);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] { rc[r] = rank_main(r, n, id.to_string()); });
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(rc[r], 0) << "rank " << r;
+  coccl::gpu_test::expect_rank_threads_pass(n, rank_main);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[1]) == "--rank")
-    return rank_main(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return coccl::gpu_test::rank_or_tests_main(argc, argv, rank_main);
 }
