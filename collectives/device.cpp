@@ -2,16 +2,14 @@
 // (CUDA IPC across processes, peer access within one), kernels enqueued on the caller's stream,
 // and CUDA events polled by the proxy thread for the awaitable forms.
 #include <cuda_runtime_api.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <mutex>
-#include <set>
-#include <utility>
 
 #include "collectives/comm.hpp"
+#include "collectives/peer_memory.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
@@ -35,11 +33,7 @@ struct DeviceState {
 
 // What each rank tells the others about its workspace.
 struct Advert {
-  cudaIpcMemHandle_t handle;
-  std::uint64_t address;
-  std::uint64_t host;
-  std::int32_t pid;
-  std::int32_t device;
+  PeerAdvert memory;
   std::uint64_t oneshot_max;  // shapes the workspace: must agree
 };
 
@@ -48,22 +42,6 @@ std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) 
   COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
   c.fail(make_error_code(errc::cuda_error), text);
   return make_error_code(errc::cuda_error);
-}
-
-// Peer access this process has enabled, from device a to device b. Enabling it again fails with
-// cudaErrorPeerAccessAlreadyEnabled, harmless but reported by compute-sanitizer, and each
-// communicator over the same GPUs of one process would do it again.
-std::mutex peer_access_mutex;
-std::set<std::pair<int, int>> peer_access;
-
-bool peer_access_enabled(int a, int b) {
-  std::lock_guard lock(peer_access_mutex);
-  return peer_access.count({a, b}) != 0;
-}
-
-void mark_peer_access(int a, int b) {
-  std::lock_guard lock(peer_access_mutex);
-  peer_access.insert({a, b});
 }
 
 // Makes the device state on first use: collective over the communicator.
@@ -92,12 +70,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     return cuda_error(c, static_cast<cudaError_t>(rc), "loading the kernels");
   if (auto e = cudaDeviceSynchronize()) return cuda_error(c, e, "cudaDeviceSynchronize");
   Advert mine{};
-  if (auto e = cudaIpcGetMemHandle(&mine.handle, st->workspace))
+  if (auto e = advertise(st->workspace, st->device, c.peers().table()[me].host_hash, mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
-  mine.address = reinterpret_cast<std::uintptr_t>(st->workspace);
-  mine.host = c.peers().table()[me].host_hash;
-  mine.pid = ::getpid();
-  mine.device = st->device;
   mine.oneshot_max = oneshot_max;
   std::vector<Advert> all(n);
   OpArgs gather;
@@ -121,29 +95,14 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
                  static_cast<unsigned long long>(all[p].oneshot_max), p);
       return make_error_code(errc::invalid_argument);
     }
-    if (all[p].host != mine.host) {
+    if (all[p].memory.host != mine.memory.host) {
       COCCL_WARN(p2p, me, "rank %d is on another host: device collectives need one host", p);
       return make_error_code(errc::unsupported);
     }
-    if (all[p].pid == mine.pid) {
-      // Another GPU driven by this process: peer access instead of IPC (a process cannot open
-      // its own IPC handles).
-      if (all[p].device != st->device && !peer_access_enabled(st->device, all[p].device)) {
-        auto e = cudaDeviceEnablePeerAccess(all[p].device, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled)
-          cudaGetLastError();
-        else if (e)
-          return cuda_error(c, e, "cudaDeviceEnablePeerAccess");
-        mark_peer_access(st->device, all[p].device);
-      }
-      st->peers[p] = reinterpret_cast<void*>(all[p].address);
-      continue;
-    }
-    void* mapped = nullptr;
-    if (auto e = cudaIpcOpenMemHandle(&mapped, all[p].handle, cudaIpcMemLazyEnablePeerAccess))
-      return cuda_error(c, e, "cudaIpcOpenMemHandle of rank " + std::to_string(p));
-    st->opened.push_back(mapped);
-    st->peers[p] = mapped;
+    bool ipc = false;
+    if (auto e = map_peer(mine.memory, all[p].memory, &st->peers[p], &ipc))
+      return cuda_error(c, e, "mapping the workspace of rank " + std::to_string(p));
+    if (ipc) st->opened.push_back(st->peers[p]);
   }
   // Nobody launches before every workspace is zeroed and mapped.
   OpArgs barrier;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "collectives/moe_state.hpp"
+#include "collectives/peer_memory.hpp"
 
 namespace coccl::moe::detail {
 
@@ -53,14 +54,6 @@ void check(cudaError_t e, const char* what) {
 }
 
 // What each rank tells the others about its arena.
-struct Advert {
-  cudaIpcMemHandle_t handle;
-  std::uint64_t address;
-  std::uint64_t host;
-  std::int32_t pid;
-  std::int32_t device;
-};
-
 std::uint64_t host_id() {
   std::array<char, 256> name{};
   gethostname(name.data(), name.size() - 1);
@@ -110,14 +103,10 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
   check(static_cast<cudaError_t>(kernels::moe::load_moe()), "loading the MoE kernels");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 
-  Advert mine{};
-  check(cudaIpcGetMemHandle(&mine.handle, base), "cudaIpcGetMemHandle");
-  mine.address = reinterpret_cast<std::uintptr_t>(base);
-  mine.host = host_id();
-  mine.pid = ::getpid();
-  mine.device = a->device;
-  std::vector<Advert> all(n);
-  comm.all_gather(&mine, all.data(), sizeof(Advert), DataType::uint8);
+  coccl::detail::PeerAdvert mine{};
+  check(coccl::detail::advertise(base, a->device, host_id(), mine), "cudaIpcGetMemHandle");
+  std::vector<coccl::detail::PeerAdvert> all(n);
+  comm.all_gather(&mine, all.data(), sizeof(coccl::detail::PeerAdvert), DataType::uint8);
   a->arenas.rank = me;
   a->arenas.nranks = n;
   for (int p = 0; p < n; ++p) {
@@ -127,23 +116,11 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
     }
     if (all[p].host != mine.host)
       fail(errc::unsupported, "rank " + std::to_string(p) + " is on another host");
-    if (all[p].pid == mine.pid) {
-      // A GPU of this process: peer access (a process cannot open its own IPC handles).
-      if (all[p].device != a->device) {
-        const cudaError_t e = cudaDeviceEnablePeerAccess(all[p].device, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) {
-          cudaGetLastError();
-        } else {
-          check(e, "cudaDeviceEnablePeerAccess");
-        }
-      }
-      a->arenas.peer[p] = reinterpret_cast<char*>(all[p].address);
-      continue;
-    }
     void* mapped = nullptr;
-    check(cudaIpcOpenMemHandle(&mapped, all[p].handle, cudaIpcMemLazyEnablePeerAccess),
-          "cudaIpcOpenMemHandle");
-    a->opened.push_back(mapped);
+    bool ipc = false;
+    check(coccl::detail::map_peer(mine, all[p], &mapped, &ipc),
+          ("mapping the arena of rank " + std::to_string(p)).c_str());
+    if (ipc) a->opened.push_back(mapped);
     a->arenas.peer[p] = static_cast<char*>(mapped);
   }
   // No rank launches before every arena is zeroed and mapped.

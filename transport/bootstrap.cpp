@@ -480,25 +480,22 @@ asio::awaitable<void> Peers::dial(int peer) {
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
   auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
                                        std::chrono::steady_clock::now() + limit);
-  std::unique_ptr<ShmSegment> own, theirs;
-#if COCCL_HAVE_IB
-  std::unique_ptr<ib::Link> link;
-#endif
+  Made made;
   {
     runtime::CloseAfter guard(*sock, limit);
-    if (shm) own = ShmSegment::create(seg_bytes);
+    if (shm) made.own = ShmSegment::create(seg_bytes);
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps(),
-                                        ib_block_min());
-      address = link->address().encode();
+      made.link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes,
+                                             ib_qps(), ib_block_min());
+      address = made.link->address().encode();
     }
 #endif
     Writer w;
     w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put(kind);
     w.put<std::uint64_t>(options_.slots).put<std::uint64_t>(options_.slot_bytes);
-    std::string name = own ? own->name() : "";
+    std::string name = made.own ? made.own->name() : "";
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
     w.put_bytes(address);
     co_await write_frame(*sock, secret_, FrameType::connect, w.bytes());
@@ -508,12 +505,12 @@ asio::awaitable<void> Peers::dial(int peer) {
     auto their_name = r.get_bytes();
     auto their_address = r.get_bytes();
     if (shm) {
-      theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
-      own->unlink();  // the peer mapped it before accepting
+      made.theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+      made.own->unlink();  // the peer mapped it before accepting
     }
 #if COCCL_HAVE_IB
-    if (link) {
-      link->connect(ib::LinkAddress::decode(their_address));
+    if (made.link) {
+      made.link->connect(ib::LinkAddress::decode(their_address));
       // The peer may write only once our queue pairs are ready to receive.
       const std::vector<std::uint8_t> ready;
       co_await write_frame(*sock, secret_, FrameType::accept, ready);
@@ -521,21 +518,7 @@ asio::awaitable<void> Peers::dial(int peer) {
 #endif
   }
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-#if COCCL_HAVE_IB
-  if (link) {
-    add(peer,
-        std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
-                                       ib_split_bytes(), ib_poller_, user_buffers_, on_failure_));
-    co_return;
-  }
-#endif
-  if (shm)
-    add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
-                                              options_.slot_bytes, std::move(own),
-                                              std::move(theirs), poller_, on_failure_));
-  else
-    add(peer, std::make_unique<TcpConnection>(rank_, peer, std::move(*sock), options_.slots,
-                                              options_.slot_bytes, on_failure_));
+  add_made(peer, std::move(*sock), std::move(made));
 }
 
 asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
@@ -555,10 +538,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
   const Kind kind = kind_for(peer);
   const bool shm = kind == Kind::shm;
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
-  std::unique_ptr<ShmSegment> own, theirs;
-#if COCCL_HAVE_IB
-  std::unique_ptr<ib::Link> link;
-#endif
+  Made made;
   {
     runtime::CloseAfter guard(*sock, limit);
     Reader r(payload);
@@ -572,25 +552,25 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     if (their_kind != kind || slots != options_.slots || slot_bytes != options_.slot_bytes)
       bad("rank " + std::to_string(peer) + " uses different link settings");
     if (shm) {
-      theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
-      own = ShmSegment::create(seg_bytes);
+      made.theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+      made.own = ShmSegment::create(seg_bytes);
     }
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes, ib_qps(),
-                                        ib_block_min());
-      link->connect(ib::LinkAddress::decode(their_address));
-      address = link->address().encode();
+      made.link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes,
+                                             ib_qps(), ib_block_min());
+      made.link->connect(ib::LinkAddress::decode(their_address));
+      address = made.link->address().encode();
     }
 #endif
     Writer w;
-    std::string name = own ? own->name() : "";
+    std::string name = made.own ? made.own->name() : "";
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
     w.put_bytes(address);
     co_await write_frame(*sock, secret_, FrameType::accept, w.bytes());
 #if COCCL_HAVE_IB
-    if (link) {
+    if (made.link) {
       Frame ready = co_await read_frame(*sock, secret_, max_small_frame);
       if (ready.type != FrameType::accept || !ready.payload.empty())
         bad("rank " + std::to_string(peer) + " did not confirm the ib link");
@@ -598,20 +578,24 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
 #endif
   }
   if (shut_) co_return;
+  add_made(peer, std::move(*sock), std::move(made));
+}
+
+void Peers::add_made(int peer, tcp::socket s, Made made) {
 #if COCCL_HAVE_IB
-  if (link) {
+  if (made.link) {
     add(peer,
-        std::make_unique<IbConnection>(rank_, peer, std::move(*sock), std::move(link),
+        std::make_unique<IbConnection>(rank_, peer, std::move(s), std::move(made.link),
                                        ib_split_bytes(), ib_poller_, user_buffers_, on_failure_));
-    co_return;
+    return;
   }
 #endif
-  if (shm)
-    add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(*sock), options_.slots,
-                                              options_.slot_bytes, std::move(own),
-                                              std::move(theirs), poller_, on_failure_));
+  if (made.own)
+    add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(s), options_.slots,
+                                              options_.slot_bytes, std::move(made.own),
+                                              std::move(made.theirs), poller_, on_failure_));
   else
-    add(peer, std::make_unique<TcpConnection>(rank_, peer, std::move(*sock), options_.slots,
+    add(peer, std::make_unique<TcpConnection>(rank_, peer, std::move(s), options_.slots,
                                               options_.slot_bytes, on_failure_));
 }
 

@@ -10,9 +10,9 @@
 #include <array>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <coccl/unique_id.hpp>
 #include <cstdint>
-#include <boost/asio/steady_timer.hpp>
 #include <map>
 #include <memory>
 #include <string>
@@ -107,6 +107,15 @@ class Peers {
   asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
                                std::vector<std::uint8_t> payload);
   void add(int peer, std::unique_ptr<SocketConnection> c);
+  // What link setup made besides the socket: the shared segments (shm) or the RDMA link (ib).
+  struct Made {
+    std::unique_ptr<ShmSegment> own, theirs;
+#if COCCL_HAVE_IB
+    std::unique_ptr<ib::Link> link;
+#endif
+  };
+  // Wraps the socket and what was made in the connection of that kind and adds it.
+  void add_made(int peer, asio::ip::tcp::socket s, Made made);
   // Wakes everyone waiting for the link to `peer` (made or failed).
   void announce(int peer);
   // How this rank links to `peer`; both sides decide alike from the table and the settings.

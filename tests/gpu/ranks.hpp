@@ -2,7 +2,6 @@
 // process per GPU (this executable run again as `--rank R N ID`) or as one thread per GPU.
 #pragma once
 
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -15,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/gpu/gpu_harness.hpp"
+
 extern char** environ;
 
 namespace coccl::gpu_test {
@@ -22,17 +23,8 @@ namespace coccl::gpu_test {
 /// One rank of a test: returns 0 when every check passed.
 using RankMain = int (*)(int rank, int n, const std::string& id_hex);
 
-inline int visible_gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 /// Every GPU of the machine, at most 8 (the device collectives' limit).
-inline int ranks_here() { return std::min(visible_gpus(), 8); }
+inline int ranks_here() { return std::min(gpu_count(), 8); }
 
 inline std::string self_exe() {
   char buf[4096];
