@@ -249,6 +249,9 @@ std::uint64_t Communicator::zero_copy_bytes() const {
 }
 
 std::string Communicator::last_error() const { return impl_ ? impl_->last_error() : "empty communicator"; }
+std::error_code Communicator::error() const {
+  return impl_ ? impl_->error() : make_error_code(errc::aborted);
+}
 
 Communicator Communicator::split(int color, int key) {
   if (!impl_) invalid("empty communicator");

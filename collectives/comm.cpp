@@ -1,6 +1,7 @@
 #include "collectives/comm.hpp"
 
 #include <atomic>
+#include <cstdio>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -207,6 +208,10 @@ void CommImpl::fail(std::error_code ec, const std::string& why, bool notify) {
     error_text_ = "rank " + std::to_string(rank_) + ": " + why;
     text = error_text_;
   }
+  after_failure(ec, text, notify);
+}
+
+void CommImpl::after_failure(std::error_code ec, const std::string& text, bool notify) {
   // A peer leaving while nothing runs here (it destroyed its communicator first) is routine.
   if (ec != errc::aborted && draining_) {
     COCCL_WARN(coll, rank_, "communicator failed: %s", text.c_str());
@@ -216,6 +221,49 @@ void CommImpl::fail(std::error_code ec, const std::string& why, bool notify) {
   }
   watchdog_.cancel();
   if (peers_) peers_->shutdown(ec, text, notify);
+  // Kernels still waiting on the device (for a peer that is gone, or that will now never launch
+  // its side) return instead of waiting out their deadline.
+  if (device::Status* s = device_status_.load(std::memory_order_acquire)) {
+    std::atomic_ref<std::uint32_t>(s->abort).store(1, std::memory_order_release);
+  }
+}
+
+void CommImpl::set_device_status(device::Status* status,
+                                 std::function<const char*(std::uint64_t)> op_of_seq) {
+  op_of_seq_ = std::move(op_of_seq);
+  device_status_.store(status, std::memory_order_release);
+  // Failed before the kernels could be told: they must not wait for peers that are gone.
+  if (error()) std::atomic_ref<std::uint32_t>(status->abort).store(1, std::memory_order_release);
+}
+
+void CommImpl::take_device_failure() {
+  device::Status* s = device_status_.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  // The kernel writes every other field before error (with a system-scope fence between).
+  const std::uint32_t why = std::atomic_ref<std::uint32_t>(s->error).load(std::memory_order_acquire);
+  if (why == 0) return;
+  const bool timed_out = why == device::Status::timed_out;
+  const char* op = op_of_seq_(s->seq);
+  if (*op == 0) op = device::op_name(s->op);
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "device %s #%llu %s: block %u waited %.3f s for rank %d (COCCL_TIMEOUT %.3g s)", op,
+                static_cast<unsigned long long>(s->seq),
+                timed_out ? "timed out" : "aborted", s->block, s->waited_ns / 1e9, s->peer,
+                std::chrono::duration<double>(timeout_).count());
+  const std::error_code ec = make_error_code(timed_out ? errc::timed_out : errc::aborted);
+  std::string full;
+  {
+    std::lock_guard lock(error_mutex_);
+    if (error_) return;
+    error_ = ec;
+    error_text_ = "rank " + std::to_string(rank_) + ": " + text;
+    full = error_text_;
+  }
+  COCCL_WARN(coll, rank_, "%s", full.c_str());
+  asio::post(ex_, [self = weak_from_this(), ec, full] {
+    if (auto c = self.lock()) c->after_failure(ec, full, true);
+  });
 }
 
 void CommImpl::check() const {
@@ -223,12 +271,14 @@ void CommImpl::check() const {
   if (error_) throw LinkError(error_, error_text_);
 }
 
-std::string CommImpl::last_error() const {
+std::string CommImpl::last_error() {
+  take_device_failure();
   std::lock_guard lock(error_mutex_);
   return error_text_;
 }
 
-std::error_code CommImpl::error() const {
+std::error_code CommImpl::error() {
+  take_device_failure();
   std::lock_guard lock(error_mutex_);
   return error_;
 }

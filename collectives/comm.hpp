@@ -2,9 +2,11 @@
 // communicator's proxy thread except submit(), last_error() and the immutable rank/size.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/communicator.hpp>
+#include <coccl/device.hpp>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -46,9 +48,16 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// Proxy thread: throws LinkError with the communicator's error if it has failed.
   void check() const;
 
-  /// Any thread.
-  std::string last_error() const;
-  std::error_code error() const;
+  /// Any thread. Both take in a failure the device kernels reported (set_device_status).
+  std::string last_error();
+  std::error_code error();
+
+  /// Once the device workspace exists (any thread): the Status its kernels report into, and
+  /// the name of the operation of a device sequence number. From then on a kernel that gave up a
+  /// wait fails the communicator (seen by error() and last_error()), and a failure of the
+  /// communicator raises the Status's abort flag so that its waiting kernels return.
+  void set_device_status(device::Status* status,
+                         std::function<const char*(std::uint64_t)> op_of_seq);
 
   /// Any thread: stop now (errc::aborted). Returns once the proxy thread has shut it down.
   void abort();
@@ -80,6 +89,10 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   };
   asio::awaitable<void> drain();
   void arm_watchdog();
+  // Proxy thread: what follows recording a failure (log, peers told, kernels aborted).
+  void after_failure(std::error_code ec, const std::string& text, bool notify);
+  // Any thread: records a failure the device kernels reported, if any.
+  void take_device_failure();
   void complete(OpHandler& h, std::error_code ec);
 
   std::shared_ptr<runtime::Engine> engine_;
@@ -105,6 +118,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   std::mutex device_mutex_;
   std::shared_ptr<void> device_state_;
+  std::atomic<device::Status*> device_status_{nullptr};
+  std::function<const char*(std::uint64_t)> op_of_seq_;  // set before device_status_
   std::unique_ptr<runtime::Poller> event_poller_;
 
   mutable std::mutex error_mutex_;  // error_/error_text_ are read from user threads

@@ -4,6 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <limits>
+#include <map>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <mutex>
@@ -18,23 +22,59 @@
 namespace coccl::detail {
 namespace {
 
+// Communicators of this process with a workspace, per GPU (by UUID): part of the block budget.
+std::mutex gpu_users_mutex;
+std::map<std::string, int> gpu_users;
+
+std::string uuid_key(const cudaUUID_t& u) { return std::string(u.bytes, sizeof u.bytes); }
+
 struct DeviceState {
   int device = -1;
+  std::string gpu;  // uuid_key of the device, counted in gpu_users
   void* workspace = nullptr;
+  device::Status* status = nullptr;  // mapped host memory, read by the host, written by kernels
   std::vector<void*> peers;
   std::vector<void*> opened;  // IPC mappings to close
   device::Workspace ws;
 
+  // Call order (enqueue_device): every launch of the communicator runs after the previous one,
+  // whichever stream each was issued on. Guarded by order_mutex, which also keeps the launches
+  // of several user threads in one order.
+  // Eager operations form one chain, the operations of the graph being captured another: a
+  // graph's work is ordered with eager work by the stream it is launched on.
+  struct Chain {
+    cudaEvent_t done = nullptr;  // recorded after the chain's last operation
+    cudaStream_t stream = nullptr;
+    bool any = false;
+    unsigned long long capture = 0;  // the capture's id (captured chain)
+  };
+  std::mutex order_mutex;
+  Chain eager, captured;
+  std::atomic<std::uint64_t> launches{0};  // ws.seq of the last operation
+  // The operation of each recent sequence number, for the error a kernel reports by number
+  // (read by any thread that asks for the communicator's error).
+  std::array<std::atomic<OpKind>, 256> recent{};
+
   ~DeviceState() {
+    for (Chain* ch : {&eager, &captured})
+      if (ch->done) cudaEventDestroy(ch->done);
     for (void* p : opened) cudaIpcCloseMemHandle(p);
     if (workspace) cudaFree(workspace);
+    if (status) cudaFreeHost(status);
+    if (!gpu.empty()) {
+      std::lock_guard lock(gpu_users_mutex);
+      if (--gpu_users[gpu] == 0) gpu_users.erase(gpu);
+    }
   }
 };
 
-// What each rank tells the others about its workspace.
+// What each rank tells the others about its workspace and its GPU.
 struct Advert {
   PeerAdvert memory;
   std::uint64_t oneshot_max;  // shapes the workspace: must agree
+  cudaUUID_t gpu;             // ranks with equal host and gpu share one GPU
+  std::int32_t capacity;      // blocks of peer kernels the GPU holds at once
+  std::int32_t comms;         // communicators of this process with a workspace on the GPU
 };
 
 std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) {
@@ -42,6 +82,28 @@ std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) 
   COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
   c.fail(make_error_code(errc::cuda_error), text);
   return make_error_code(errc::cuda_error);
+}
+
+// The most blocks one kernel of this communicator may use, so that the kernels of every rank and
+// communicator sharing a GPU fit on it together (see docs/design.md, "Concurrency"): a waiting
+// block can then always count on its peers' blocks becoming resident. Per GPU and at once there
+// are up to (ranks sharing the GPU) x (communicators per rank) x (kernels per communicator: two
+// with dependent launch, whose next kernel becomes resident while the previous one runs). A GPU
+// holds `capacity` = SMs x (fewest blocks of any peer kernel one SM holds) blocks: any mix of
+// fewer blocks than that fits, since each block takes at most 1/(that fewest) of an SM.
+int block_budget(const std::vector<Advert>& all, int comms_param, bool dependent) {
+  int sharing = 1, comms = std::max(1, comms_param), capacity = std::numeric_limits<int>::max();
+  for (const Advert& a : all) {
+    int same = 0;
+    for (const Advert& b : all)
+      same += b.memory.host == a.memory.host &&
+              std::memcmp(b.gpu.bytes, a.gpu.bytes, sizeof a.gpu.bytes) == 0;
+    sharing = std::max(sharing, same);
+    comms = std::max(comms, static_cast<int>(a.comms));
+    capacity = std::min(capacity, static_cast<int>(a.capacity));
+  }
+  const int per_gpu = sharing * comms * (dependent ? 2 : 1);
+  return std::clamp(capacity / per_gpu, 1, device::max_blocks);
 }
 
 // Makes the device state on first use: collective over the communicator.
@@ -59,11 +121,23 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     return make_error_code(errc::unsupported);
   }
   if (auto e = cudaGetDevice(&st->device)) return cuda_error(c, e, "cudaGetDevice");
+  cudaDeviceProp prop{};
+  if (auto e = cudaGetDeviceProperties(&prop, st->device))
+    return cuda_error(c, e, "cudaGetDeviceProperties");
   const auto oneshot_max =
       static_cast<std::size_t>(std::max<std::int64_t>(0, params::device_oneshot_max.get()));
   std::size_t bytes = device::workspace_bytes(n, oneshot_max);
   if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
   if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
+  void* status = nullptr;
+  if (auto e = cudaHostAlloc(&status, sizeof(device::Status),
+                             cudaHostAllocMapped | cudaHostAllocPortable))
+    return cuda_error(c, e, "cudaHostAlloc of the device status");
+  st->status = static_cast<device::Status*>(status);
+  std::memset(status, 0, sizeof(device::Status));
+  for (DeviceState::Chain* ch : {&st->eager, &st->captured})
+    if (auto e = cudaEventCreateWithFlags(&ch->done, cudaEventDisableTiming))
+      return cuda_error(c, e, "cudaEventCreate");
   // Now, not at the first launch of each kernel: that may wait for a peer's kernel (see
   // kernels::load_kernels).
   if (int rc = kernels::load_kernels())
@@ -73,6 +147,13 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   if (auto e = advertise(st->workspace, st->device, c.peers().table()[me].host_hash, mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
   mine.oneshot_max = oneshot_max;
+  mine.gpu = prop.uuid;
+  mine.capacity = prop.multiProcessorCount * std::max(1, kernels::resident_blocks_per_sm());
+  st->gpu = uuid_key(prop.uuid);
+  {
+    std::lock_guard users(gpu_users_mutex);
+    mine.comms = ++gpu_users[st->gpu];
+  }
   std::vector<Advert> all(n);
   OpArgs gather;
   gather.kind = OpKind::all_gather;
@@ -109,13 +190,27 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   barrier.kind = OpKind::barrier;
   run_blocking(self, barrier, ec);
   if (ec) return ec;
+  const bool dependent = params::dependent_launch.get();
   st->ws.peers = st->peers.data();
   st->ws.rank = me;
   st->ws.nranks = n;
   st->ws.oneshot_max_bytes = oneshot_max;
-  kernels::set_dependent_launch(params::dependent_launch.get());
-  COCCL_INFO(p2p, me, "device workspace %zu bytes on GPU %d, %d peers mapped", bytes, st->device,
-             n - 1);
+  st->ws.status = st->status;
+  const double timeout = params::timeout_s.get();
+  st->ws.timeout_ns =
+      timeout > 0 ? static_cast<std::uint64_t>(timeout * 1e9) : device::default_timeout_ns;
+  st->ws.max_grid =
+      block_budget(all, static_cast<int>(params::device_comms.get()), dependent);
+  kernels::set_dependent_launch(dependent);
+  DeviceState* raw = st.get();
+  c.set_device_status(st->status, [raw](std::uint64_t seq) {
+    // A sequence number older than the ring (a graph captured long ago) has no name here.
+    if (seq == 0 || seq + raw->recent.size() <= raw->launches) return "";
+    return name_of(raw->recent[seq % raw->recent.size()].load(std::memory_order_relaxed));
+  });
+  COCCL_INFO(p2p, me,
+             "device workspace %zu bytes on GPU %d, %d peers mapped, at most %d blocks a kernel",
+             bytes, st->device, n - 1, st->ws.max_grid);
   c.device_state() = st;
   out = st.get();
   return {};
@@ -124,7 +219,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
 // Polls CUDA events of one communicator on its proxy thread.
 class EventPoller final : public runtime::Poller {
  public:
-  explicit EventPoller(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  EventPoller(asio::any_io_executor ex, CommImpl& comm) : ex_(std::move(ex)), comm_(comm) {}
   ~EventPoller() override {
     for (auto& w : waits_) cudaEventDestroy(w.event);
   }
@@ -141,8 +236,10 @@ class EventPoller final : public runtime::Poller {
       cudaEventDestroy(waits_[i].event);
       OpHandler h(std::move(waits_[i].handler));
       waits_.erase(waits_.begin() + static_cast<std::ptrdiff_t>(i));
-      runtime::complete(std::move(h),
-                        e == cudaSuccess ? std::error_code() : make_error_code(errc::cuda_error));
+      // The kernels ran to their end, or gave up a wait (a peer that never came, an abort):
+      // then the communicator has failed with the reason, which the operation reports.
+      std::error_code ec = e == cudaSuccess ? comm_.error() : make_error_code(errc::cuda_error);
+      runtime::complete(std::move(h), ec);
       progress = true;
     }
     return progress;
@@ -155,6 +252,7 @@ class EventPoller final : public runtime::Poller {
     OpHandler handler;
   };
   asio::any_io_executor ex_;
+  CommImpl& comm_;  // owns this poller
   std::vector<Wait> waits_;
 };
 
@@ -182,6 +280,86 @@ int split_broadcast(const OpArgs& a, std::size_t elt, int rank, int n, const dev
   if (rc == 0 && done < bytes) {
     const char* rest = rank == a.root ? static_cast<const char*>(a.send) + done : nullptr;
     rc = kernels::broadcast(rest, recv + done, bytes - done, a.root, ws, stream);
+  }
+  return rc;
+}
+
+// The chain an operation on `s` joins: the eager one, or that of the capture `s` is part of
+// (started anew by a new capture). Null when CUDA cannot say.
+DeviceState::Chain* chain_of(DeviceState& d, cudaStream_t s, cudaError_t& e) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  e = cudaStreamGetCaptureInfo(s, &capture, &id);
+  if (e != cudaSuccess) return nullptr;
+  if (capture != cudaStreamCaptureStatusActive) return &d.eager;
+  if (!d.captured.any || d.captured.capture != id) {
+    d.captured.any = false;
+    d.captured.capture = id;
+  }
+  return &d.captured;
+}
+
+// Makes `s` wait for the chain's previous operation when that ran on another stream (inside a
+// capture the wait joins two captured streams into the graph's order).
+cudaError_t after_last(const DeviceState::Chain& ch, cudaStream_t s) {
+  if (!ch.any || ch.stream == s) return cudaSuccess;
+  return cudaStreamWaitEvent(s, ch.done, 0);
+}
+
+int launch(const CommImpl& c, const DeviceState& d, const OpArgs& a, std::size_t elt,
+           cuda_stream stream) {
+  int rc = 0;
+  switch (a.kind) {
+    case OpKind::p2p: {
+      // Not collective: only the peers named take part (the first device call of the
+      // communicator, which makes the workspaces, must still be a collective one).
+      kernels::P2p ops[kernels::max_p2p_ops];
+      int nops = 0;
+      for (const P2POp& o : a.p2p) {
+        ops[nops++] = kernels::P2p{o.is_send, o.buffer, o.count * size_of(o.type), o.peer};
+      }
+      rc = kernels::send_recv(ops, nops, d.ws, stream);
+      break;
+    }
+    case OpKind::all_to_allv: {
+      kernels::AllToAllvLayout layout{};
+      for (int p = 0; p < c.size(); ++p) {
+        layout.send_counts[p] = a.send_counts[p];
+        layout.send_displs[p] = a.send_displs[p];
+        layout.recv_counts[p] = a.recv_counts[p];
+        layout.recv_displs[p] = a.recv_displs[p];
+      }
+      rc = kernels::all_to_allv(a.send, a.recv, layout, elt, d.ws, stream);
+      break;
+    }
+    case OpKind::barrier:
+      break;
+    case OpKind::all_reduce:
+      rc = a.count * elt <= kernels::oneshot_max_bytes(d.ws)
+               ? kernels::all_reduce_oneshot(a.send, a.recv, a.count, a.type, a.op, d.ws, stream)
+               : kernels::all_reduce_twoshot(a.send, a.recv, a.count, a.type, a.op, d.ws, stream);
+      break;
+    case OpKind::broadcast:
+      rc = split_broadcast(a, elt, c.rank(), c.size(), d.ws, stream);
+      break;
+    case OpKind::reduce:
+      rc = kernels::reduce_to_root(a.send, a.recv, a.count, a.type, a.op, a.root, d.ws, stream);
+      break;
+    case OpKind::all_gather:
+      rc = kernels::all_gather(a.send, a.recv, a.count, elt, d.ws, stream);
+      break;
+    case OpKind::reduce_scatter:
+      rc = kernels::reduce_scatter(a.send, a.recv, a.count, a.type, a.op, d.ws, stream);
+      break;
+    case OpKind::all_to_all:
+      rc = kernels::all_to_all(a.send, a.recv, a.count, elt, d.ws, stream);
+      break;
+    case OpKind::gather:
+      rc = kernels::gather(a.send, a.recv, a.count, elt, a.root, d.ws, stream);
+      break;
+    case OpKind::scatter:
+      rc = kernels::scatter(a.send, a.recv, a.count, elt, a.root, d.ws, stream);
+      break;
   }
   return rc;
 }
@@ -218,60 +396,22 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   }
   // p2p and all_to_allv carry their sizes elsewhere (a.count is 0).
   if (a.count == 0 && a.kind != OpKind::p2p && a.kind != OpKind::all_to_allv) return {};
-  int rc = 0;
-  switch (a.kind) {
-    case OpKind::p2p: {
-      // Not collective: only the peers named take part (the first device call of the
-      // communicator, which makes the workspaces, must still be a collective one).
-      kernels::P2p ops[kernels::max_p2p_ops];
-      int nops = 0;
-      for (const P2POp& o : a.p2p) {
-        ops[nops++] = kernels::P2p{o.is_send, o.buffer, o.count * size_of(o.type), o.peer};
-      }
-      rc = kernels::send_recv(ops, nops, d->ws, stream);
-      break;
-    }
-    case OpKind::all_to_allv: {
-      kernels::AllToAllvLayout layout{};
-      for (int p = 0; p < c.size(); ++p) {
-        layout.send_counts[p] = a.send_counts[p];
-        layout.send_displs[p] = a.send_displs[p];
-        layout.recv_counts[p] = a.recv_counts[p];
-        layout.recv_displs[p] = a.recv_displs[p];
-      }
-      rc = kernels::all_to_allv(a.send, a.recv, layout, elt, d->ws, stream);
-      break;
-    }
-    case OpKind::barrier:
-      break;
-    case OpKind::all_reduce:
-      rc = a.count * elt <= kernels::oneshot_max_bytes(d->ws)
-               ? kernels::all_reduce_oneshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream)
-               : kernels::all_reduce_twoshot(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
-      break;
-    case OpKind::broadcast:
-      rc = split_broadcast(a, elt, c.rank(), c.size(), d->ws, stream);
-      break;
-    case OpKind::reduce:
-      rc = kernels::reduce_to_root(a.send, a.recv, a.count, a.type, a.op, a.root, d->ws, stream);
-      break;
-    case OpKind::all_gather:
-      rc = kernels::all_gather(a.send, a.recv, a.count, elt, d->ws, stream);
-      break;
-    case OpKind::reduce_scatter:
-      rc = kernels::reduce_scatter(a.send, a.recv, a.count, a.type, a.op, d->ws, stream);
-      break;
-    case OpKind::all_to_all:
-      rc = kernels::all_to_all(a.send, a.recv, a.count, elt, d->ws, stream);
-      break;
-    case OpKind::gather:
-      rc = kernels::gather(a.send, a.recv, a.count, elt, a.root, d->ws, stream);
-      break;
-    case OpKind::scatter:
-      rc = kernels::scatter(a.send, a.recv, a.count, elt, a.root, d->ws, stream);
-      break;
-  }
+  std::lock_guard order(d->order_mutex);
+  // A kernel that gave up a wait left the workspaces out of step: nothing more may run on them.
+  if (auto ec = c.error()) return ec;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaSuccess;
+  DeviceState::Chain* chain = chain_of(*d, s, e);
+  if (chain == nullptr) return cuda_error(c, e, "cudaStreamGetCaptureInfo");
+  if ((e = after_last(*chain, s)))
+    return cuda_error(c, e, "ordering after the previous operation");
+  d->ws.seq = ++d->launches;
+  d->recent[d->launches % d->recent.size()].store(a.kind, std::memory_order_relaxed);
+  const int rc = launch(c, *d, a, elt, stream);
   if (rc != 0) return cuda_error(c, static_cast<cudaError_t>(rc), name_of(a.kind));
+  if ((e = cudaEventRecord(chain->done, s))) return cuda_error(c, e, "cudaEventRecord");
+  chain->any = true;
+  chain->stream = s;
   return {};
 }
 
@@ -296,7 +436,7 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
   asio::post(impl->executor(), [impl, ev, h = std::move(boxed)]() mutable {
     auto& poller = impl->event_poller();
     if (!poller) {
-      poller = std::make_unique<EventPoller>(impl->executor());
+      poller = std::make_unique<EventPoller>(impl->executor(), *impl);
       impl->thread().add_poller(poller.get());
     }
     static_cast<EventPoller*>(poller.get())->add(ev, std::move(*h));

@@ -10,6 +10,7 @@
 
 #include "collectives/moe_state.hpp"
 #include "collectives/peer_memory.hpp"
+#include "runtime/params.hpp"
 
 namespace coccl::moe::detail {
 
@@ -60,6 +61,13 @@ std::uint64_t host_id() {
   return std::hash<std::string>{}(name.data());
 }
 
+constexpr std::size_t status_at = 64;
+
+std::uint64_t timeout_ns() {
+  const double s = coccl::params::timeout_s.get();
+  return s > 0 ? static_cast<std::uint64_t>(s * 1e9) : device::default_timeout_ns;
+}
+
 void on_arena_device(const DeviceArena& a) {
   int current = -1;
   check(cudaGetDevice(&current), "cudaGetDevice");
@@ -92,12 +100,16 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
   check(cudaMalloc(&base, bytes), "cudaMalloc of the exchange arena");
   a->base = static_cast<char*>(base);
   check(cudaMemset(base, 0, bytes), "cudaMemset");
+  // The error words, then the kernels' Status, in one mapped allocation.
+  static_assert(kernels::moe::error_kinds * sizeof(unsigned) <= status_at);
   void* errors = nullptr;
-  check(cudaHostAlloc(&errors, kernels::moe::error_kinds * sizeof(unsigned),
+  check(cudaHostAlloc(&errors, status_at + sizeof(device::Status),
                       cudaHostAllocMapped | cudaHostAllocPortable),
         "cudaHostAlloc");
   a->errors = static_cast<unsigned*>(errors);
-  std::memset(a->errors, 0, kernels::moe::error_kinds * sizeof(unsigned));
+  std::memset(a->errors, 0, status_at + sizeof(device::Status));
+  a->arenas.status = reinterpret_cast<device::Status*>(static_cast<char*>(errors) + status_at);
+  a->arenas.timeout_ns = timeout_ns();
   // Loaded now: with lazy loading a first launch waits for the device to go idle, which a peer
   // kernel spinning on this GPU for a rank driven by the same thread would prevent.
   check(static_cast<cudaError_t>(kernels::moe::load_moe()), "loading the MoE kernels");
@@ -157,6 +169,18 @@ std::error_code take_errors(DeviceArena& a, std::string* what) {
       "more rows for a rank than its capacity (rows past it dropped)",
       "an expert id outside [-1, num_experts) (treated as -1)",
   };
+  // A kernel that gave up a wait leaves the arenas out of step between ranks: the object is
+  // unusable from then on, so this is reported every time.
+  const volatile device::Status* st = a.arenas.status;
+  if (const std::uint32_t why = st->error; why != 0) {
+    if (what) {
+      *what = std::string(why == device::Status::timed_out ? "timed out" : "aborted") + " in " +
+              device::op_name(st->op) + " (block " + std::to_string(st->block) + ") after " +
+              std::to_string(st->waited_ns / 1000000) + " ms waiting for rank " +
+              std::to_string(st->peer);
+    }
+    return make_error_code(why == device::Status::timed_out ? errc::timed_out : errc::aborted);
+  }
   std::string text;
   volatile unsigned* words = a.errors;
   for (int i = 0; i < kernels::moe::error_kinds; ++i) {

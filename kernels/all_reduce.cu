@@ -45,16 +45,16 @@ __device__ __forceinline__ void store8(char* p, int g, int valid, const Raw<2>& 
   }
 }
 
-__device__ __forceinline__ Raw<2> wait_ll(const char* p, std::uint32_t epoch) {
-  uint4 v = detail::load_ll(p);
-  if (v.y != epoch || v.w != epoch) {
-    const std::uint64_t start = detail::global_timer_ns();
-    do {
-      v = detail::load_ll(p);
-      if (detail::global_timer_ns() - start > detail::spin_timeout_ns) detail::peer_timeout();
-    } while (v.y != epoch || v.w != epoch);
-  }
-  return Raw<2>{{v.x, v.z}};
+// Waits for rank `peer`'s packet pair at `at`; false when the wait gave up.
+__device__ __forceinline__ bool wait_ll(const PeerParams& p, int peer, const char* at,
+                                        std::uint32_t epoch, Raw<2>& out) {
+  uint4 v;
+  const bool ok = detail::wait_for(p.watch, peer, [&] {
+    v = detail::load_ll(at);
+    return v.y == epoch && v.w == epoch;
+  });
+  out = Raw<2>{{v.x, v.z}};
+  return ok;
 }
 
 // Element i*8 .. i*8+7 of the message travels as packet pair i (16 bytes) of the sender's slot.
@@ -89,12 +89,19 @@ __global__ void __launch_bounds__(detail::block_threads)
   for (std::size_t i = first; i < npairs; i += stride) {
     const int valid = static_cast<int>(detail::min_size(8, nbytes - i * 8));
     Raw<2> v[device::max_ranks];
+    bool ok = true;
 #pragma unroll
     for (int q = 0; q < device::max_ranks; ++q) {
-      if (q < n)
-        v[q] = q == r ? load8(send + i * 8, gs, valid)
-                      : wait_ll(inbox + q * p.ll_slot + i * 16, epoch);
+      if (q < n) {
+        if (q == r)
+          v[q] = load8(send + i * 8, gs, valid);
+        else
+          ok = ok && wait_ll(p, q, inbox + q * p.ll_slot + i * 16, epoch, v[q]);
+      }
     }
+    // A wait that gave up leaves the workspace out of step: the thread stops (no barrier
+    // follows, so the block's other threads need not agree).
+    if (!ok) return;
     detail::Acc<C, 2> acc = detail::widen<C, 2>(v[0]);
 #pragma unroll
     for (int q = 1; q < device::max_ranks; ++q) {
@@ -129,13 +136,13 @@ __global__ void __launch_bounds__(detail::block_threads)
         detail::block_copy(detail::staging(p, p.ws[q], h, r), 16, send + base + start, gs, size);
       }
     }
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
 
     const int h2 = static_cast<int>(++epoch & 1);
     detail::share_of(len, n, r, start, size);
     detail::reduce_share<C>(p, send + base + start, gs, h, recv + base + start, gr, true, h2, size,
                             op);
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
 
 #pragma unroll
     for (int q = 0; q < device::max_ranks; ++q) {
@@ -162,12 +169,13 @@ int all_reduce_oneshot(const void* send, void* recv, std::size_t count, DataType
   if (!valid_args(send, recv, count, type, op, nblocks) || !detail::make_peer_params(ws, p)) {
     return cudaErrorInvalidValue;
   }
+  p.watch.op = static_cast<std::uint32_t>(device::OpCode::all_reduce);
   const std::size_t nbytes = count * size_of(type);
   if (nbytes > ws.oneshot_max_bytes) return cudaErrorInvalidValue;
   if (nbytes == 0) return cudaSuccess;
   const std::size_t npairs = (nbytes + 7) / 8;
   const unsigned grid = detail::blocks_for(
-      (npairs + detail::block_threads - 1) / detail::block_threads, nblocks, device::max_blocks);
+      (npairs + detail::block_threads - 1) / detail::block_threads, nblocks, p.max_grid);
   const int gs = detail::granularity(send);
   const int gr = detail::granularity(recv);
   return detail::with_codec(type, [&](auto codec) {
@@ -184,6 +192,7 @@ int all_reduce_twoshot(const void* send, void* recv, std::size_t count, DataType
       p.slice == 0) {
     return cudaErrorInvalidValue;
   }
+  p.watch.op = static_cast<std::uint32_t>(device::OpCode::all_reduce);
   const std::size_t nbytes = count * size_of(type);
   if (nbytes == 0) return cudaSuccess;
   const unsigned grid = detail::plan_tiles(p, nbytes, p.nranks, nblocks);

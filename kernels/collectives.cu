@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(detail::block_threads)
     const char* own_src = send + r * src_stride + base;
     char* own_dst = recv + r * nbytes + base;
     if (own_src != own_dst) detail::block_copy(own_dst, gr, own_src, gs, len);
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
 #pragma unroll
     for (int q = 0; q < device::max_ranks; ++q) {
       if (q < n && q != r) {
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(detail::block_threads)
                            len);
       }
     }
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
     detail::reduce_share<C>(p, send + r * nbytes + base, gs, h, recv + base, gr, false, 0, len, op);
   }
   detail::store_epoch(p, epoch);
@@ -82,6 +82,8 @@ int exchange(const void* send, void* recv, std::size_t count, std::size_t elem_b
     return cudaErrorInvalidValue;
   }
   if (nbytes == 0) return cudaSuccess;
+  p.watch.op = static_cast<std::uint32_t>(all_to_all ? device::OpCode::all_to_all
+                                               : device::OpCode::all_gather);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   // Every access is at a multiple of 16 from base + k * nbytes.
   const int gs = detail::granularity(send, all_to_all ? nbytes : 16);
@@ -111,6 +113,7 @@ int reduce_scatter(const void* send, void* recv, std::size_t count, DataType typ
     return cudaErrorInvalidValue;
   }
   if (nbytes == 0) return cudaSuccess;
+  p.watch.op = static_cast<std::uint32_t>(device::OpCode::reduce_scatter);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   const int gs = detail::granularity(send, nbytes);
   const int gr = detail::granularity(recv);

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "codec.cuh"
 #include "launch.hpp"
@@ -129,6 +130,19 @@ int detail::load_elementwise() {
     return detail::load_function(divide_kernel<C>);
   });
 }
+
+namespace {
+std::atomic<int> min_resident{0};
+}  // namespace
+
+void detail::note_residency(int blocks) {
+  int cur = min_resident.load(std::memory_order_relaxed);
+  while ((cur == 0 || blocks < cur) &&
+         !min_resident.compare_exchange_weak(cur, blocks, std::memory_order_relaxed)) {
+  }
+}
+
+int resident_blocks_per_sm() { return min_resident.load(std::memory_order_relaxed); }
 
 int load_kernels() {
   for (int (*load)() : {detail::load_elementwise, detail::load_all_reduce, detail::load_collectives,

@@ -39,6 +39,11 @@ using stream_t = CUstream_st*;
 /// workspace). Returns a cudaError_t value.
 int load_kernels();
 
+/// The fewest 512-thread blocks of any kernel loaded by load_kernels (or load_moe) that one SM
+/// can hold at once (0 before any is loaded). With the SM count it bounds how many blocks of
+/// peer kernels a GPU can keep resident together.
+int resident_blocks_per_sm();
+
 /// Turns programmatic dependent launch of the all_reduce kernels on (the default) or off. When
 /// on, such a kernel may start while the previous kernel of its stream finishes, hiding its launch
 /// latency; it waits on the device before it touches memory, so stream order is kept.

@@ -144,11 +144,23 @@ __device__ __forceinline__ uint4 load_ll(const char* p) {
   return v;
 }
 
-/// Loads kernel `f` onto the current device (see load_kernels in launch.hpp); a CUDA error code.
+/// Records that a loaded kernel fits `blocks` blocks of 512 threads per SM (see
+/// resident_blocks_per_sm in launch.hpp).
+void note_residency(int blocks);
+
+/// Loads kernel `f` onto the current device (see load_kernels in launch.hpp) and notes how many
+/// of its 512-thread blocks an SM holds; a CUDA error code.
 template <class F>
 int load_function(F* f) {
   cudaFuncAttributes attr;
-  return static_cast<int>(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(f)));
+  if (cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(f)))
+    return static_cast<int>(e);
+  int blocks = 0;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &blocks, reinterpret_cast<const void*>(f), 512, 0))
+    return static_cast<int>(e);
+  if (blocks > 0) note_residency(blocks);
+  return 0;
 }
 
 /// Loads `Kernel<C>` for the codec of every data type; the first error, or 0.

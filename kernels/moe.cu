@@ -94,26 +94,32 @@ __device__ __forceinline__ void red_release_add(std::uint32_t* p, std::uint32_t 
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// One thread: waits until *c >= v, wrap-safe; traps after the peer timeout.
-__device__ __forceinline__ void wait_at_least(const std::uint32_t* c, std::uint32_t v) {
-  if (static_cast<std::int32_t>(detail::load_acquire_sys(c) - v) >= 0) return;
-  const std::uint64_t start = detail::global_timer_ns();
-  while (static_cast<std::int32_t>(detail::load_acquire_sys(c) - v) < 0) {
-    if (detail::global_timer_ns() - start > detail::spin_timeout_ns) detail::peer_timeout();
-  }
+// Device words (in the arenas' headers, apart from every other area) that the first block to
+// give up a wait claims (see detail::give_up).
+constexpr std::size_t a2av_claim_at = a2av_header - 16;
+constexpr std::size_t moe_claim_at = moe_counts_offset - 16;
+static_assert(c_arrive_at + device::max_ranks * 4 <= moe_claim_at);
+
+detail::Watch watch_of(const Arenas& ar, std::size_t claim_at, device::OpCode op) {
+  detail::Watch w{};
+  w.status = ar.status;
+  w.claim = reinterpret_cast<std::uint32_t*>(ar.peer[ar.rank] + claim_at);
+  w.timeout_ns = ar.timeout_ns != 0 ? ar.timeout_ns : device::default_timeout_ns;
+  w.op = static_cast<std::uint32_t>(op);
+  return w;
 }
 
-// One thread: waits until the count word carries `epoch`; returns its count.
-__device__ __forceinline__ std::uint32_t wait_word(const std::uint64_t* w, std::uint32_t epoch) {
-  std::uint64_t v = load_u64_relaxed(w);
-  if (static_cast<std::uint32_t>(v >> 32) != epoch) {
-    const std::uint64_t start = detail::global_timer_ns();
-    do {
-      v = load_u64_relaxed(w);
-      if (detail::global_timer_ns() - start > detail::spin_timeout_ns) detail::peer_timeout();
-    } while (static_cast<std::uint32_t>(v >> 32) != epoch);
-  }
-  return static_cast<std::uint32_t>(v);
+// One thread: waits until the count word of `peer` carries `epoch` and sets `count`; false when
+// the wait gave up.
+__device__ __forceinline__ bool wait_word(const detail::Watch& w, int peer, const std::uint64_t* at,
+                                          std::uint32_t epoch, std::uint32_t& count) {
+  std::uint64_t v = 0;
+  const bool ok = detail::wait_for(w, peer, [&] {
+    v = load_u64_relaxed(at);
+    return static_cast<std::uint32_t>(v >> 32) == epoch;
+  });
+  count = static_cast<std::uint32_t>(v);
+  return ok;
 }
 
 __device__ __forceinline__ void set_error(unsigned* errors, int kind) {
@@ -146,6 +152,7 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, std::size_
 struct A2avParams {
   A2av a;
   Arenas ar;
+  detail::Watch watch;
   unsigned* errors;
   std::size_t slot;  // bytes of one source's staging slot
 };
@@ -203,10 +210,13 @@ __global__ void __launch_bounds__(threads) a2av_kernel(A2avParams P) {
     store_u64_relaxed(a2av_word(P.ar.peer[t], h, me),
                       static_cast<std::uint64_t>(e) << 32 | static_cast<std::uint64_t>(sc[t]));
   }
+  bool ok = true;
   if (t < n && t != me) {
-    wait_at_least(u32_at(own, a2av_consumed_at) + b * device::max_ranks + t, e - 1);
+    ok = detail::wait_at_least(P.watch, t, u32_at(own, a2av_consumed_at) + b * device::max_ranks + t,
+                               e - 1);
   }
-  __syncthreads();
+  // A wait that gave up ends the block (every thread: the barrier carries the verdict).
+  if (!__syncthreads_and(ok)) return;
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
     copy_tiles(P.ar.peer[q] + a2av_header + me * P.slot, send + sd[q] * elem, sc[q] * elem);
@@ -216,8 +226,12 @@ __global__ void __launch_bounds__(threads) a2av_kernel(A2avParams P) {
     detail::store_release_sys(u32_at(P.ar.peer[t], a2av_data_at) + b * device::max_ranks + me, e);
   }
 
-  if (t < n) rc[t] = t == me ? sc[me] : wait_word(a2av_word(own, h, t), e);
-  __syncthreads();
+  if (t < n) {
+    std::uint32_t c = 0;
+    if (t != me) ok = wait_word(P.watch, t, a2av_word(own, h, t), e, c);
+    rc[t] = t == me ? sc[me] : c;
+  }
+  if (!__syncthreads_and(ok)) return;
   if (t == 0) {
     std::int64_t next = 0;
     for (int q = 0; q < n; ++q) {
@@ -236,8 +250,10 @@ __global__ void __launch_bounds__(threads) a2av_kernel(A2avParams P) {
   copy_tiles(recv + rd[me] * elem, send + sd[me] * elem, sc[me] * elem);
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    if (t == 0) wait_at_least(u32_at(own, a2av_data_at) + b * device::max_ranks + q, e);
-    __syncthreads();
+    if (t == 0)
+      ok = detail::wait_at_least(P.watch, q, u32_at(own, a2av_data_at) + b * device::max_ranks + q,
+                                 e);
+    if (!__syncthreads_and(ok)) return;
     copy_tiles(recv + rd[q] * elem, own + a2av_header + q * P.slot, rc[q] * elem);
   }
   // The release is cumulative over the block's reads of the slots (ordered by the barrier): the
@@ -251,7 +267,7 @@ __global__ void __launch_bounds__(threads) a2av_kernel(A2avParams P) {
 }
 
 bool valid_arenas(const Arenas& ar) {
-  if (ar.nranks < 1 || ar.nranks > device::max_ranks || ar.rank < 0 || ar.rank >= ar.nranks)
+  if (ar.status == nullptr || ar.nranks < 1 || ar.nranks > device::max_ranks || ar.rank < 0 || ar.rank >= ar.nranks)
     return false;
   for (int i = 0; i < ar.nranks; ++i) {
     if (ar.peer[i] == nullptr) return false;
@@ -266,6 +282,7 @@ struct MoeParams {
   MoeShape s;
   MoeLayout L;
   Arenas ar;
+  detail::Watch watch;
   unsigned* errors;
   std::size_t row_bytes;
   int tokens;
@@ -344,18 +361,24 @@ __global__ void __launch_bounds__(threads)
     }
   }
   // tot[ex]: rows for expert ex from all ranks; off[ex]: from ranks below this one.
-  for (int ex = t; ex < E; ex += threads) {
+  bool ok = true;
+  for (int ex = t; ok && ex < E; ex += threads) {
     int sum = 0;
     int below = 0;
-    for (int q = 0; q < n; ++q) {
-      const int c = q == me ? hist[ex] : static_cast<int>(wait_word(moe_word(own, h, q, ex), e));
-      sum += c;
-      if (q < me) below += c;
+    for (int q = 0; ok && q < n; ++q) {
+      std::uint32_t c = 0;
+      if (q == me)
+        c = static_cast<std::uint32_t>(hist[ex]);
+      else
+        ok = wait_word(P.watch, q, moe_word(own, h, q, ex), e, c);
+      sum += static_cast<int>(c);
+      if (q < me) below += static_cast<int>(c);
     }
     tot[ex] = sum;
     off[ex] = below;
   }
-  __syncthreads();
+  // A wait that gave up ends the block (every thread: the barrier carries the verdict).
+  if (!__syncthreads_and(ok)) return;
   // seg[ex]: first row of expert ex on its rank (exclusive scan of tot within the rank's
   // experts), one warp per rank.
   if (warp < n) {
@@ -387,8 +410,8 @@ __global__ void __launch_bounds__(threads)
       if (j == El && start > cap) set_error(P.errors, rows_over_capacity);
     }
   }
-  if (t < n && t != me) wait_at_least(u32_at(own, d_ready_at) + t, e);
-  __syncthreads();
+  if (t < n && t != me) ok = detail::wait_at_least(P.watch, t, u32_at(own, d_ready_at) + t, e);
+  if (!__syncthreads_and(ok)) return;
 
   // Rounds of `threads` entries of this block's chunk: position = the rank's start for the
   // expert + entries before the chunk + entries earlier in the chunk (token, slot order).
@@ -433,8 +456,9 @@ __global__ void __launch_bounds__(threads)
   }
   if (t < n && t != me) red_release_add(u32_at(P.ar.peer[t], d_arrive_at) + me, 1);
   if (t < n && t != me)
-    wait_at_least(u32_at(own, d_arrive_at) + t, e * static_cast<std::uint32_t>(G));
-  __syncthreads();
+    ok = detail::wait_at_least(P.watch, t, u32_at(own, d_arrive_at) + t,
+                               e * static_cast<std::uint32_t>(G));
+  if (!__syncthreads_and(ok)) return;
   if (t == 0) u32_at(own, d_epoch_at)[b] = e;
 }
 
@@ -458,8 +482,10 @@ __global__ void __launch_bounds__(threads)
   if (b == 0 && t < n && t != me)
     detail::store_release_sys(u32_at(P.ar.peer[t], c_ready_at) + me, e);
   const int total = reinterpret_cast<const std::int32_t*>(own + P.L.expert_offsets)[El];
-  if (t < n && t != me) wait_at_least(u32_at(own, c_ready_at) + t, e);
-  __syncthreads();
+  bool ok = true;
+  if (t < n && t != me) ok = detail::wait_at_least(P.watch, t, u32_at(own, c_ready_at) + t, e);
+  // A wait that gave up ends the block (every thread: the barrier carries the verdict).
+  if (!__syncthreads_and(ok)) return;
 
   const std::size_t nvec = P.row_bytes / 16;
   const auto* rows = reinterpret_cast<const int4*>(own + P.L.rows);
@@ -473,8 +499,9 @@ __global__ void __launch_bounds__(threads)
   __syncthreads();
   if (t < n && t != me) red_release_add(u32_at(P.ar.peer[t], c_arrive_at) + me, 1);
   if (t < n && t != me)
-    wait_at_least(u32_at(own, c_arrive_at) + t, e * static_cast<std::uint32_t>(G));
-  __syncthreads();
+    ok = detail::wait_at_least(P.watch, t, u32_at(own, c_arrive_at) + t,
+                               e * static_cast<std::uint32_t>(G));
+  if (!__syncthreads_and(ok)) return;
 
   const auto* entries = reinterpret_cast<const Entry*>(own + P.L.entries);
   const char* inbox = own + P.L.inbox;
@@ -505,6 +532,7 @@ bool make_moe_params(const MoeShape& s, const Arenas& ar, MoeParams& P) {
   if (!valid_arenas(ar) || s.nranks != ar.nranks || !moe_layout(s, P.L)) return false;
   P.s = s;
   P.ar = ar;
+  P.watch = watch_of(ar, moe_claim_at, device::OpCode::moe_dispatch);
   P.row_bytes = static_cast<std::size_t>(s.hidden) * size_of(s.type);
   return true;
 }
@@ -520,7 +548,8 @@ int all_to_allv(const A2av& a, const Arenas& ar, unsigned* errors, stream_t stre
     return cudaErrorInvalidValue;
   }
   if (a.max_count > 0 && (a.send == nullptr || a.recv == nullptr)) return cudaErrorInvalidValue;
-  A2avParams P{a, ar, errors, a2av_slot_bytes(a.max_count, a.elem_bytes)};
+  A2avParams P{a, ar, watch_of(ar, a2av_claim_at, device::OpCode::all_to_allv), errors,
+               a2av_slot_bytes(a.max_count, a.elem_bytes)};
   const std::size_t tiles = (P.slot + a2av_tile - 1) / a2av_tile;
   const unsigned grid = detail::blocks_for(tiles, 0, device::max_blocks);
   a2av_kernel<<<grid, threads, 0, stream>>>(P);
@@ -549,6 +578,7 @@ int combine(const MoeShape& s, const void* y, const float* weights, void* out, i
     return cudaErrorInvalidValue;
   }
   P.tokens = tokens;
+  P.watch.op = static_cast<std::uint32_t>(device::OpCode::moe_combine);
   auto launch = [&](auto codec) {
     combine_kernel<decltype(codec)><<<device::max_blocks, threads, 0, stream>>>(
         P, static_cast<const char*>(y), weights, static_cast<char*>(out));

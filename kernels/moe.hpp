@@ -44,6 +44,11 @@ struct Arenas {
   char* peer[device::max_ranks];
   int rank;
   int nranks;
+  /// Where a wait that gives up is reported, and the host's abort flag (mapped host memory; see
+  /// device::Status). Required.
+  device::Status* status;
+  /// Longest wait for a peer (0: device::default_timeout_ns).
+  std::uint64_t timeout_ns;
 };
 
 // ---- all_to_allv with counts in device memory ----

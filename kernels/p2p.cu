@@ -28,12 +28,13 @@ using detail::PeerParams;
 
 // Blocks (channels) per peer and direction: enough to keep NVLink busy (between two H200s 8
 // blocks moved about 190 GB/s and 16 about 260), few enough that the 2 (nranks - 1) directions of
-// a full all_to_allv stay within max_blocks. It depends only on the group size, so both sides of
-// every transfer agree on it.
+// a full all_to_allv stay within the grid limit. It depends only on the group size and the
+// agreed limit, so both sides of every transfer agree on it. Below 2 (nranks - 1) blocks of limit
+// the grid exceeds it: every direction needs a block of its own to progress.
 constexpr int max_channels = 32;
-__host__ __device__ constexpr int channels_for(int nranks) {
+__host__ __device__ constexpr int channels_for(int nranks, int max_grid) {
   int c = max_channels;
-  while (c > 1 && 2 * (nranks - 1) * c > device::max_blocks) c /= 2;
+  while (c > 1 && 2 * (nranks - 1) * c > max_grid) c /= 2;
   return c;
 }
 constexpr std::size_t counters_offset = 8192;
@@ -52,8 +53,9 @@ enum Counter : int {
 static_assert(counters_offset >= detail::flags_offset + device::max_blocks * device::max_ranks * 4);
 static_assert(counters_offset + counter_kinds * max_channels * device::max_ranks * 4 <=
               device::workspace_header_bytes);
-// A full all_to_allv: 2 (max_ranks - 1) directions of channels_for(max_ranks) blocks each.
-static_assert(2 * (device::max_ranks - 1) * channels_for(device::max_ranks) <= device::max_blocks);
+// A full all_to_allv: 2 (max_ranks - 1) directions of channels_for(max_ranks, ...) blocks each.
+static_assert(2 * (device::max_ranks - 1) * channels_for(device::max_ranks, device::max_blocks) <=
+              device::max_blocks);
 
 struct Op {
   char* buffer;
@@ -78,15 +80,6 @@ __device__ __forceinline__ std::uint32_t* counter(char* ws, int kind, int ch, in
 __device__ __forceinline__ char* slot(const PeerParams& p, char* ws, int ch, int h, int src) {
   return ws + p.staging_offset +
          ((static_cast<std::size_t>(ch) * 2 + h) * p.nranks + src) * p.slice;
-}
-
-// Waits (one thread) until *c >= v, wrap-safe.
-__device__ __forceinline__ void wait_at_least(const std::uint32_t* c, std::uint32_t v) {
-  if (static_cast<std::int32_t>(detail::load_acquire_sys(c) - v) >= 0) return;
-  const std::uint64_t start = detail::global_timer_ns();
-  while (static_cast<std::int32_t>(detail::load_acquire_sys(c) - v) < 0) {
-    if (detail::global_timer_ns() - start > detail::spin_timeout_ns) detail::peer_timeout();
-  }
 }
 
 // Both sides cut a transfer into the same tiles: the tile depends only on its size and the
@@ -122,6 +115,7 @@ __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list,
   __syncthreads();
   std::uint32_t chunks = start_chunks;
   std::uint32_t xfers = start_xfers;
+  bool failed = false;
   for (int i = 0; i < list.nops; ++i) {
     const Op op = list.ops[i];
     if (op.peer != peer || (op.is_send != 0) != sending) continue;
@@ -132,25 +126,28 @@ __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list,
       bool first = true;
       for (std::size_t t = ch; t < ntiles; t += channels) {
         const std::uint32_t c = ++chunks;
+        bool ok = true;
         if (lead) {
-          if (first) wait_at_least(counter(own, ready_in, ch, peer), k);
-          wait_at_least(counter(own, ack_in, ch, peer), c - 2);
+          ok = (!first || detail::wait_at_least(p.watch, peer, counter(own, ready_in, ch, peer), k)) &&
+               detail::wait_at_least(p.watch, peer, counter(own, ack_in, ch, peer), c - 2);
         }
         first = false;
-        __syncthreads();
+        // A wait that gave up ends the block (every thread: the barrier carries the verdict).
+        if (!__syncthreads_and(ok)) return;
         const std::size_t base = t * tile;
         detail::block_copy(slot(p, remote, ch, static_cast<int>(c & 1), r), 16, op.buffer + base,
                            op.g, detail::min_size(tile, op.bytes - base));
         __syncthreads();
         if (lead) detail::store_release_sys(counter(remote, data_in, ch, r), chunks);
       }
-      if (lead && !first) wait_at_least(counter(own, ack_in, ch, peer), chunks);
+      if (lead && !first && !detail::wait_at_least(p.watch, peer, counter(own, ack_in, ch, peer), chunks))
+        failed = true;
     } else {
       if (lead) detail::store_release_sys(counter(remote, ready_in, ch, r), k);
       for (std::size_t t = ch; t < ntiles; t += channels) {
         const std::uint32_t c = ++chunks;
-        if (lead) wait_at_least(counter(own, data_in, ch, peer), c);
-        __syncthreads();
+        const bool ok = !lead || detail::wait_at_least(p.watch, peer, counter(own, data_in, ch, peer), c);
+        if (!__syncthreads_and(ok)) return;
         const std::size_t base = t * tile;
         detail::block_copy(op.buffer + base, op.g, slot(p, own, ch, static_cast<int>(c & 1), peer),
                            16, detail::min_size(tile, op.bytes - base));
@@ -160,7 +157,7 @@ __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list,
         if (lead) detail::store_release_sys(counter(remote, ack_in, ch, r), c);
       }
     }
-    __syncthreads();
+    if (__syncthreads_or(failed)) return;
   }
   if (lead) {
     *counter(own, sending ? sent_chunks : recv_chunks, ch, peer) = chunks;
@@ -177,7 +174,8 @@ int send_recv(const P2p* ops, int nops, const device::Workspace& ws, stream_t st
     return cudaErrorInvalidValue;
   }
   OpList list{};
-  list.channels = channels_for(ws.nranks);
+  p.watch.op = static_cast<std::uint32_t>(device::OpCode::send_recv);
+  list.channels = channels_for(ws.nranks, p.max_grid);
   bool used[2 * device::max_ranks] = {};
   // Transfers to self pair up in order: k-th send with k-th receive, equal sizes.
   const P2p* self_sends[max_p2p_ops];

@@ -29,18 +29,26 @@ namespace coccl::kernels::detail {
 
 inline constexpr std::size_t flags_offset = 4096;
 inline constexpr int block_threads = 512;
-// Default grid of the bulk kernels. Every rank must use the same grid, so it depends only on the
-// message and the group, never on the local device.
-inline constexpr int default_bulk_blocks = device::max_blocks;
+// Every rank must use the same grid, so grids depend only on the message, the group and the
+// agreed Workspace::max_grid, never on the local device.
 // Smallest per-block, per-rank tile the default grid is sized by (one 16-byte vector a thread).
 inline constexpr std::size_t min_tile = 16 * block_threads;
-// A peer that has not answered within this time is dead or the launch sequence diverged: trap
-// (the launch fails with an error) rather than hang the GPU forever.
-inline constexpr std::uint64_t spin_timeout_ns = 20ull * 1000 * 1000 * 1000;
+// How often a waiting thread looks at the host's abort flag and its deadline: the flag is in
+// mapped host memory, so reading it on every spin would load the PCIe link for nothing.
+inline constexpr std::uint64_t abort_poll_ns = 20 * 1000;
 
 static_assert(device::max_blocks * sizeof(std::uint32_t) <= flags_offset);
 static_assert(flags_offset + device::max_blocks * device::max_ranks * sizeof(std::uint32_t) <=
               device::workspace_header_bytes);
+
+/// How a kernel's waits end when a peer does not answer (see give_up and wait_for).
+struct Watch {
+  device::Status* status;  // where a wait that gives up is reported (never null)
+  std::uint32_t* claim;    // device word: the first block that gives up takes it
+  std::uint64_t timeout_ns;
+  std::uint64_t seq;
+  std::uint32_t op;  // device::OpCode, set by the launch function
+};
 
 /// What a peer kernel needs of the workspaces, passed by value at launch.
 struct PeerParams {
@@ -52,7 +60,13 @@ struct PeerParams {
   std::size_t staging_offset;
   std::size_t slice;  // bytes of one staging slot (multiple of 16, may be 0 if staging is tiny)
   std::size_t tile;   // bytes a block moves per rank and step: <= slice, multiple of 16
+  Watch watch;
+  int max_grid;  // most blocks a kernel may use (agreed by every rank)
 };
+
+// Bytes before device::status_offset holding the claim word (device memory).
+inline constexpr std::size_t claim_offset = device::status_offset - 16;
+static_assert(claim_offset >= flags_offset + device::max_blocks * device::max_ranks * 4);
 
 /// Validates ws and lays out its areas; returns false on a malformed descriptor.
 inline bool make_peer_params(const device::Workspace& ws, PeerParams& p) {
@@ -71,23 +85,35 @@ inline bool make_peer_params(const device::Workspace& ws, PeerParams& p) {
   p.ll_slot = 2 * ((ws.oneshot_max_bytes + 15) / 16 * 16);
   p.staging_offset = device::workspace_header_bytes +
                      device::oneshot_scratch_bytes(ws.oneshot_max_bytes, ws.nranks);
-  p.slice = ws.staging_bytes / (std::size_t{device::max_blocks} * 2 * ws.nranks) / 16 * 16;
+  p.watch.status = ws.status != nullptr
+                       ? ws.status
+                       : reinterpret_cast<device::Status*>(p.ws[ws.rank] + device::status_offset);
+  p.watch.claim = reinterpret_cast<std::uint32_t*>(p.ws[ws.rank] + claim_offset);
+  p.watch.timeout_ns = ws.timeout_ns != 0 ? ws.timeout_ns : device::default_timeout_ns;
+  p.watch.seq = ws.seq;
+  p.max_grid = ws.max_grid;
+  if (p.max_grid < 0 || p.max_grid > device::max_blocks) return false;
+  if (p.max_grid == 0) p.max_grid = device::max_blocks;
+  // The staging is cut for the largest grid allowed: fewer blocks get larger slots (fewer
+  // barriers per byte).
+  p.slice = ws.staging_bytes / (static_cast<std::size_t>(p.max_grid) * 2 * ws.nranks) / 16 * 16;
   return true;
 }
 
-/// `requested` blocks if given, else one per unit of work, at most default_max.
-inline unsigned blocks_for(std::size_t units, int requested, int default_max) {
-  if (requested > 0) return static_cast<unsigned>(requested);
-  const std::size_t m = static_cast<std::size_t>(default_max);
+/// `requested` blocks if given, else one per unit of work; at most max_grid either way (the
+/// staging slots are cut for it).
+inline unsigned blocks_for(std::size_t units, int requested, int max_grid) {
+  if (requested > 0) return static_cast<unsigned>(requested < max_grid ? requested : max_grid);
+  const std::size_t m = static_cast<std::size_t>(max_grid);
   return static_cast<unsigned>(units < 1 ? 1 : (units > m ? m : units));
 }
 
 /// Grid and tile for `nbytes` split into tiles of `parts` shares (parts * tile bytes a step):
-/// enough blocks to spread mid-sized messages, tiles as large as the staging allows. Depends
-/// only on arguments that are equal on every rank.
+/// enough blocks to spread mid-sized messages (at most p.max_grid unless `requested`), tiles as
+/// large as the staging allows. Depends only on arguments that are equal on every rank.
 inline unsigned plan_tiles(PeerParams& p, std::size_t nbytes, std::size_t parts, int requested) {
   const std::size_t per = parts * min_tile;
-  const unsigned grid = blocks_for((nbytes + per - 1) / per, requested, default_bulk_blocks);
+  const unsigned grid = blocks_for((nbytes + per - 1) / per, requested, p.max_grid);
   const std::size_t want = (nbytes + parts * grid - 1) / (parts * grid);
   const std::size_t tile = (want + 15) / 16 * 16;
   p.tile = tile < p.slice ? tile : p.slice;
@@ -156,27 +182,73 @@ __device__ __forceinline__ void store_epoch(const PeerParams& p, std::uint32_t e
   if (threadIdx.x == 0) *epoch_slot(p) = e;
 }
 
-[[noreturn]] __device__ __forceinline__ void peer_timeout() { __trap(); }
+/// A wait for `peer` ends without its answer (why: Status::timed_out or Status::aborted). The
+/// first block of this rank to give up records the reason in the Status (the claim is a device
+/// atomic: atomics on mapped host memory are not atomic over PCIe) and raises the abort flag so
+/// that every other waiting block of the rank returns within abort_poll_ns instead of waiting out
+/// its own deadline. The host reads error last, so the fields are written before it.
+inline __device__ __noinline__ void give_up(const Watch& w, std::uint32_t why, int peer,
+                                     std::uint64_t waited) {
+  volatile device::Status* s = w.status;
+  if (atomicCAS(w.claim, 0u, 1u) == 0u) {
+    s->peer = peer;
+    s->op = w.op;
+    s->seq = w.seq;
+    s->block = blockIdx.x;
+    s->waited_ns = waited;
+    __threadfence_system();
+    s->error = why;
+  }
+  __threadfence_system();
+  s->abort = 1;
+}
+
+/// Spins (one thread) until ready() holds and returns true; returns false when it gave up
+/// instead: w.timeout_ns passed, or the abort flag was raised (by the host, or by another block
+/// that gave up). The abort flag and the clock are read every abort_poll_ns.
+template <class Ready>
+__device__ __forceinline__ bool wait_for(const Watch& w, int peer, Ready ready) {
+  if (ready()) return true;
+  const std::uint64_t start = global_timer_ns();
+  std::uint64_t polled = start;
+  while (!ready()) {
+    const std::uint64_t now = global_timer_ns();
+    if (now - polled < abort_poll_ns) continue;
+    polled = now;
+    if (*reinterpret_cast<volatile const std::uint32_t*>(&w.status->abort) != 0) {
+      give_up(w, device::Status::aborted, peer, now - start);
+      return false;
+    }
+    if (now - start > w.timeout_ns) {
+      give_up(w, device::Status::timed_out, peer, now - start);
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Waits (one thread) until the counter *c, written by `peer`, reaches v (wrap-safe).
+__device__ __forceinline__ bool wait_at_least(const Watch& w, int peer, const std::uint32_t* c,
+                                              std::uint32_t v) {
+  return wait_for(w, peer,
+                  [&] { return static_cast<std::int32_t>(load_acquire_sys(c) - v) >= 0; });
+}
 
 /// Barrier of block blockIdx.x across all ranks at `epoch`. Thread t < nranks signals rank t and
 /// waits for rank t's signal. The release store is cumulative over everything the block wrote
 /// before the __syncthreads (so peers see our pushed data before the flag), and the acquire load
 /// followed by __syncthreads orders the peers' data before the block's subsequent reads.
-__device__ __forceinline__ void peer_barrier(const PeerParams& p, std::uint32_t epoch) {
+/// Returns false, in every thread of the block, when a wait gave up: the kernel must return.
+__device__ __forceinline__ bool peer_barrier(const PeerParams& p, std::uint32_t epoch) {
   __syncthreads();
   const int t = static_cast<int>(threadIdx.x);
+  bool ok = true;
   if (t < p.nranks) {
     store_release_sys(flag_slot(p.ws[t], p.rank), epoch);
-    const std::uint32_t* mine = flag_slot(p.ws[p.rank], t);
     // Wrap-safe >=: a peer may already have signalled the next epoch.
-    if (static_cast<std::int32_t>(load_acquire_sys(mine) - epoch) < 0) {
-      const std::uint64_t start = global_timer_ns();
-      while (static_cast<std::int32_t>(load_acquire_sys(mine) - epoch) < 0) {
-        if (global_timer_ns() - start > spin_timeout_ns) peer_timeout();
-      }
-    }
+    ok = wait_at_least(p.watch, t, flag_slot(p.ws[p.rank], t), epoch);
   }
-  __syncthreads();
+  return __syncthreads_and(ok) != 0;
 }
 
 /// Start and length of rank q's share when `len` bytes are split into n parts of whole 16-byte

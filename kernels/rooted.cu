@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(detail::block_threads)
       const char* own = send + r * src_stride + base;
       if (own != recv + base) detail::block_copy(recv + base, gr, own, gs, len);
     }
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
     if (r != root) {
       detail::block_copy(recv + base, gr, detail::staging(p, p.ws[r], h, root), 16, len);
     }
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(detail::block_threads)
     } else if (send + base != recv + r * nbytes + base) {
       detail::block_copy(recv + r * nbytes + base, gr, send + base, gs, len);
     }
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
     if (r == root) {
 #pragma unroll
       for (int q = 0; q < device::max_ranks; ++q) {
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(detail::block_threads)
     if (r != root) {
       detail::block_copy(detail::staging(p, p.ws[root], h, r), 16, send + base, gs, len);
     }
-    detail::peer_barrier(p, epoch);
+    if (!detail::peer_barrier(p, epoch)) return;
     if (r == root) {
       detail::reduce_share<C>(p, send + base, gs, h, recv + base, gr, false, 0, len, op);
     }
@@ -116,6 +116,7 @@ int from_root(const void* send, void* recv, std::size_t nbytes, bool scatter, in
     return cudaErrorInvalidValue;
   }
   if (nbytes == 0) return cudaSuccess;
+  p.watch.op = static_cast<std::uint32_t>(scatter ? device::OpCode::scatter : device::OpCode::broadcast);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   const std::size_t stride = scatter ? nbytes : 0;
   const int gs = is_root ? detail::granularity(send, scatter ? nbytes : 16) : 16;
@@ -150,6 +151,7 @@ int gather(const void* send, void* recv, std::size_t count, std::size_t elem_byt
     return cudaErrorInvalidValue;
   }
   if (nbytes == 0) return cudaSuccess;
+  p.watch.op = static_cast<std::uint32_t>(device::OpCode::gather);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   const int gs = detail::granularity(send);
   const int gr = is_root ? detail::granularity(recv, nbytes) : 16;
@@ -167,6 +169,7 @@ int reduce_to_root(const void* send, void* recv, std::size_t count, DataType typ
     return cudaErrorInvalidValue;
   }
   if (nbytes == 0) return cudaSuccess;
+  p.watch.op = static_cast<std::uint32_t>(device::OpCode::reduce);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   const int gs = detail::granularity(send);
   const int gr = is_root ? detail::granularity(recv) : 16;

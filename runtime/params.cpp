@@ -43,6 +43,11 @@ config::Param<bool> dependent_launch{
     "COCCL_DEPENDENT_LAUNCH", true,
     "launch device kernels with programmatic dependent launch (Hopper): a kernel starts while "
     "the previous one in the stream finishes and waits on the device for it"};
+config::Param<std::int64_t> device_comms{
+    "COCCL_DEVICE_COMMS", 2,
+    "communicators a rank may have working on its GPU at once (data and tensor parallel: 2); "
+    "each device kernel takes at most 1/(this x ranks sharing the GPU x 2) of the GPU so that "
+    "all of them fit together; the count of this process's communicators on the GPU raises it"};
 config::Param<std::string> comm_id{
     "COCCL_COMM_ID", "",
     "host:port of the bootstrap root for communicators made from the environment",

@@ -164,6 +164,11 @@ class Communicator {
   boost::asio::any_io_executor executor() const;
   /// Description of the first error (empty if none), naming the peer rank and the operation.
   std::string last_error() const;
+  /// The first error that failed this communicator (empty if none); any thread. It includes
+  /// errors the device kernels report: a kernel that waited longer than COCCL_TIMEOUT for a peer
+  /// returns (the CUDA context stays usable) and the communicator fails with errc::timed_out, its
+  /// last_error() naming the peer and the operation. A failed communicator refuses further work.
+  std::error_code error() const;
 
   /// Registers `bytes` of host memory at `buffer` for zero-copy transfers; any thread, not
   /// collective. With the ib transport (COCCL_TRANSPORT=ib) the memory is registered with the
@@ -303,6 +308,18 @@ class Communicator {
   // collectives are collective: every rank calls them, also ranks whose buffers they do not use.
   // send_recv, send and recv are not: only the ranks named take part (they may not be the first
   // device call of a communicator, which must be made by every rank).
+  //
+  // Order and concurrency: the device operations of one communicator run one at a time in call
+  // order, whatever streams they are issued on: an operation on another stream than the previous
+  // one waits for it on the device (inside one graph capture too), besides everything its own
+  // stream orders before it. So one communicator may be driven from several streams (FSDP's
+  // all_gather and reduce_scatter streams), and several threads may issue on it (their calls are
+  // serialised). Several communicators may work at once on different streams and several ranks
+  // may share one GPU (one process each under MPS, or threads of one process): kernels use few
+  // enough blocks that all of them fit on the GPU together (COCCL_DEVICE_COMMS communicators per
+  // rank, default 2; see docs/design.md). A kernel that waits longer than COCCL_TIMEOUT for a
+  // peer returns (the CUDA context stays usable) and fails the communicator: error() is
+  // errc::timed_out and last_error() names the peer and the operation.
 
   /// Stream-ordered all_reduce of device buffers.
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,

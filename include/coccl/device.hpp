@@ -19,7 +19,12 @@
 // - Because the epochs live in device memory, no host-side sequence number is passed: captured
 //   CUDA graphs replay correctly any number of times.
 // - All ranks' kernels of one collective must be able to run at the same time (they wait for
-//   each other on the device); each kernel uses at most max_blocks blocks.
+//   each other on the device); each kernel uses at most Workspace::max_grid blocks (at most
+//   max_blocks), so that the kernels of every rank and communicator sharing a GPU fit on it
+//   together.
+// - A kernel never waits for ever: a wait that lasts longer than Workspace::timeout_ns, or that
+//   sees Status::abort set, ends the kernel early and records why in the Status. The workspace
+//   is then out of step between ranks and must not be used again.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +65,61 @@ constexpr std::size_t workspace_bytes(int nranks,
          (staging_bytes + 255) / 256 * 256;
 }
 
+/// What a rank's kernels report to its host, and the host's abort request to them. The host
+/// allocates it in mapped, pinned host memory (cudaHostAlloc with cudaHostAllocMapped) so that a
+/// spinning host thread sees a kernel's report in about two microseconds and a kernel sees an
+/// abort without any host synchronisation. Zero-initialised; one per rank and workspace.
+struct Status {
+  /// Set non-zero by the host (or by a block that gave up) to make every waiting block return.
+  std::uint32_t abort;
+  /// 0, or why a block gave up: Status::timed_out or Status::aborted. The first block that gives
+  /// up records error, peer, op, seq and block; the others leave them alone.
+  std::uint32_t error;
+  /// The rank the block was waiting for.
+  std::int32_t peer;
+  /// The operation the kernel ran (an OpCode).
+  std::uint32_t op;
+  /// Workspace::seq of the launch.
+  std::uint64_t seq;
+  /// The block that gave up, and how long it had waited (nanoseconds).
+  std::uint32_t block;
+  std::uint32_t reserved;
+  std::uint64_t waited_ns;
+
+  static constexpr std::uint32_t timed_out = 1;
+  static constexpr std::uint32_t aborted = 2;
+};
+
+/// The operation a kernel reports in Status::op.
+enum class OpCode : std::uint32_t {
+  all_reduce = 1,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  broadcast,
+  reduce,
+  gather,
+  scatter,
+  send_recv,
+  all_to_allv,
+  moe_dispatch,
+  moe_combine,
+};
+
+/// Lower-case name of an OpCode ("all_reduce"), or "unknown operation".
+constexpr const char* op_name(std::uint32_t op) noexcept {
+  constexpr const char* names[] = {"unknown operation", "all_reduce", "all_gather",
+                                   "reduce_scatter",    "all_to_all", "broadcast",
+                                   "reduce",            "gather",     "scatter",
+                                   "send_recv",         "all_to_allv", "moe_dispatch",
+                                   "moe_combine"};
+  return op < sizeof names / sizeof names[0] ? names[op] : names[0];
+}
+
+/// Default Workspace::timeout_ns: a peer that has not answered in this time is dead, or the
+/// ranks' launch sequences diverged.
+inline constexpr std::uint64_t default_timeout_ns = 300ull * 1000 * 1000 * 1000;
+
 /// One rank's view of its group's workspaces. Plain data; the kernels copy it at launch, so the
 /// `peers` array need only live for the duration of the launch call.
 struct Workspace {
@@ -70,6 +130,22 @@ struct Workspace {
   /// The sizes the workspaces were made with (identical on every rank).
   std::size_t oneshot_max_bytes = default_oneshot_max_bytes;
   std::size_t staging_bytes = default_staging_bytes;
+  /// Where this rank's kernels report a wait they gave up, and where the host asks them to stop
+  /// (device-accessible pointer to mapped host memory). May be null: the kernels then use a
+  /// Status at the end of the own workspace's header (device memory, read with cudaMemcpy).
+  Status* status = nullptr;
+  /// Longest wait for a peer before a kernel gives up (0: default_timeout_ns).
+  std::uint64_t timeout_ns = 0;
+  /// Reported in Status::seq: the caller's number for the launch (the communicator's device
+  /// operation count). A graph replays the number it was captured with.
+  std::uint64_t seq = 0;
+  /// Most blocks one kernel may use (1..max_blocks; 0: max_blocks). Must be equal on every
+  /// rank: the grids of every rank must match.
+  int max_grid = 0;
 };
+
+/// Offset of the fallback Status in the workspace header.
+inline constexpr std::size_t status_offset = workspace_header_bytes - 64;
+static_assert(sizeof(Status) <= 64);
 
 }  // namespace coccl::device

@@ -32,7 +32,10 @@
 // std::system_error(errc::invalid_argument) with nothing enqueued. A count on the device is only
 // known to the kernel, which cannot stop (its peers wait for it): it clamps the count (see each
 // call), completes the exchange on every rank consistently, and records the error in host memory;
-// device_status(), called after the stream is synchronised, returns it and clears it. On host
+// device_status(), called after the stream is synchronised, returns it and clears it. A kernel
+// that waits longer than COCCL_TIMEOUT for a peer returns instead (the CUDA context stays usable);
+// device_status() then reports errc::timed_out, naming the peer and the call, every time: the
+// object is out of step with its peers and must be destroyed. On host
 // memory the counts are exchanged first, so a count over the maximum on any rank makes the call
 // throw errc::invalid_argument on every rank, with no data sent.
 //
@@ -104,8 +107,9 @@ class AllToAllv {
   void run(const void* send, const std::int32_t* send_counts, const std::int32_t* send_displs,
            void* recv, std::int32_t* recv_counts, const std::int32_t* recv_displs);
 
-  /// Errors the kernels recorded since the last call (synchronise the stream first): empty, or
-  /// errc::invalid_argument with a description in `what` when given.
+  /// Errors the kernels recorded since the last call (synchronise the stream first): empty,
+  /// errc::invalid_argument with a description in `what` when given, or errc::timed_out when a
+  /// kernel gave up waiting for a peer (the object is then unusable).
   std::error_code device_status(std::string* what = nullptr);
 
  private:
