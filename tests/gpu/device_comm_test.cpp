@@ -2,8 +2,10 @@
 // one process (peer access), every collective (rooted ones from every root) against the reference
 // of coccl-perf's check, all_to_allv and send/recv against exact expectations, CUDA graph capture
 // of every collective (and of broadcast then reduce) replayed 100 times with new inputs each time,
-// and the awaitable form of every collective.
-// Skips without two GPUs.
+// and the awaitable form of every collective. The same with several ranks on one GPU: 2, 3 and 4
+// processes under MPS, and 2 threads of one process.
+// The tests of one process per GPU skip without two GPUs, the others without a GPU (and the
+// processes sharing a GPU without MPS).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/gpu/mps.hpp"
 #include "tests/gpu/ranks.hpp"
 #include "tools/perf_data.hpp"
 
@@ -213,7 +216,7 @@ boost::asio::awaitable<std::error_code> enqueue_async(coccl::Communicator& comm,
 }
 
 int rank_main(int rank, int n, const std::string& id_hex) {
-  CHECK_CUDA(cudaSetDevice(rank));
+  CHECK_CUDA(cudaSetDevice(coccl::gpu_test::gpu_of(rank)));
   auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
   cudaStream_t st;
   CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -432,6 +435,36 @@ TEST(DeviceCollectives, SeveralGpusInOneProcessMatchReference) {
   const int n = coccl::gpu_test::ranks_here();
   if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
   coccl::gpu_test::expect_rank_threads_pass(n, rank_main);
+}
+
+// n rank processes on GPU 0, under MPS (started here unless it runs). A hang ends in a failure
+// before the test's TIMEOUT, so that MPS is still stopped.
+void expect_processes_on_one_gpu_pass(int n) {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::Mps mps;
+  if (!mps.available())
+    GTEST_SKIP() << n << " processes on one GPU need MPS: " << mps.why_unavailable();
+  coccl::gpu_test::RankProcesses how;
+  how.gpus = 1;
+  how.deadline_s = 540;
+  coccl::gpu_test::expect_rank_processes_pass(n, how);
+}
+
+TEST(DeviceCollectives, TwoProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
+  expect_processes_on_one_gpu_pass(2);
+}
+
+TEST(DeviceCollectives, ThreeProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
+  expect_processes_on_one_gpu_pass(3);
+}
+
+TEST(DeviceCollectives, FourProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
+  expect_processes_on_one_gpu_pass(4);
+}
+
+TEST(DeviceCollectives, TwoThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::expect_rank_threads_pass(2, rank_main, 1);
 }
 
 }  // namespace
