@@ -356,6 +356,10 @@ int rank_main(int rank, int n, const std::string& id_hex) {
       if (rank == 0)
         CHECK_CUDA(cudaMemcpyAsync(b.send, host.data(), count * 4, cudaMemcpyHostToDevice, st));
       CHECK_CUDA(cudaGraphLaunch(exec, st));
+      // Synchronised before the copy out: with ranks as threads on one GPU, a pageable copy queued
+      // behind a collective that waits for a peer holds the process's staging path, and the
+      // peer's own pageable copy before its launch would then wait for ever.
+      CHECK_CUDA(cudaStreamSynchronize(st));
       CHECK_CUDA(cudaMemcpyAsync(out.data(), mid, count * 4, cudaMemcpyDeviceToHost, st));
       CHECK_CUDA(cudaStreamSynchronize(st));
       long long bad = 0;
@@ -388,6 +392,10 @@ int rank_main(int rank, int n, const std::string& id_hex) {
           cudaMemcpyAsync(b.send, host.data(), l.send_elems * 4, cudaMemcpyHostToDevice, st));
       CHECK_CUDA(cudaMemcpyAsync(b.recv, out.data(), l.recv_elems * 4, cudaMemcpyHostToDevice, st));
       CHECK_CUDA(cudaGraphLaunch(exec, st));
+      // Synchronised before the copy out: with ranks as threads on one GPU, a pageable copy queued
+      // behind a collective that waits for a peer holds the process's staging path, and the
+      // peer's own pageable copy before its launch would then wait for ever.
+      CHECK_CUDA(cudaStreamSynchronize(st));
       CHECK_CUDA(cudaMemcpyAsync(out.data(), b.recv, l.recv_elems * 4, cudaMemcpyDeviceToHost, st));
       CHECK_CUDA(cudaStreamSynchronize(st));
       record(count_wrong_output(c, rank, n, k, out),
