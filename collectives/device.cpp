@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <limits>
 #include <map>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <mutex>
 
 #include "collectives/comm.hpp"
+#include "collectives/device_budget.hpp"
 #include "collectives/peer_memory.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/handoff.hpp"
@@ -72,9 +72,7 @@ struct DeviceState {
 struct Advert {
   PeerAdvert memory;
   std::uint64_t oneshot_max;  // shapes the workspace: must agree
-  cudaUUID_t gpu;             // ranks with equal host and gpu share one GPU
-  std::int32_t capacity;      // blocks of peer kernels the GPU holds at once
-  std::int32_t comms;         // communicators of this process with a workspace on the GPU
+  GpuShare share;             // for the block budget
 };
 
 std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) {
@@ -82,28 +80,6 @@ std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) 
   COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
   c.fail(make_error_code(errc::cuda_error), text);
   return make_error_code(errc::cuda_error);
-}
-
-// The most blocks one kernel of this communicator may use, so that the kernels of every rank and
-// communicator sharing a GPU fit on it together (see docs/design.md, "Concurrency"): a waiting
-// block can then always count on its peers' blocks becoming resident. Per GPU and at once there
-// are up to (ranks sharing the GPU) x (communicators per rank) x (kernels per communicator: two
-// with dependent launch, whose next kernel becomes resident while the previous one runs). A GPU
-// holds `capacity` = SMs x (fewest blocks of any peer kernel one SM holds) blocks: any mix of
-// fewer blocks than that fits, since each block takes at most 1/(that fewest) of an SM.
-int block_budget(const std::vector<Advert>& all, int comms_param, bool dependent) {
-  int sharing = 1, comms = std::max(1, comms_param), capacity = std::numeric_limits<int>::max();
-  for (const Advert& a : all) {
-    int same = 0;
-    for (const Advert& b : all)
-      same += b.memory.host == a.memory.host &&
-              std::memcmp(b.gpu.bytes, a.gpu.bytes, sizeof a.gpu.bytes) == 0;
-    sharing = std::max(sharing, same);
-    comms = std::max(comms, static_cast<int>(a.comms));
-    capacity = std::min(capacity, static_cast<int>(a.capacity));
-  }
-  const int per_gpu = sharing * comms * (dependent ? 2 : 1);
-  return std::clamp(capacity / per_gpu, 1, device::max_blocks);
 }
 
 // Makes the device state on first use: collective over the communicator.
@@ -147,12 +123,14 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   if (auto e = advertise(st->workspace, st->device, c.peers().table()[me].host_hash, mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
   mine.oneshot_max = oneshot_max;
-  mine.gpu = prop.uuid;
-  mine.capacity = prop.multiProcessorCount * std::max(1, kernels::resident_blocks_per_sm());
+  mine.share.host = mine.memory.host;
+  std::memcpy(mine.share.gpu.data(), prop.uuid.bytes, mine.share.gpu.size());
+  mine.share.capacity =
+      prop.multiProcessorCount * std::max(1, kernels::resident_blocks_per_sm());
   st->gpu = uuid_key(prop.uuid);
   {
     std::lock_guard users(gpu_users_mutex);
-    mine.comms = ++gpu_users[st->gpu];
+    mine.share.comms = ++gpu_users[st->gpu];
   }
   std::vector<Advert> all(n);
   OpArgs gather;
@@ -199,8 +177,10 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   const double timeout = params::timeout_s.get();
   st->ws.timeout_ns =
       timeout > 0 ? static_cast<std::uint64_t>(timeout * 1e9) : device::default_timeout_ns;
+  std::vector<GpuShare> shares;
+  for (const Advert& a : all) shares.push_back(a.share);
   st->ws.max_grid =
-      block_budget(all, static_cast<int>(params::device_comms.get()), dependent);
+      block_budget(shares, static_cast<int>(params::device_comms.get()), dependent);
   kernels::set_dependent_launch(dependent);
   DeviceState* raw = st.get();
   c.set_device_status(st->status, [raw](std::uint64_t seq) {

@@ -3,7 +3,7 @@
 // of coccl-perf's check, all_to_allv and send/recv against exact expectations, CUDA graph capture
 // of every collective (and of broadcast then reduce) replayed 100 times with new inputs each time,
 // and the awaitable form of every collective. The same with several ranks on one GPU: 2, 3 and 4
-// processes under MPS, and 2 threads of one process.
+// processes under MPS, and 2, 3 and 4 threads of one process.
 // The tests of one process per GPU skip without two GPUs, the others without a GPU (and the
 // processes sharing a GPU without MPS).
 #include <cuda_runtime_api.h>
@@ -473,6 +473,16 @@ TEST(DeviceCollectives, FourProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwai
 TEST(DeviceCollectives, TwoThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
   if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   coccl::gpu_test::expect_rank_threads_pass(2, rank_main, 1);
+}
+
+TEST(DeviceCollectives, ThreeThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::expect_rank_threads_pass(3, rank_main, 1);
+}
+
+TEST(DeviceCollectives, FourThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::expect_rank_threads_pass(4, rank_main, 1);
 }
 
 }  // namespace
