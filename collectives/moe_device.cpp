@@ -1,16 +1,14 @@
 // The device side of coccl::moe: one arena per object and rank, mapped by every peer (CUDA IPC
 // across processes, peer access between GPUs of one process), and host-mapped error words.
 #include <cuda_runtime_api.h>
-#include <unistd.h>
 
-#include <array>
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "collectives/moe_state.hpp"
 #include "collectives/peer_memory.hpp"
 #include "runtime/params.hpp"
+#include "transport/bootstrap.hpp"
 
 namespace coccl::moe::detail {
 
@@ -52,13 +50,6 @@ namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail(errc::cuda_error, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// What each rank tells the others about its arena.
-std::uint64_t host_id() {
-  std::array<char, 256> name{};
-  gethostname(name.data(), name.size() - 1);
-  return std::hash<std::string>{}(name.data());
 }
 
 constexpr std::size_t status_at = 64;
@@ -116,7 +107,9 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 
   coccl::detail::PeerAdvert mine{};
-  check(coccl::detail::advertise(base, a->device, host_id(), mine), "cudaIpcGetMemHandle");
+  // The communicator's host identity (COCCL_HOSTID where set), as the device workspace uses.
+  check(coccl::detail::advertise(base, a->device, transport::host_hash(), mine),
+        "cudaIpcGetMemHandle");
   std::vector<coccl::detail::PeerAdvert> all(n);
   comm.all_gather(&mine, all.data(), sizeof(coccl::detail::PeerAdvert), DataType::uint8);
   a->arenas.rank = me;

@@ -48,6 +48,11 @@ config::Param<std::int64_t> device_comms{
     "communicators a rank may have working on its GPU at once (data and tensor parallel: 2); "
     "each device kernel takes at most 1/(this x ranks sharing the GPU x 2) of the GPU so that "
     "all of them fit together; the count of this process's communicators on the GPU raises it"};
+config::Param<std::string> hostid{
+    "COCCL_HOSTID", "",
+    "host identity: ranks with equal values are on one host (empty: the host name and boot id), "
+    "so one machine can act as several hosts and take the network path between its ranks",
+    "NCCL_HOSTID"};
 config::Param<std::string> comm_id{
     "COCCL_COMM_ID", "",
     "host:port of the bootstrap root for communicators made from the environment",

@@ -227,13 +227,19 @@ UniqueId encode(const RootAddress& root) {
 
 std::uint64_t host_hash() {
   static const std::uint64_t h = [] {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    std::string text = host;
-    std::ifstream boot("/proc/sys/kernel/random/boot_id");
-    std::string id;
-    std::getline(boot, id);
-    text += "|" + id;
+    // COCCL_HOSTID names the host outright (its own prefix keeps it apart from any machine's).
+    std::string text = params::hostid.get();
+    if (!text.empty()) {
+      text = "hostid|" + text;
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      text = host;
+      std::ifstream boot("/proc/sys/kernel/random/boot_id");
+      std::string id;
+      std::getline(boot, id);
+      text += "|" + id;
+    }
     auto d = detail::sha256(text.data(), text.size());
     std::uint64_t v;
     std::memcpy(&v, d.data(), sizeof v);

@@ -35,6 +35,22 @@ std::vector<std::string> merged_environment(const std::vector<std::string>& extr
   return env;
 }
 
+// The launch's entries, then rank r's own.
+std::vector<std::string> entries_of(const LaunchOptions& o, int r) {
+  std::vector<std::string> out;
+  for (const std::string& kv : o.env) {
+    const std::string key = kv.substr(0, kv.find('='));
+    const bool overridden =
+        r < static_cast<int>(o.rank_env.size()) &&
+        std::any_of(o.rank_env[r].begin(), o.rank_env[r].end(),
+                    [&](const std::string& x) { return x.substr(0, x.find('=')) == key; });
+    if (!overridden) out.push_back(kv);
+  }
+  if (r < static_cast<int>(o.rank_env.size()))
+    out.insert(out.end(), o.rank_env[r].begin(), o.rank_env[r].end());
+  return out;
+}
+
 std::vector<char*> c_strings(std::vector<std::string>& v) {
   std::vector<char*> out;
   for (auto& s : v) out.push_back(s.data());
@@ -79,8 +95,6 @@ double LaunchResult::seconds_after_signal(int rank, std::size_t action) const {
 LaunchResult launch(const LaunchOptions& o) {
   const UniqueId id = UniqueId::create();
   const std::string hex = id.to_string();
-  std::vector<std::string> env = merged_environment(o.env);
-  std::vector<char*> envp = c_strings(env);
 
   LaunchResult result;
   result.ranks.resize(o.nranks);
@@ -102,6 +116,8 @@ LaunchResult launch(const LaunchOptions& o) {
                                   std::to_string(o.nranks), hex};
     args.insert(args.end(), o.args.begin(), o.args.end());
     std::vector<char*> argv = c_strings(args);
+    std::vector<std::string> env = merged_environment(entries_of(o, r));
+    std::vector<char*> envp = c_strings(env);
     pid_t pid;
     int rc = posix_spawn(&pid, COCCL_WORKER, &fa, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);

@@ -31,6 +31,9 @@ struct LaunchOptions {
   std::vector<std::string> args;
   /// "NAME=value" entries added to (or replacing in) the workers' environment.
   std::vector<std::string> env;
+  /// More such entries for rank i at index i (after `env`, so they win), e.g. COCCL_HOSTID to
+  /// make ranks of this machine act as hosts.
+  std::vector<std::vector<std::string>> rank_env;
   /// Every worker is killed and the launch reported as timed out after this long.
   std::chrono::seconds deadline{150};
   std::vector<SignalAction> signals;

@@ -141,6 +141,50 @@ TEST(EveryCollective, OverShmWithThreeRanksAndSmallSlots) {
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
+// ---- Topology: COCCL_HOSTID makes ranks of one machine act as hosts -------------------------
+
+// Links as each rank's INFO log reports them ("connected to rank P over KIND"), by kind.
+int links_over(const LaunchResult& r, const std::string& kind) {
+  int n = 0;
+  for (const RankResult& rank : r.ranks)
+    for (std::size_t at = rank.output.find(" over " + kind); at != std::string::npos;
+         at = rank.output.find(" over " + kind, at + 1))
+      ++n;
+  return n;
+}
+
+// Runs every_collective with rank r on host hosts[r] (COCCL_HOSTID), logging its links.
+LaunchResult on_hosts(const std::vector<std::string>& hosts) {
+  LaunchOptions o;
+  o.scenario = "every_collective";
+  o.nranks = static_cast<int>(hosts.size());
+  o.env = {generous_timeout, "COCCL_TRANSPORT=auto", "COCCL_DEBUG=INFO",
+           "COCCL_DEBUG_SUBSYS=net"};
+  for (const std::string& h : hosts) o.rank_env.push_back({"COCCL_HOSTID=" + h});
+  return launch(o);
+}
+
+TEST(Topology, RanksWithDistinctHostIdsLinkOverTcpAndGetEveryCollectiveRight) {
+  const LaunchResult r = on_hosts({"host0", "host1", "host2"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  EXPECT_EQ(links_over(r, "shm"), 0) << r.describe();
+  EXPECT_EQ(links_over(r, "tcp"), 3 * 2) << r.describe();  // each rank reports its 2 links
+}
+
+TEST(Topology, RanksWithOneHostIdLinkOverShm) {
+  const LaunchResult r = on_hosts({"rack7-node3", "rack7-node3", "rack7-node3"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  EXPECT_EQ(links_over(r, "tcp"), 0) << r.describe();
+  EXPECT_EQ(links_over(r, "shm"), 3 * 2) << r.describe();
+}
+
+TEST(Topology, TwoHostsOfTwoRanksMixShmInsideAndTcpAcross) {
+  const LaunchResult r = on_hosts({"a", "a", "b", "b"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  EXPECT_EQ(links_over(r, "shm"), 4 * 1) << r.describe();
+  EXPECT_EQ(links_over(r, "tcp"), 4 * 2) << r.describe();
+}
+
 // ---- Registered buffers (register_buffer) ----------------------------------------------------
 
 // Without the ib transport a registration is recorded and changes nothing: every transfer is
