@@ -1,11 +1,11 @@
 #include "collectives/comm.hpp"
 
 #include <atomic>
-#include <cstdio>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cstdio>
 #include <future>
 
 #include "collectives/algorithms.hpp"
@@ -240,7 +240,8 @@ void CommImpl::take_device_failure() {
   device::Status* s = device_status_.load(std::memory_order_acquire);
   if (s == nullptr) return;
   // The kernel writes every other field before error (with a system-scope fence between).
-  const std::uint32_t why = std::atomic_ref<std::uint32_t>(s->error).load(std::memory_order_acquire);
+  const std::uint32_t why =
+      std::atomic_ref<std::uint32_t>(s->error).load(std::memory_order_acquire);
   if (why == 0) return;
   const bool timed_out = why == device::Status::timed_out;
   const char* op = op_of_seq_(s->seq);

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <map>
 #include <boost/asio/post.hpp>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "collectives/comm.hpp"
@@ -125,8 +125,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   mine.oneshot_max = oneshot_max;
   mine.share.host = mine.memory.host;
   std::memcpy(mine.share.gpu.data(), prop.uuid.bytes, mine.share.gpu.size());
-  mine.share.capacity =
-      prop.multiProcessorCount * std::max(1, kernels::resident_blocks_per_sm());
+  mine.share.capacity = prop.multiProcessorCount * std::max(1, kernels::resident_blocks_per_sm());
   st->gpu = uuid_key(prop.uuid);
   {
     std::lock_guard users(gpu_users_mutex);
@@ -179,8 +178,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
       timeout > 0 ? static_cast<std::uint64_t>(timeout * 1e9) : device::default_timeout_ns;
   std::vector<GpuShare> shares;
   for (const Advert& a : all) shares.push_back(a.share);
-  st->ws.max_grid =
-      block_budget(shares, static_cast<int>(params::device_comms.get()), dependent);
+  st->ws.max_grid = block_budget(shares, static_cast<int>(params::device_comms.get()), dependent);
   kernels::set_dependent_launch(dependent);
   DeviceState* raw = st.get();
   c.set_device_status(st->status, [raw](std::uint64_t seq) {
@@ -383,8 +381,7 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   cudaError_t e = cudaSuccess;
   DeviceState::Chain* chain = chain_of(*d, s, e);
   if (chain == nullptr) return cuda_error(c, e, "cudaStreamGetCaptureInfo");
-  if ((e = after_last(*chain, s)))
-    return cuda_error(c, e, "ordering after the previous operation");
+  if ((e = after_last(*chain, s))) return cuda_error(c, e, "ordering after the previous operation");
   d->ws.seq = ++d->launches;
   d->recent[d->launches % d->recent.size()].store(a.kind, std::memory_order_relaxed);
   const int rc = launch(c, *d, a, elt, stream);

@@ -11,10 +11,10 @@ namespace coccl::detail {
 
 /// What one rank tells the others about its GPU.
 struct GpuShare {
-  std::uint64_t host = 0;                 // equal for the ranks of one host
-  std::array<unsigned char, 16> gpu{};    // the GPU's UUID
-  std::int32_t capacity = 0;              // peer-kernel blocks the GPU keeps resident at once
-  std::int32_t comms = 0;                 // communicators of the rank's process working there
+  std::uint64_t host = 0;               // equal for the ranks of one host
+  std::array<unsigned char, 16> gpu{};  // the GPU's UUID
+  std::int32_t capacity = 0;            // peer-kernel blocks the GPU keeps resident at once
+  std::int32_t comms = 0;               // communicators of the rank's process working there
 };
 
 /// The grid limit every rank of a communicator uses (equal on all, since grids must match):

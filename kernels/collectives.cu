@@ -83,7 +83,7 @@ int exchange(const void* send, void* recv, std::size_t count, std::size_t elem_b
   }
   if (nbytes == 0) return cudaSuccess;
   p.watch.op = static_cast<std::uint32_t>(all_to_all ? device::OpCode::all_to_all
-                                               : device::OpCode::all_gather);
+                                                     : device::OpCode::all_gather);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   // Every access is at a multiple of 16 from base + k * nbytes.
   const int gs = detail::granularity(send, all_to_all ? nbytes : 16);

@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(threads) a2av_kernel(A2avParams P) {
   }
   bool ok = true;
   if (t < n && t != me) {
-    ok = detail::wait_at_least(P.watch, t, u32_at(own, a2av_consumed_at) + b * device::max_ranks + t,
-                               e - 1);
+    ok = detail::wait_at_least(P.watch, t,
+                               u32_at(own, a2av_consumed_at) + b * device::max_ranks + t, e - 1);
   }
   // A wait that gave up ends the block (every thread: the barrier carries the verdict).
   if (!__syncthreads_and(ok)) return;
@@ -267,7 +267,8 @@ __global__ void __launch_bounds__(threads) a2av_kernel(A2avParams P) {
 }
 
 bool valid_arenas(const Arenas& ar) {
-  if (ar.status == nullptr || ar.nranks < 1 || ar.nranks > device::max_ranks || ar.rank < 0 || ar.rank >= ar.nranks)
+  if (ar.status == nullptr || ar.nranks < 1 || ar.nranks > device::max_ranks || ar.rank < 0 ||
+      ar.rank >= ar.nranks)
     return false;
   for (int i = 0; i < ar.nranks; ++i) {
     if (ar.peer[i] == nullptr) return false;

@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list,
         const std::uint32_t c = ++chunks;
         bool ok = true;
         if (lead) {
-          ok = (!first || detail::wait_at_least(p.watch, peer, counter(own, ready_in, ch, peer), k)) &&
+          ok = (!first ||
+                detail::wait_at_least(p.watch, peer, counter(own, ready_in, ch, peer), k)) &&
                detail::wait_at_least(p.watch, peer, counter(own, ack_in, ch, peer), c - 2);
         }
         first = false;
@@ -140,13 +141,15 @@ __global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list,
         __syncthreads();
         if (lead) detail::store_release_sys(counter(remote, data_in, ch, r), chunks);
       }
-      if (lead && !first && !detail::wait_at_least(p.watch, peer, counter(own, ack_in, ch, peer), chunks))
+      if (lead && !first &&
+          !detail::wait_at_least(p.watch, peer, counter(own, ack_in, ch, peer), chunks))
         failed = true;
     } else {
       if (lead) detail::store_release_sys(counter(remote, ready_in, ch, r), k);
       for (std::size_t t = ch; t < ntiles; t += channels) {
         const std::uint32_t c = ++chunks;
-        const bool ok = !lead || detail::wait_at_least(p.watch, peer, counter(own, data_in, ch, peer), c);
+        const bool ok =
+            !lead || detail::wait_at_least(p.watch, peer, counter(own, data_in, ch, peer), c);
         if (!__syncthreads_and(ok)) return;
         const std::size_t base = t * tile;
         detail::block_copy(op.buffer + base, op.g, slot(p, own, ch, static_cast<int>(c & 1), peer),

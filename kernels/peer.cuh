@@ -188,7 +188,7 @@ __device__ __forceinline__ void store_epoch(const PeerParams& p, std::uint32_t e
 /// that every other waiting block of the rank returns within abort_poll_ns instead of waiting out
 /// its own deadline. The host reads error last, so the fields are written before it.
 inline __device__ __noinline__ void give_up(const Watch& w, std::uint32_t why, int peer,
-                                     std::uint64_t waited) {
+                                            std::uint64_t waited) {
   volatile device::Status* s = w.status;
   if (atomicCAS(w.claim, 0u, 1u) == 0u) {
     s->peer = peer;
@@ -230,8 +230,7 @@ __device__ __forceinline__ bool wait_for(const Watch& w, int peer, Ready ready) 
 /// Waits (one thread) until the counter *c, written by `peer`, reaches v (wrap-safe).
 __device__ __forceinline__ bool wait_at_least(const Watch& w, int peer, const std::uint32_t* c,
                                               std::uint32_t v) {
-  return wait_for(w, peer,
-                  [&] { return static_cast<std::int32_t>(load_acquire_sys(c) - v) >= 0; });
+  return wait_for(w, peer, [&] { return static_cast<std::int32_t>(load_acquire_sys(c) - v) >= 0; });
 }
 
 /// Barrier of block blockIdx.x across all ranks at `epoch`. Thread t < nranks signals rank t and

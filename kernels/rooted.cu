@@ -116,7 +116,8 @@ int from_root(const void* send, void* recv, std::size_t nbytes, bool scatter, in
     return cudaErrorInvalidValue;
   }
   if (nbytes == 0) return cudaSuccess;
-  p.watch.op = static_cast<std::uint32_t>(scatter ? device::OpCode::scatter : device::OpCode::broadcast);
+  p.watch.op =
+      static_cast<std::uint32_t>(scatter ? device::OpCode::scatter : device::OpCode::broadcast);
   const unsigned grid = detail::plan_tiles(p, nbytes, 1, nblocks);
   const std::size_t stride = scatter ? nbytes : 0;
   const int gs = is_root ? detail::granularity(send, scatter ? nbytes : 16) : 16;

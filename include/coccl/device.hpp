@@ -108,11 +108,10 @@ enum class OpCode : std::uint32_t {
 
 /// Lower-case name of an OpCode ("all_reduce"), or "unknown operation".
 constexpr const char* op_name(std::uint32_t op) noexcept {
-  constexpr const char* names[] = {"unknown operation", "all_reduce", "all_gather",
-                                   "reduce_scatter",    "all_to_all", "broadcast",
-                                   "reduce",            "gather",     "scatter",
-                                   "send_recv",         "all_to_allv", "moe_dispatch",
-                                   "moe_combine"};
+  constexpr const char* names[] = {
+      "unknown operation", "all_reduce",   "all_gather", "reduce_scatter", "all_to_all",
+      "broadcast",         "reduce",       "gather",     "scatter",        "send_recv",
+      "all_to_allv",       "moe_dispatch", "moe_combine"};
   return op < sizeof names / sizeof names[0] ? names[op] : names[0];
 }
 

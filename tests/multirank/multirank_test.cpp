@@ -158,8 +158,7 @@ LaunchResult on_hosts(const std::vector<std::string>& hosts) {
   LaunchOptions o;
   o.scenario = "every_collective";
   o.nranks = static_cast<int>(hosts.size());
-  o.env = {generous_timeout, "COCCL_TRANSPORT=auto", "COCCL_DEBUG=INFO",
-           "COCCL_DEBUG_SUBSYS=net"};
+  o.env = {generous_timeout, "COCCL_TRANSPORT=auto", "COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=net"};
   for (const std::string& h : hosts) o.rank_env.push_back({"COCCL_HOSTID=" + h});
   return launch(o);
 }
