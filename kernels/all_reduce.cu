@@ -61,7 +61,7 @@ __device__ __forceinline__ bool wait_ll(const PeerParams& p, int peer, const cha
 // Every rank uses the same grid, so block b of each rank writes and reads the same pairs and
 // block b's epoch is the flag value on both sides.
 template <class C>
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     oneshot_kernel(const char* send, char* recv, std::size_t nbytes, ReduceOp op, PeerParams p,
                    int gs, int gr) {
   const std::uint32_t epoch = detail::load_epoch(p) + 1;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(detail::block_threads)
 // shares into their staging (epoch e), reduce the own share and push the result (epoch e + 1),
 // then copy the peers' results out. Both pushes cross NVLink once: 2 (n-1)/n of the message.
 template <class C>
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     twoshot_kernel(const char* send, char* recv, std::size_t nbytes, ReduceOp op, PeerParams p,
                    int gs, int gr) {
   std::uint32_t epoch = detail::load_epoch(p);
@@ -216,8 +216,8 @@ void set_dependent_launch(bool on) { dependent_launch_on.store(on, std::memory_o
 int detail::load_all_reduce() {
   return detail::load_for_every_type([](auto codec) {
     using C = decltype(codec);
-    if (int rc = detail::load_function(oneshot_kernel<C>)) return rc;
-    return detail::load_function(twoshot_kernel<C>);
+    if (int rc = detail::load_peer_function(oneshot_kernel<C>)) return rc;
+    return detail::load_peer_function(twoshot_kernel<C>);
   });
 }
 

@@ -13,7 +13,7 @@ using detail::PeerParams;
 
 // All-gather (src_stride 0) and all-to-all (src_stride = nbytes): per tile of one slice, push the
 // part meant for each peer into its staging, place the own part, wait, copy the peers' parts out.
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     exchange_kernel(const char* send, char* recv, std::size_t nbytes, std::size_t src_stride,
                     PeerParams p, int gs, int gr) {
   std::uint32_t epoch = detail::load_epoch(p);
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(detail::block_threads)
 }
 
 template <class C>
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     reduce_scatter_kernel(const char* send, char* recv, std::size_t nbytes, ReduceOp op,
                           PeerParams p, int gs, int gr) {
   std::uint32_t epoch = detail::load_epoch(p);
@@ -125,9 +125,9 @@ int reduce_scatter(const void* send, void* recv, std::size_t count, DataType typ
 }
 
 int detail::load_collectives() {
-  if (int rc = detail::load_function(exchange_kernel)) return rc;
+  if (int rc = detail::load_peer_function(exchange_kernel)) return rc;
   return detail::load_for_every_type(
-      [](auto codec) { return detail::load_function(reduce_scatter_kernel<decltype(codec)>); });
+      [](auto codec) { return detail::load_peer_function(reduce_scatter_kernel<decltype(codec)>); });
 }
 
 }  // namespace coccl::kernels

@@ -39,8 +39,8 @@ using stream_t = CUstream_st*;
 /// workspace). Returns a cudaError_t value.
 int load_kernels();
 
-/// The fewest 512-thread blocks of any kernel loaded by load_kernels (or load_moe) that one SM
-/// can hold at once (0 before any is loaded). With the SM count it bounds how many blocks of
+/// The fewest 512-thread blocks of any peer kernel loaded by load_kernels that one SM can hold
+/// at once (0 before any is loaded). With the SM count it bounds how many blocks of
 /// peer kernels a GPU can keep resident together.
 int resident_blocks_per_sm();
 

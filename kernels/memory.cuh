@@ -144,17 +144,22 @@ __device__ __forceinline__ uint4 load_ll(const char* p) {
   return v;
 }
 
-/// Records that a loaded kernel fits `blocks` blocks of 512 threads per SM (see
+/// Records that a loaded peer kernel fits `blocks` blocks of 512 threads per SM (see
 /// resident_blocks_per_sm in launch.hpp).
 void note_residency(int blocks);
 
-/// Loads kernel `f` onto the current device (see load_kernels in launch.hpp) and notes how many
-/// of its 512-thread blocks an SM holds; a CUDA error code.
+/// Loads kernel `f` onto the current device (see load_kernels in launch.hpp); a CUDA error code.
 template <class F>
 int load_function(F* f) {
   cudaFuncAttributes attr;
-  if (cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(f)))
-    return static_cast<int>(e);
+  return static_cast<int>(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(f)));
+}
+
+/// load_function for a peer kernel (512-thread blocks that wait for other ranks), which also
+/// notes how many of its blocks an SM holds.
+template <class F>
+int load_peer_function(F* f) {
+  if (int rc = load_function(f)) return rc;
   int blocks = 0;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
           &blocks, reinterpret_cast<const void*>(f), 512, 0))

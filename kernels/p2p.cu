@@ -85,7 +85,7 @@ __device__ __forceinline__ char* slot(const PeerParams& p, char* ws, int ch, int
 // Both sides cut a transfer into the same tiles: the tile depends only on its size and the
 // (equal) slice.
 __host__ __device__ __forceinline__ std::size_t tile_of(std::size_t bytes, std::size_t slice,
-                                                       int channels) {
+                                                        int channels) {
   std::size_t t = (bytes + channels - 1) / channels;
   t = (t + 15) / 16 * 16;
   if (t < detail::min_tile) t = detail::min_tile;
@@ -96,7 +96,8 @@ __host__ __device__ __forceinline__ std::size_t tile_of(std::size_t bytes, std::
 // channels; it runs that direction's transfers in order, the chunks of channel ch being tiles ch,
 // ch + channels, ... Different directions run in different blocks, so a group that sends to and
 // receives from the same peer cannot deadlock.
-__global__ void __launch_bounds__(detail::block_threads) p2p_kernel(OpList list, PeerParams p) {
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
+    p2p_kernel(OpList list, PeerParams p) {
   detail::begin_after_prior_grid();
   const int channels = list.channels;
   const int dir = list.dirs[blockIdx.x / channels];
@@ -244,6 +245,6 @@ int all_to_allv(const void* send, void* recv, const AllToAllvLayout& layout, std
   return send_recv(ops, nops, ws, stream);
 }
 
-int detail::load_p2p() { return detail::load_function(p2p_kernel); }
+int detail::load_p2p() { return detail::load_peer_function(p2p_kernel); }
 
 }  // namespace coccl::kernels

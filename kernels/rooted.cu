@@ -19,7 +19,7 @@ using detail::PeerParams;
 // Broadcast (src_stride 0) and scatter (src_stride = nbytes): per tile the root pushes rank q's
 // part into q's staging and places its own part; after the barrier each non-root copies its part
 // out of its own staging.
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     from_root_kernel(const char* send, char* recv, std::size_t nbytes, std::size_t src_stride,
                      int root, PeerParams p, int gs, int gr) {
   std::uint32_t epoch = detail::load_epoch(p);
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(detail::block_threads)
 
 // Gather: per tile every non-root pushes its tile into the root's staging; after the barrier the
 // root copies rank q's tile to recv[q * nbytes + base].
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     to_root_kernel(const char* send, char* recv, std::size_t nbytes, int root, PeerParams p, int gs,
                    int gr) {
   std::uint32_t epoch = detail::load_epoch(p);
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(detail::block_threads)
 // Reduce: like gather, then the root reduces the tiles in rank order (the same order, hence the
 // same bits, as all_reduce).
 template <class C>
-__global__ void __launch_bounds__(detail::block_threads)
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
     reduce_root_kernel(const char* send, char* recv, std::size_t nbytes, ReduceOp op, int root,
                        PeerParams p, int gs, int gr) {
   std::uint32_t epoch = detail::load_epoch(p);
@@ -182,10 +182,10 @@ int reduce_to_root(const void* send, void* recv, std::size_t count, DataType typ
 }
 
 int detail::load_rooted() {
-  if (int rc = detail::load_function(from_root_kernel)) return rc;
-  if (int rc = detail::load_function(to_root_kernel)) return rc;
+  if (int rc = detail::load_peer_function(from_root_kernel)) return rc;
+  if (int rc = detail::load_peer_function(to_root_kernel)) return rc;
   return detail::load_for_every_type(
-      [](auto codec) { return detail::load_function(reduce_root_kernel<decltype(codec)>); });
+      [](auto codec) { return detail::load_peer_function(reduce_root_kernel<decltype(codec)>); });
 }
 
 }  // namespace coccl::kernels
