@@ -170,6 +170,9 @@ int stream_order_main(int rank, int n, const std::string& id_hex) {
       CHECK_CUDA(cudaStreamWaitEvent(streams[0], ended[s], 0));
     }
     std::vector<std::int32_t> got(batch.elems);
+    // Synchronised first: with ranks as threads of one process a pageable copy queued behind a
+    // waiting collective blocks the peers' own pageable copies (docs/design.md, Concurrency).
+    CHECK_CUDA(cudaStreamSynchronize(streams[0]));
     CHECK_CUDA(cudaMemcpyAsync(got.data(), arena, bytes, cudaMemcpyDeviceToHost, streams[0]));
     CHECK_CUDA(cudaStreamSynchronize(streams[0]));
     for (const Op& o : batch.ops) apply(o, n, ref);
@@ -243,6 +246,7 @@ int two_communicators_main(int rank, int n, const std::string& id_hex) {
   for (int c = 0; c < 2; ++c) {
     CHECK_CUDA(upload(c, 0));
     comms[c].all_reduce(in[c], out[c], 1024, DataType::int32, ReduceOp::sum, as_coccl(streams[c]));
+    CHECK_CUDA(cudaStreamSynchronize(streams[c]));
     CHECK_CUDA(
         cudaMemcpyAsync(host_out.data(), out[c], 1024 * 4, cudaMemcpyDeviceToHost, streams[c]));
     CHECK_CUDA(cudaStreamSynchronize(streams[c]));
@@ -258,6 +262,7 @@ int two_communicators_main(int rank, int n, const std::string& id_hex) {
         comms[c].all_reduce(in[c] + k, out[c] + k * count, count, DataType::int32, ReduceOp::sum,
                             as_coccl(streams[c]));
     for (int c = 0; c < 2; ++c) {
+      CHECK_CUDA(cudaStreamSynchronize(streams[c]));
       CHECK_CUDA(cudaMemcpyAsync(host_out.data(), out[c], host_out.size() * 4,
                                  cudaMemcpyDeviceToHost, streams[c]));
       CHECK_CUDA(cudaStreamSynchronize(streams[c]));
@@ -343,6 +348,7 @@ int timeout_main(int rank, int n, const std::string& id_hex, bool awaited) {
   std::vector<std::int32_t> host(count, rank + 1);
   CHECK_CUDA(cudaMemcpyAsync(send, host.data(), count * 4, cudaMemcpyHostToDevice, st));
   comm.all_reduce(send, recv, count, DataType::int32, ReduceOp::sum, cs);
+  CHECK_CUDA(cudaStreamSynchronize(st));
   CHECK_CUDA(cudaMemcpyAsync(host.data(), recv, count * 4, cudaMemcpyDeviceToHost, st));
   CHECK_CUDA(cudaStreamSynchronize(st));
   checks.expect(

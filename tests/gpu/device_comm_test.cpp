@@ -295,6 +295,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     CHECK_CUDA(cudaMemcpyAsync(b.recv, hr.data(), ro * 4, cudaMemcpyHostToDevice, st));
     comm.all_to_allv(b.send, sc, sd, b.recv, rc, rd, DataType::int32,
                      reinterpret_cast<coccl::cuda_stream>(st));
+    CHECK_CUDA(cudaStreamSynchronize(st));
     CHECK_CUDA(cudaMemcpyAsync(hr.data(), b.recv, ro * 4, cudaMemcpyDeviceToHost, st));
     CHECK_CUDA(cudaStreamSynchronize(st));
     long long bad = 0;
@@ -317,6 +318,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     comm.send_recv({coccl::Communicator::send_op(b.send, count, DataType::int64, next),
                     coccl::Communicator::recv_op(b.recv, count, DataType::int64, prev)},
                    cs);
+    CHECK_CUDA(cudaStreamSynchronize(st));
     CHECK_CUDA(cudaMemcpyAsync(hr.data(), b.recv, count * 8, cudaMemcpyDeviceToHost, st));
     CHECK_CUDA(cudaStreamSynchronize(st));
     long long bad = 0;
@@ -330,6 +332,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     } else {
       comm.recv(b.recv, count, DataType::int64, 0, cs);
     }
+    CHECK_CUDA(cudaStreamSynchronize(st));
     CHECK_CUDA(cudaMemcpyAsync(hr.data(), b.recv, count * 8, cudaMemcpyDeviceToHost, st));
     CHECK_CUDA(cudaStreamSynchronize(st));
     bad = 0;
