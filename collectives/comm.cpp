@@ -199,16 +199,16 @@ asio::awaitable<void> CommImpl::drain() {
   }
 }
 
+std::optional<std::string> CommImpl::record_failure(std::error_code ec, const std::string& why) {
+  std::lock_guard lock(error_mutex_);
+  if (error_) return std::nullopt;
+  error_ = ec;
+  error_text_ = "rank " + std::to_string(rank_) + ": " + why;
+  return error_text_;
+}
+
 void CommImpl::fail(std::error_code ec, const std::string& why, bool notify) {
-  std::string text;
-  {
-    std::lock_guard lock(error_mutex_);
-    if (error_) return;
-    error_ = ec;
-    error_text_ = "rank " + std::to_string(rank_) + ": " + why;
-    text = error_text_;
-  }
-  after_failure(ec, text, notify);
+  if (auto text = record_failure(ec, why)) after_failure(ec, *text, notify);
 }
 
 void CommImpl::after_failure(std::error_code ec, const std::string& text, bool notify) {
@@ -249,20 +249,15 @@ void CommImpl::take_device_failure() {
   char text[256];
   std::snprintf(text, sizeof text,
                 "device %s #%llu %s: block %u waited %.3f s for rank %d (COCCL_TIMEOUT %.3g s)", op,
-                static_cast<unsigned long long>(s->seq),
-                timed_out ? "timed out" : "aborted", s->block, s->waited_ns / 1e9, s->peer,
+                static_cast<unsigned long long>(s->seq), timed_out ? "timed out" : "aborted",
+                s->block, s->waited_ns / 1e9, s->peer,
                 std::chrono::duration<double>(timeout_).count());
   const std::error_code ec = make_error_code(timed_out ? errc::timed_out : errc::aborted);
-  std::string full;
-  {
-    std::lock_guard lock(error_mutex_);
-    if (error_) return;
-    error_ = ec;
-    error_text_ = "rank " + std::to_string(rank_) + ": " + text;
-    full = error_text_;
-  }
-  COCCL_WARN(coll, rank_, "%s", full.c_str());
-  asio::post(ex_, [self = weak_from_this(), ec, full] {
+  auto full = record_failure(ec, text);
+  if (!full) return;
+  COCCL_WARN(coll, rank_, "%s", full->c_str());
+  // The links and the watchdog belong to the proxy thread.
+  asio::post(ex_, [self = weak_from_this(), ec, full = *full] {
     if (auto c = self.lock()) c->after_failure(ec, full, true);
   });
 }
@@ -309,13 +304,7 @@ void CommImpl::destroy() {
   // with a goodbye, no abort notice.
   std::promise<void> done;
   auto close_quietly = [this, &done] {
-    {
-      std::lock_guard lock(error_mutex_);
-      if (!error_) {
-        error_ = make_error_code(errc::aborted);
-        error_text_ = "rank " + std::to_string(rank_) + ": communicator destroyed";
-      }
-    }
+    record_failure(make_error_code(errc::aborted), "communicator destroyed");
     watchdog_.cancel();
     if (peers_) peers_->shutdown(make_error_code(errc::aborted), "destroyed", false);
     done.set_value();

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "collectives/colltrace.hpp"
@@ -89,6 +90,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   };
   asio::awaitable<void> drain();
   void arm_watchdog();
+  // Any thread: records the communicator's first failure; its text, or nothing if it had
+  // failed already.
+  std::optional<std::string> record_failure(std::error_code ec, const std::string& why);
   // Proxy thread: what follows recording a failure (log, peers told, kernels aborted).
   void after_failure(std::error_code ec, const std::string& text, bool notify);
   // Any thread: records a failure the device kernels reported, if any.

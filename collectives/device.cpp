@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "collectives/comm.hpp"
 #include "collectives/device_budget.hpp"
@@ -24,13 +25,11 @@ namespace {
 
 // Communicators of this process with a workspace, per GPU (by UUID): part of the block budget.
 std::mutex gpu_users_mutex;
-std::map<std::string, int> gpu_users;
-
-std::string uuid_key(const cudaUUID_t& u) { return std::string(u.bytes, sizeof u.bytes); }
+std::map<decltype(GpuShare::gpu), int> gpu_users;
 
 struct DeviceState {
   int device = -1;
-  std::string gpu;  // uuid_key of the device, counted in gpu_users
+  std::optional<decltype(GpuShare::gpu)> gpu;  // the device's UUID, once counted in gpu_users
   void* workspace = nullptr;
   device::Status* status = nullptr;  // mapped host memory, read by the host, written by kernels
   std::vector<void*> peers;
@@ -61,9 +60,9 @@ struct DeviceState {
     for (void* p : opened) cudaIpcCloseMemHandle(p);
     if (workspace) cudaFree(workspace);
     if (status) cudaFreeHost(status);
-    if (!gpu.empty()) {
+    if (gpu) {
       std::lock_guard lock(gpu_users_mutex);
-      if (--gpu_users[gpu] == 0) gpu_users.erase(gpu);
+      if (--gpu_users[*gpu] == 0) gpu_users.erase(*gpu);
     }
   }
 };
@@ -126,11 +125,11 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   mine.share.host = mine.memory.host;
   std::memcpy(mine.share.gpu.data(), prop.uuid.bytes, mine.share.gpu.size());
   mine.share.capacity = prop.multiProcessorCount * std::max(1, kernels::resident_blocks_per_sm());
-  st->gpu = uuid_key(prop.uuid);
   {
     std::lock_guard users(gpu_users_mutex);
-    mine.share.comms = ++gpu_users[st->gpu];
+    mine.share.comms = ++gpu_users[mine.share.gpu];
   }
+  st->gpu = mine.share.gpu;
   std::vector<Advert> all(n);
   OpArgs gather;
   gather.kind = OpKind::all_gather;
@@ -173,9 +172,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   st->ws.nranks = n;
   st->ws.oneshot_max_bytes = oneshot_max;
   st->ws.status = st->status;
-  const double timeout = params::timeout_s.get();
-  st->ws.timeout_ns =
-      timeout > 0 ? static_cast<std::uint64_t>(timeout * 1e9) : device::default_timeout_ns;
+  st->ws.timeout_ns = kernel_timeout_ns();
   std::vector<GpuShare> shares;
   for (const Advert& a : all) shares.push_back(a.share);
   st->ws.max_grid = block_budget(shares, static_cast<int>(params::device_comms.get()), dependent);

@@ -7,7 +7,6 @@
 
 #include "collectives/moe_state.hpp"
 #include "collectives/peer_memory.hpp"
-#include "runtime/params.hpp"
 #include "transport/bootstrap.hpp"
 
 namespace coccl::moe::detail {
@@ -54,11 +53,6 @@ void check(cudaError_t e, const char* what) {
 
 constexpr std::size_t status_at = 64;
 
-std::uint64_t timeout_ns() {
-  const double s = coccl::params::timeout_s.get();
-  return s > 0 ? static_cast<std::uint64_t>(s * 1e9) : device::default_timeout_ns;
-}
-
 void on_arena_device(const DeviceArena& a) {
   int current = -1;
   check(cudaGetDevice(&current), "cudaGetDevice");
@@ -100,7 +94,7 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
   a->errors = static_cast<unsigned*>(errors);
   std::memset(a->errors, 0, status_at + sizeof(device::Status));
   a->arenas.status = reinterpret_cast<device::Status*>(static_cast<char*>(errors) + status_at);
-  a->arenas.timeout_ns = timeout_ns();
+  a->arenas.timeout_ns = coccl::detail::kernel_timeout_ns();
   // Loaded now: with lazy loading a first launch waits for the device to go idle, which a peer
   // kernel spinning on this GPU for a rank driven by the same thread would prevent.
   check(static_cast<cudaError_t>(kernels::moe::load_moe()), "loading the MoE kernels");

@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <coccl/device.hpp>
 #include <mutex>
 #include <set>
 #include <utility>
+
+#include "runtime/params.hpp"
 
 namespace coccl::detail {
 
@@ -28,6 +31,11 @@ cudaError_t enable_peer_access(int from, int to) {
 }
 
 }  // namespace
+
+std::uint64_t kernel_timeout_ns() {
+  const double s = params::timeout_s.get();
+  return s > 0 ? static_cast<std::uint64_t>(s * 1e9) : device::default_timeout_ns;
+}
 
 cudaError_t advertise(void* base, int device, std::uint64_t host, PeerAdvert& out) {
   out = PeerAdvert{};

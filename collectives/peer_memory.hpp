@@ -18,6 +18,10 @@ struct PeerAdvert {
   std::int32_t device;
 };
 
+/// How long a device kernel waits for a peer before it gives up (COCCL_TIMEOUT; see
+/// device::Workspace::timeout_ns).
+std::uint64_t kernel_timeout_ns();
+
 /// The advert of `base`, allocated on GPU `device`, from this process on `host`.
 cudaError_t advertise(void* base, int device, std::uint64_t host, PeerAdvert& out);
 

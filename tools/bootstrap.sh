@@ -55,12 +55,8 @@ case "$mode" in
       mkdir -p "$root/build-asan"
       build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCOCCL_SANITIZE=address \
         -DCOCCL_ENABLE_CUDA=OFF -DCOCCL_BUILD_TOOLS=OFF
-      # Under ASan the fault tests' timing (kills, deadlines) is several times slower and once in a
-      # few dozen full runs one missed its window; such a test gets one retry here, the release
-      # run above gets none.
       ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        ctest --test-dir "$root/build-asan" -j "$jobs" --output-on-failure --timeout 900 \
-        --repeat until-pass:2
+        ctest --test-dir "$root/build-asan" -j "$jobs" --output-on-failure --timeout 900
     fi
     ;;
   *)

@@ -40,15 +40,6 @@ using coccl::DataType;
 using coccl::ReduceOp;
 namespace gt = coccl::gpu_test;
 
-#define CHECK_CUDA(call)                                           \
-  do {                                                             \
-    cudaError_t e_ = (call);                                       \
-    if (e_ != cudaSuccess) {                                       \
-      std::printf("FAIL %s: %s\n", #call, cudaGetErrorString(e_)); \
-      return 1;                                                    \
-    }                                                              \
-  } while (0)
-
 // A rank body that reports an exception (a failed communicator throws) as a failure.
 template <gt::RankMain Body>
 int guarded(int rank, int n, const std::string& id_hex) {

@@ -29,15 +29,6 @@ namespace {
 using coccl::DataType;
 using coccl::ReduceOp;
 
-#define CHECK_CUDA(call)                                           \
-  do {                                                             \
-    cudaError_t e_ = (call);                                       \
-    if (e_ != cudaSuccess) {                                       \
-      std::printf("FAIL %s: %s\n", #call, cudaGetErrorString(e_)); \
-      return 1;                                                    \
-    }                                                              \
-  } while (0)
-
 struct Buffers {
   void* send = nullptr;
   void* recv = nullptr;

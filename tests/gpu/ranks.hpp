@@ -23,6 +23,16 @@
 
 extern char** environ;
 
+/// In a rank body (returns int): a failed CUDA call prints FAIL and the rank returns 1.
+#define CHECK_CUDA(call)                                           \
+  do {                                                             \
+    cudaError_t e_ = (call);                                       \
+    if (e_ != cudaSuccess) {                                       \
+      std::printf("FAIL %s: %s\n", #call, cudaGetErrorString(e_)); \
+      return 1;                                                    \
+    }                                                              \
+  } while (0)
+
 namespace coccl::gpu_test {
 
 /// One rank of a test: returns 0 when every check passed.

@@ -10,37 +10,21 @@ ordered differently). run_torch.sh beside this file does all three. Rank r runs 
 r % device_count: with one GPU both ranks share it, where NVIDIA's NCCL needs --hostid-per-rank
 (and MPS, see run_torch.sh). Exit 77: no GPU. Not part of the product: a test asset.
 """
-import argparse
 import json
 import math
-import os
-import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch_ranks import join, loaded_nccl, main
 
-WORLD = 2
 STEPS = 100
 
 
-def loaded_nccl():
-    with open("/proc/self/maps") as maps:
-        return sorted({line.split()[-1] for line in maps if "libnccl" in line})
-
-
-def train(rank, out, hostid_per_rank):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29518")
-    if hostid_per_rank:
-        # NVIDIA's NCCL refuses two ranks on one GPU of one host; distinct host ids make it take
-        # its network path between them.
-        os.environ["NCCL_HOSTID"] = f"host{rank}"
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", rank=rank, world_size=WORLD)
+def train(rank, args):
+    out = args.out
+    dev = join(rank, args, 29518)
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(1234)
@@ -95,18 +79,5 @@ def compare(a_path, b_path, rtol):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    parser.add_argument("--compare", nargs=2)
-    parser.add_argument("--rtol", type=float, default=1e-4)
-    parser.add_argument("--hostid-per-rank", action="store_true",
-                        help="NCCL_HOSTID=host<rank> (NVIDIA's NCCL with two ranks on one GPU)")
-    args = parser.parse_args()
-    if args.compare:
-        sys.exit(compare(*args.compare, args.rtol))
-    if not args.out:
-        parser.error("--out or --compare is required")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        print("needs a GPU: skipped")
-        sys.exit(77)
-    mp.spawn(train, args=(args.out, args.hostid_per_rank), nprocs=WORLD, join=True)
+    main(__doc__, train, lambda a, b, args: compare(a, b, args.rtol),
+         lambda parser: parser.add_argument("--rtol", type=float, default=1e-4))

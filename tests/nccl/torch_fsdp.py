@@ -26,19 +26,16 @@ grow it to well under 1e-5 in the loss. A wrong chunk, a lost or raced stream de
 stale buffer moves the loss by 1e-3 or more (or makes it NaN). The parameter norm also covers the
 last optimizer step, which no loss sees. Not part of the product: a test asset.
 """
-import argparse
 import datetime
 import json
 import math
 import os
-import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+from torch_ranks import WORLD, join, loaded_nccl, main
 
-WORLD = 2
 STEPS = 30
 D_MODEL = 256
 NHEAD = 4
@@ -56,25 +53,10 @@ def import_fully_shard():
     return fully_shard
 
 
-def loaded_nccl():
-    with open("/proc/self/maps") as maps:
-        return sorted({line.split()[-1] for line in maps if "libnccl" in line})
-
-
 def setup(rank, args):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29519")
-    if args.hostid_per_rank:
-        # NVIDIA's NCCL refuses two ranks on one GPU of one host; distinct host ids make it take
-        # its network path between them.
-        os.environ["NCCL_HOSTID"] = f"host{rank}"
     # cuBLAS is deterministic only with a fixed workspace (read when its handle is made).
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=180))
-    return dev
+    return join(rank, args, 29519, timeout=datetime.timedelta(seconds=180))
 
 
 def make_deterministic():
@@ -192,18 +174,5 @@ def compare(a_path, b_path, rtol):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", help="where rank 0 writes the losses (JSON)")
-    parser.add_argument("--compare", nargs=2, metavar="JSON", help="compare two runs' losses")
-    parser.add_argument("--rtol", type=float, default=1e-4)
-    parser.add_argument("--hostid-per-rank", action="store_true",
-                        help="NCCL_HOSTID=host<rank> (NVIDIA's NCCL with two ranks on one GPU)")
-    args = parser.parse_args()
-    if args.compare:
-        sys.exit(compare(*args.compare, args.rtol))
-    if not args.out:
-        parser.error("--out or --compare is required")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        print("needs a GPU: skipped")
-        sys.exit(77)
-    mp.spawn(train, args=(args,), nprocs=WORLD, join=True)
+    main(__doc__, train, lambda a, b, args: compare(a, b, args.rtol),
+         lambda parser: parser.add_argument("--rtol", type=float, default=1e-4))

@@ -24,39 +24,21 @@ r % device_count: with one GPU both ranks share it, where NVIDIA's NCCL needs --
 (and MPS, see run_torch.sh). Exit 77: no GPU. Tolerance: none, results must be exact.
 Not part of the product: a test asset.
 """
-import argparse
 import datetime
 import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch_ranks import WORLD, join, loaded_nccl, main
 
-WORLD = 2
 # sum over ranks r of (r + 1): what an all_reduce / reduce_scatter of x * (rank + 1) multiplies by.
 RANK_SUM = WORLD * (WORLD + 1) // 2
 
 
-def loaded_nccl():
-    with open("/proc/self/maps") as maps:
-        return sorted({line.split()[-1] for line in maps if "libnccl" in line})
-
-
 def setup(rank, args):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29520")
-    if args.hostid_per_rank:
-        # NVIDIA's NCCL refuses two ranks on one GPU of one host; distinct host ids make it take
-        # its network path between them.
-        os.environ["NCCL_HOSTID"] = f"host{rank}"
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    # device_id makes the default communicator at once, so new_group is an ncclCommSplit of it.
-    dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=dev,
-                            timeout=datetime.timedelta(seconds=180))
-    return dev
+    # The default communicator is made at once, so new_group is an ncclCommSplit of it.
+    return join(rank, args, 29520, bind_device=True, timeout=datetime.timedelta(seconds=180))
 
 
 def base(idx, i):
@@ -141,20 +123,10 @@ def compare(a_path, b_path):
     return status
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", help="where rank 0 writes the counts (JSON)")
-    parser.add_argument("--compare", nargs=2, metavar="JSON", help="check two runs' counts")
+def add_arguments(parser):
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--elems", type=int, default=1 << 20, help="n: elements per rank")
-    parser.add_argument("--hostid-per-rank", action="store_true",
-                        help="NCCL_HOSTID=host<rank> (NVIDIA's NCCL with two ranks on one GPU)")
-    args = parser.parse_args()
-    if args.compare:
-        sys.exit(compare(*args.compare))
-    if not args.out:
-        parser.error("--out or --compare is required")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        print("needs a GPU: skipped")
-        sys.exit(77)
-    mp.spawn(run, args=(args,), nprocs=WORLD, join=True)
+
+
+if __name__ == "__main__":
+    main(__doc__, run, lambda a, b, args: compare(a, b), add_arguments)
