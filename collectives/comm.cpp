@@ -60,6 +60,8 @@ CommImpl::~CommImpl() {
     watchdog_.cancel();
     if (event_poller_) thread_.remove_poller(event_poller_.get());
     event_poller_.reset();
+    if (net_poller_) thread_.remove_poller(net_poller_.get());
+    net_poller_.reset();
     peers_.reset();
   };
   if (thread_.in_thread()) {
@@ -246,11 +248,14 @@ void CommImpl::take_device_failure() {
   const bool timed_out = why == device::Status::timed_out;
   const char* op = op_of_seq_(s->seq);
   if (*op == 0) op = device::op_name(s->op);
+  // A kernel of the network path waits for its own proxy (peer -1), which waits for the peers.
+  const std::string whom =
+      s->peer >= 0 ? "rank " + std::to_string(s->peer) : std::string("the network proxy");
   char text[256];
   std::snprintf(text, sizeof text,
-                "device %s #%llu %s: block %u waited %.3f s for rank %d (COCCL_TIMEOUT %.3g s)", op,
+                "device %s #%llu %s: block %u waited %.3f s for %s (COCCL_TIMEOUT %.3g s)", op,
                 static_cast<unsigned long long>(s->seq), timed_out ? "timed out" : "aborted",
-                s->block, s->waited_ns / 1e9, s->peer,
+                s->block, s->waited_ns / 1e9, whom.c_str(),
                 std::chrono::duration<double>(timeout_).count());
   const std::error_code ec = make_error_code(timed_out ? errc::timed_out : errc::aborted);
   auto full = record_failure(ec, text);

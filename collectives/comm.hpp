@@ -75,6 +75,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::mutex& device_mutex() noexcept { return device_mutex_; }
   std::shared_ptr<void>& device_state() noexcept { return device_state_; }
   std::unique_ptr<runtime::Poller>& event_poller() noexcept { return event_poller_; }
+  /// The proxy of device operations across hosts (collectives/net_device.cpp); proxy thread.
+  std::unique_ptr<runtime::Poller>& net_poller() noexcept { return net_poller_; }
   runtime::ProxyThread& thread() noexcept { return thread_; }
 
   /// Proxy thread: COCCL_ALGO as read at creation.
@@ -125,6 +127,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::atomic<device::Status*> device_status_{nullptr};
   std::function<const char*(std::uint64_t)> op_of_seq_;  // set before device_status_
   std::unique_ptr<runtime::Poller> event_poller_;
+  std::unique_ptr<runtime::Poller> net_poller_;
 
   mutable std::mutex error_mutex_;  // error_/error_text_ are read from user threads
   std::error_code error_;

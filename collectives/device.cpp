@@ -1,6 +1,7 @@
-// Device-memory collectives on the GPUs of one host: a workspace per rank mapped by every peer
-// (CUDA IPC across processes, peer access within one), kernels enqueued on the caller's stream,
-// and CUDA events polled by the proxy thread for the awaitable forms.
+// Device-memory collectives. On the GPUs of one host: a workspace per rank mapped by every peer
+// (CUDA IPC across processes, peer access within one) and peer kernels enqueued on the caller's
+// stream. Across hosts: a staging kernel and the communicator's proxy (net_device.cpp). Either
+// way, CUDA events polled by the proxy thread for the awaitable forms.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "collectives/comm.hpp"
 #include "collectives/device_budget.hpp"
+#include "collectives/net_device.hpp"
 #include "collectives/peer_memory.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/handoff.hpp"
@@ -35,6 +37,8 @@ struct DeviceState {
   std::vector<void*> peers;
   std::vector<void*> opened;  // IPC mappings to close
   device::Workspace ws;
+  // Set when the ranks span hosts: every operation goes through the network proxy.
+  std::shared_ptr<NetDevice> net;
 
   // Call order (enqueue_device): every launch of the communicator runs after the previous one,
   // whichever stream each was issued on. Guarded by order_mutex, which also keeps the launches
@@ -91,7 +95,9 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   }
   auto st = std::make_shared<DeviceState>();
   const int n = c.size(), me = c.rank();
-  if (n > device::max_ranks) {
+  // Every rank knows the same host table, so all of them take the same path.
+  const bool across_hosts = !c.one_host();
+  if (!across_hosts && n > device::max_ranks) {
     COCCL_WARN(p2p, me, "device collectives support up to %d GPUs of one host", device::max_ranks);
     return make_error_code(errc::unsupported);
   }
@@ -101,9 +107,12 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     return cuda_error(c, e, "cudaGetDeviceProperties");
   const auto oneshot_max =
       static_cast<std::size_t>(std::max<std::int64_t>(0, params::device_oneshot_max.get()));
-  std::size_t bytes = device::workspace_bytes(n, oneshot_max);
-  if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
-  if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
+  std::size_t bytes = across_hosts ? 0 : device::workspace_bytes(n, oneshot_max);
+  if (bytes != 0) {
+    if (auto e = cudaMalloc(&st->workspace, bytes))
+      return cuda_error(c, e, "cudaMalloc workspace");
+    if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
+  }
   void* status = nullptr;
   if (auto e = cudaHostAlloc(&status, sizeof(device::Status),
                              cudaHostAllocMapped | cudaHostAllocPortable))
@@ -119,7 +128,10 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     return cuda_error(c, static_cast<cudaError_t>(rc), "loading the kernels");
   if (auto e = cudaDeviceSynchronize()) return cuda_error(c, e, "cudaDeviceSynchronize");
   Advert mine{};
-  if (auto e = advertise(st->workspace, st->device, c.peers().table()[me].host_hash, mine.memory))
+  if (across_hosts)
+    mine.memory.host = c.peers().table()[me].host_hash;
+  else if (auto e = advertise(st->workspace, st->device, c.peers().table()[me].host_hash,
+                              mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
   mine.oneshot_max = oneshot_max;
   mine.share.host = mine.memory.host;
@@ -140,8 +152,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   std::error_code ec;
   run_blocking(self, gather, ec);
   if (ec) return ec;
-  st->peers.resize(n);
-  for (int p = 0; p < n; ++p) {
+  st->peers.resize(across_hosts ? 0 : n);
+  for (int p = 0; p < n && !across_hosts; ++p) {
     if (p == me) {
       st->peers[p] = st->workspace;
       continue;
@@ -167,7 +179,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   run_blocking(self, barrier, ec);
   if (ec) return ec;
   const bool dependent = params::dependent_launch.get();
-  st->ws.peers = st->peers.data();
+  st->ws.peers = across_hosts ? nullptr : st->peers.data();
   st->ws.rank = me;
   st->ws.nranks = n;
   st->ws.oneshot_max_bytes = oneshot_max;
@@ -183,9 +195,15 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
     if (seq == 0 || seq + raw->recent.size() <= raw->launches) return "";
     return name_of(raw->recent[seq % raw->recent.size()].load(std::memory_order_relaxed));
   });
-  COCCL_INFO(p2p, me,
-             "device workspace %zu bytes on GPU %d, %d peers mapped, at most %d blocks a kernel",
-             bytes, st->device, n - 1, st->ws.max_grid);
+  if (across_hosts) {
+    if (auto ec = make_net_device(self, st->status, st->net)) return ec;
+    COCCL_INFO(p2p, me, "device operations across hosts through the proxy on GPU %d, at most %d "
+               "blocks a kernel", st->device, st->ws.max_grid);
+  } else {
+    COCCL_INFO(p2p, me,
+               "device workspace %zu bytes on GPU %d, %d peers mapped, at most %d blocks a kernel",
+               bytes, st->device, n - 1, st->ws.max_grid);
+  }
   c.device_state() = st;
   out = st.get();
   return {};
@@ -381,8 +399,17 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   if ((e = after_last(*chain, s))) return cuda_error(c, e, "ordering after the previous operation");
   d->ws.seq = ++d->launches;
   d->recent[d->launches % d->recent.size()].store(a.kind, std::memory_order_relaxed);
-  const int rc = launch(c, *d, a, elt, stream);
-  if (rc != 0) return cuda_error(c, static_cast<cudaError_t>(rc), name_of(a.kind));
+  if (d->net) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaGraph_t graph = nullptr;
+    if ((e = cudaStreamGetCaptureInfo(s, &capture, nullptr, &graph)))
+      return cuda_error(c, e, "cudaStreamGetCaptureInfo");
+    if (auto ec = net_launch(*d->net, c, a, s,
+                             capture == cudaStreamCaptureStatusActive ? graph : nullptr, d->ws))
+      return ec;
+  } else if (const int rc = launch(c, *d, a, elt, stream)) {
+    return cuda_error(c, static_cast<cudaError_t>(rc), name_of(a.kind));
+  }
   if ((e = cudaEventRecord(chain->done, s))) return cuda_error(c, e, "cudaEventRecord");
   chain->any = true;
   chain->stream = s;

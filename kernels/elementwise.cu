@@ -146,7 +146,7 @@ int resident_blocks_per_sm() { return min_resident.load(std::memory_order_relaxe
 
 int load_kernels() {
   for (int (*load)() : {detail::load_elementwise, detail::load_all_reduce, detail::load_collectives,
-                        detail::load_rooted, detail::load_p2p}) {
+                        detail::load_rooted, detail::load_p2p, detail::load_net}) {
     if (int rc = load()) return rc;
   }
   return 0;

@@ -9,5 +9,6 @@ int load_all_reduce();
 int load_collectives();
 int load_rooted();
 int load_p2p();
+int load_net();
 
 }  // namespace coccl::kernels::detail

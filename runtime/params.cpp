@@ -53,6 +53,11 @@ config::Param<std::string> hostid{
     "host identity: ranks with equal values are on one host (empty: the host name and boot id), "
     "so one machine can act as several hosts and take the network path between its ranks",
     "NCCL_HOSTID"};
+config::Param<std::int64_t> net_slot_bytes{
+    "COCCL_NET_SLOT_BYTES", 4 << 20,
+    "device operations across hosts: bytes a round stages in pinned host memory on each side "
+    "(four such areas per communicator: in and out, double buffered); must be equal on every "
+    "rank"};
 config::Param<std::string> comm_id{
     "COCCL_COMM_ID", "",
     "host:port of the bootstrap root for communicators made from the environment",

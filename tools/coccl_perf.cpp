@@ -50,7 +50,9 @@ const std::vector<std::string> all_colls{"allreduce", "allgather", "broadcast", 
                "  [--coll allreduce|allgather|broadcast|reduce|reducescatter|alltoall|gather|"
                "scatter|all]\n"
                "  [--ranks N] [--baseline gloo|mpi|nccl]... [--json FILE] [--device host|cuda]"
-               " [-G 0|1] [--register 0|1]\n",
+               " [-G 0|1] [--register 0|1]\n"
+               "  [--hosts H]  (the ranks act as H hosts: rank r on host r*H/N, so ranks of\n"
+               "               different hosts take the network path, NCCL's too)\n",
                why.c_str());
   std::exit(2);
 }
@@ -93,6 +95,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--device") o.device = val();
     else if (a == "-G") o.graph = std::atoi(val().c_str()) != 0;
     else if (a == "--register") o.register_buffers = std::atoi(val().c_str()) != 0;
+    else if (a == "--hosts") o.hosts = std::atoi(val().c_str());
     else if (a == "-d") {
       auto t = coccl::parse_data_type(val());
       if (!t) usage("unknown type");
@@ -114,7 +117,7 @@ Options parse(int argc, char** argv) {
     else usage("unknown argument '" + a + "'");
   }
   if (o.iters < 1 || o.repeat < 1 || o.warmup < 0 || o.factor <= 1 || o.ranks < 1 ||
-      o.min_bytes > o.max_bytes)
+      o.min_bytes > o.max_bytes || o.hosts < 0 || o.hosts > o.ranks)
     usage("bad arguments");
   if (o.device == "auto") o.device = perf::gpu_count() > 0 ? "cuda" : "host";
   if (o.device != "host" && o.device != "cuda") usage("--device takes host or cuda");
@@ -532,6 +535,12 @@ int main(int argc, char** argv) {
                                  "COCCL_PERF_NRANKS=" + std::to_string(o.ranks),
                                  "COCCL_PERF_ID=" + id.to_string(),
                                  std::string("COCCL_PERF_RESULTS=") + results};
+    if (o.hosts > 0) {
+      // Both libraries group ranks into hosts by these; NCCL then uses its network transport.
+      const std::string host = "coccl-perf-host-" + std::to_string(r * o.hosts / o.ranks);
+      env.push_back("COCCL_HOSTID=" + host);
+      env.push_back("NCCL_HOSTID=" + host);
+    }
     procs.emplace_back([args, env, r, &rcs] { rcs[r] = spawn_and_wait(args, env, nullptr); });
   }
   for (auto& t : procs) t.join();

@@ -26,6 +26,7 @@ struct Options {
   std::string json, device = "host";
   bool graph = false;  // -G: time CUDA graph replays (device only)
   bool register_buffers = false;  // --register: register_buffer on both buffers (host only)
+  int hosts = 0;  // --hosts: ranks started here act as this many hosts (COCCL_HOSTID, NCCL_HOSTID)
 };
 
 

@@ -3,7 +3,11 @@
 // of coccl-perf's check, all_to_allv and send/recv against exact expectations, CUDA graph capture
 // of every collective (and of broadcast then reduce) replayed 100 times with new inputs each time,
 // and the awaitable form of every collective. The same with several ranks on one GPU: 2, 3 and 4
-// processes under MPS, and 2, 3 and 4 threads of one process.
+// processes under MPS, and 2, 3 and 4 threads of one process. And across hosts, emulated on one
+// GPU with COCCL_HOSTID (the network path: staging kernels and the proxy over tcp, shm between
+// ranks of one host): 2, 3 and 4 hosts of one rank and 2 hosts of 2 ranks run the same checks,
+// and a rank that dies makes the survivors' device operations fail with its rank named, while
+// their GPU stays usable.
 // The tests of one process per GPU skip without two GPUs, the others without a GPU (and the
 // processes sharing a GPU without MPS).
 #include <cuda_runtime_api.h>
@@ -427,6 +431,70 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   return wrong ? 1 : 0;
 }
 
+// The last rank leaves (exits without a word) after one all_reduce; the others' next all_reduce
+// must fail naming it, their waiting kernels must return, and the GPU must still work.
+int dead_rank_main(int rank, int n, const std::string& id_hex) {
+  CHECK_CUDA(cudaSetDevice(coccl::gpu_test::gpu_of(rank)));
+  auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const std::size_t count = 1 << 20;
+  Buffers b;
+  CHECK_CUDA(cudaMalloc(&b.send, count * 4));
+  CHECK_CUDA(cudaMalloc(&b.recv, count * 4));
+  std::vector<float> host(count, static_cast<float>(rank + 1)), out(count);
+  CHECK_CUDA(cudaMemcpy(b.send, host.data(), count * 4, cudaMemcpyHostToDevice));
+  auto cs = reinterpret_cast<coccl::cuda_stream>(st);
+  comm.all_reduce(b.send, b.recv, count, DataType::float32, ReduceOp::sum, cs);
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  CHECK_CUDA(cudaMemcpy(out.data(), b.recv, count * 4, cudaMemcpyDeviceToHost));
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  if (std::count(out.begin(), out.end(), want) != static_cast<long>(count)) {
+    std::printf("FAIL rank %d: all_reduce before the death is wrong\n", rank);
+    return 1;
+  }
+  if (rank == n - 1) std::_Exit(0);
+  // Until the survivors notice, an operation may still be accepted (it then ends with the
+  // communicator failed) or refused (a throw). Either way the error names the dead rank.
+  for (int i = 0; i < 50 && !comm.error(); ++i) {
+    try {
+      comm.all_reduce(b.send, b.recv, count, DataType::float32, ReduceOp::sum, cs);
+    } catch (const std::system_error&) {
+    }
+    CHECK_CUDA(cudaStreamSynchronize(st));
+  }
+  const std::error_code ec = comm.error();
+  const std::string why = comm.last_error();
+  if (!ec || why.find("rank " + std::to_string(n - 1)) == std::string::npos) {
+    std::printf("FAIL rank %d: error '%s' (%s) does not name rank %d\n", rank, why.c_str(),
+                ec.message().c_str(), n - 1);
+    return 1;
+  }
+  bool refused = false;
+  try {
+    comm.all_reduce(b.send, b.recv, count, DataType::float32, ReduceOp::sum, cs);
+  } catch (const std::system_error& e) {
+    refused = e.code() == ec;
+  }
+  if (!refused) {
+    std::printf("FAIL rank %d: a device operation after the failure was not refused\n", rank);
+    return 1;
+  }
+  // The context is not trapped: plain work on the same stream still runs.
+  CHECK_CUDA(cudaMemsetAsync(b.recv, 0, count * 4, st));
+  CHECK_CUDA(cudaMemcpyAsync(b.recv, b.send, count * 4, cudaMemcpyDeviceToDevice, st));
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  CHECK_CUDA(cudaMemcpy(out.data(), b.recv, count * 4, cudaMemcpyDeviceToHost));
+  if (out != host) {
+    std::printf("FAIL rank %d: the GPU does not work after the failure\n", rank);
+    return 1;
+  }
+  std::printf("rank %d: failed as expected: %s\n", rank, why.c_str());
+  comm.abort();
+  cudaStreamDestroy(st);
+  return 0;
+}
+
 TEST(DeviceCollectives, OneProcessPerGpuMatchReferenceReplayInGraphsAndAwait) {
   const int n = coccl::gpu_test::ranks_here();
   if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
@@ -464,6 +532,40 @@ TEST(DeviceCollectives, FourProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwai
   expect_processes_on_one_gpu_pass(4);
 }
 
+// n rank processes on GPU 0 under MPS, acting as hosts of `per_host` ranks each.
+void expect_hosts_on_one_gpu_pass(int n, int per_host, const char* body = "") {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::Mps mps;
+  if (!mps.available())
+    GTEST_SKIP() << n << " processes on one GPU need MPS: " << mps.why_unavailable();
+  coccl::gpu_test::RankProcesses how;
+  how.gpus = 1;
+  how.deadline_s = 540;
+  how.ranks_per_host = per_host;
+  how.body = body;
+  coccl::gpu_test::expect_rank_processes_pass(n, how);
+}
+
+TEST(DeviceCollectivesAcrossHosts, TwoHostsMatchReferenceReplayInGraphsAndAwait) {
+  expect_hosts_on_one_gpu_pass(2, 1);
+}
+
+TEST(DeviceCollectivesAcrossHosts, ThreeHostsMatchReferenceReplayInGraphsAndAwait) {
+  expect_hosts_on_one_gpu_pass(3, 1);
+}
+
+TEST(DeviceCollectivesAcrossHosts, FourHostsMatchReferenceReplayInGraphsAndAwait) {
+  expect_hosts_on_one_gpu_pass(4, 1);
+}
+
+TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksMatchReferenceReplayInGraphsAndAwait) {
+  expect_hosts_on_one_gpu_pass(4, 2);
+}
+
+TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsWithItsRankAndGpuStaysUsable) {
+  expect_hosts_on_one_gpu_pass(3, 1, "dead_rank");
+}
+
 TEST(DeviceCollectives, TwoThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
   if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   coccl::gpu_test::expect_rank_threads_pass(2, rank_main, 1);
@@ -482,5 +584,6 @@ TEST(DeviceCollectives, FourThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait)
 }  // namespace
 
 int main(int argc, char** argv) {
-  return coccl::gpu_test::rank_or_tests_main(argc, argv, rank_main);
+  return coccl::gpu_test::rank_or_tests_main(
+      argc, argv, {{"", rank_main}, {"dead_rank", dead_rank_main}});
 }

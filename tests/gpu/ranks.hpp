@@ -77,6 +77,9 @@ struct RankProcesses {
   std::string body;
   /// Ranks still running after this many seconds are killed and reported as hung (0: no limit).
   int deadline_s = 0;
+  /// When > 0, the ranks act as hosts of this many ranks each (rank r on host r / ranks_per_host,
+  /// through COCCL_HOSTID), so that ranks of different hosts take the network path.
+  int ranks_per_host = 0;
 };
 
 /// This process's environment with `extra` ("NAME=value") added or replacing entries.
@@ -98,12 +101,15 @@ inline std::vector<std::string> environment_with(const std::vector<std::string>&
 inline void expect_rank_processes_pass(int n, const RankProcesses& how = {}) {
   const std::string exe = self_exe(), ns = std::to_string(n), gpus = std::to_string(how.gpus),
                     hex = coccl::UniqueId::create().to_string();
-  std::vector<std::string> env = environment_with(how.env);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
+    std::vector<std::string> extra = how.env;
+    if (how.ranks_per_host > 0)
+      extra.push_back("COCCL_HOSTID=test-host-" + std::to_string(r / how.ranks_per_host));
+    std::vector<std::string> env = environment_with(extra);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     std::string e = exe, rs = std::to_string(r), nn = ns, h = hex, g = gpus, body = how.body;
     std::vector<char*> argv{e.data(),    const_cast<char*>("--rank"),
                             rs.data(),   nn.data(),

@@ -1,0 +1,456 @@
+// The proxy half of device operations across hosts (see net_device.hpp and kernels/net.hpp).
+//
+// One coroutine per communicator serves the operations in the order the kernels post them: it
+// waits for the kernel to post an operation (NetMailbox::posted, with the descriptor that the
+// launch registered), then for each round waits until the kernel has staged it, runs the round as
+// a host operation of the communicator from the "in" staging into the "out" staging, and counts
+// it done. The communicator orders its launches, so one operation is in flight at a time; a
+// captured graph posts the descriptor it was captured with at every replay.
+#include "collectives/net_device.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "kernels/net.hpp"
+#include "runtime/handoff.hpp"
+#include "runtime/log.hpp"
+#include "runtime/params.hpp"
+
+namespace coccl::detail {
+
+namespace {
+
+// What the proxy needs to run an operation's rounds on the host.
+struct NetOp {
+  kernels::NetPlan plan;
+  OpKind kind;
+  DataType type;
+  ReduceOp op;
+  int root;
+  bool eager;
+};
+
+// Descriptors by id. Shared with the destructors of graph user objects, which CUDA runs on its
+// own thread and which must not call CUDA: so this holds no CUDA resource.
+struct OpTable {
+  std::mutex mutex;
+  std::map<std::uint64_t, std::shared_ptr<const NetOp>> ops;
+  std::uint64_t next = 1;
+  std::atomic<std::int64_t> eager{0};   // eager operations launched and not yet served
+  std::atomic<std::int64_t> graphs{0};  // descriptors kept alive by graphs
+
+  std::uint64_t add(std::shared_ptr<const NetOp> op) {
+    std::lock_guard lock(mutex);
+    const std::uint64_t id = next++;
+    ops.emplace(id, std::move(op));
+    return id;
+  }
+  std::shared_ptr<const NetOp> find(std::uint64_t id) {
+    std::lock_guard lock(mutex);
+    auto it = ops.find(id);
+    return it == ops.end() ? nullptr : it->second;
+  }
+  void erase(std::uint64_t id) {
+    std::lock_guard lock(mutex);
+    ops.erase(id);
+  }
+};
+
+struct GraphRef {
+  std::shared_ptr<OpTable> table;
+  std::uint64_t id;
+};
+
+void release_graph_op(void* p) {
+  std::unique_ptr<GraphRef> ref(static_cast<GraphRef*>(p));
+  ref->table->erase(ref->id);
+  ref->table->graphs.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// The kernels write these words over PCIe; the host reads them with acquire loads.
+std::uint64_t load_acquire(std::uint64_t& v) {
+  return std::atomic_ref<std::uint64_t>(v).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+// Waits of the serving coroutine on the kernels' counters, checked by the proxy thread's loop.
+class NetPoller final : public runtime::Poller {
+ public:
+  using Handler = asio::any_completion_handler<void(bool)>;
+
+  NetPoller(std::shared_ptr<OpTable> table, device::Status* status)
+      : table_(std::move(table)), status_(status) {}
+
+  // Completes with true once ready() holds, false if the kernels were told to stop first.
+  template <class Token>
+  auto until(std::function<bool()> ready, Token&& token) {
+    return asio::async_initiate<Token, void(bool)>(
+        [this](auto handler, std::function<bool()> r) {
+          ready_ = std::move(r);
+          handler_.emplace(std::move(handler));
+        },
+        token, std::move(ready));
+  }
+
+  bool poll() override {
+    if (!handler_) return false;
+    const bool ok = ready_();
+    if (!ok &&
+        std::atomic_ref<std::uint32_t>(status_->abort).load(std::memory_order_acquire) == 0)
+      return false;
+    Handler h = std::move(*handler_);
+    handler_.reset();
+    runtime::complete(std::move(h), ok);
+    return true;
+  }
+
+  // Spins only while an operation may be posted: eager launches not yet served, or graphs that
+  // may replay at any time (then the loop naps 200 us between visits once idle).
+  bool waiting() const override {
+    return handler_ && (table_->eager.load(std::memory_order_relaxed) > 0 ||
+                        table_->graphs.load(std::memory_order_relaxed) > 0);
+  }
+
+ private:
+  std::shared_ptr<OpTable> table_;
+  device::Status* status_;
+  std::function<bool()> ready_;
+  std::optional<Handler> handler_;
+};
+
+class NetDevice {
+ public:
+  ~NetDevice() {
+    if (box_) cudaFreeHost(box_);
+    if (stage_) cudaFreeHost(stage_);
+    if (counters_) cudaFree(counters_);
+  }
+
+  std::error_code init(CommImpl& c) {
+    slot_ = static_cast<std::size_t>(std::max<std::int64_t>(0, params::net_slot_bytes.get())) /
+            64 * 64;
+    if (slot_ < 64 * static_cast<std::size_t>(c.size())) {
+      COCCL_WARN(p2p, c.rank(), "COCCL_NET_SLOT_BYTES %zu is below 64 bytes a rank", slot_);
+      return make_error_code(errc::invalid_argument);
+    }
+    void* p = nullptr;
+    if (auto e = cudaHostAlloc(&p, sizeof(kernels::NetMailbox),
+                               cudaHostAllocMapped | cudaHostAllocPortable))
+      return fail(c, e, "cudaHostAlloc of the network mailbox");
+    box_ = static_cast<kernels::NetMailbox*>(p);
+    std::memset(p, 0, sizeof(kernels::NetMailbox));
+    if (auto e = cudaHostAlloc(&p, 4 * slot_, cudaHostAllocMapped | cudaHostAllocPortable))
+      return fail(c, e, "cudaHostAlloc of the network staging");
+    stage_ = static_cast<char*>(p);
+    if (auto e = cudaHostGetDevicePointer(&p, box_, 0))
+      return fail(c, e, "cudaHostGetDevicePointer");
+    box_dev_ = static_cast<kernels::NetMailbox*>(p);
+    if (auto e = cudaHostGetDevicePointer(&p, stage_, 0))
+      return fail(c, e, "cudaHostGetDevicePointer");
+    stage_dev_ = static_cast<char*>(p);
+    if (auto e = cudaMalloc(&p, sizeof(kernels::NetCounters)))
+      return fail(c, e, "cudaMalloc of the network counters");
+    counters_ = static_cast<kernels::NetCounters*>(p);
+    if (auto e = cudaMemset(p, 0, sizeof(kernels::NetCounters))) return fail(c, e, "cudaMemset");
+    if (auto e = cudaDeviceSynchronize()) return fail(c, e, "cudaDeviceSynchronize");
+    return {};
+  }
+
+  // Proxy thread: registers the poller and starts serving.
+  void start(const std::shared_ptr<CommImpl>& comm, std::shared_ptr<NetDevice> self,
+             device::Status* status) {
+    auto poller = std::make_unique<NetPoller>(table_, status);
+    poller_ = poller.get();
+    comm->thread().add_poller(poller_);
+    comm->net_poller() = std::move(poller);
+    asio::co_spawn(comm->executor(), serve(std::weak_ptr<CommImpl>(comm), std::move(self)),
+                   asio::detached);
+  }
+
+  std::error_code launch(CommImpl& c, const OpArgs& a, cudaStream_t s, cudaGraph_t graph,
+                         const device::Workspace& ws) {
+    auto op = std::make_shared<NetOp>();
+    if (auto ec = plan(c, a, op->plan)) return ec;
+    if (op->plan.rounds == 0) return {};  // a group with nothing for this rank
+    op->kind = a.kind == OpKind::all_to_allv ? OpKind::p2p : a.kind;
+    op->type = a.type;
+    op->op = a.op;
+    op->root = a.root;
+    op->eager = graph == nullptr;
+    const std::uint64_t id = table_->add(op);
+    if (graph) {
+      auto ref = std::make_unique<GraphRef>(GraphRef{table_, id});
+      cudaUserObject_t obj = nullptr;
+      cudaError_t e = cudaUserObjectCreate(&obj, ref.get(), release_graph_op, 1,
+                                           cudaUserObjectNoDestructorSync);
+      if (e != cudaSuccess) {
+        table_->erase(id);
+        return fail(c, e, "cudaUserObjectCreate");
+      }
+      table_->graphs.fetch_add(1, std::memory_order_relaxed);
+      ref.release();  // owned by the user object now
+      if ((e = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove))) {
+        cudaUserObjectRelease(obj, 1);
+        return fail(c, e, "cudaGraphRetainUserObject");
+      }
+    } else if (table_->eager.fetch_add(1, std::memory_order_relaxed) == 0) {
+      // The proxy thread may be asleep in its io_context: wake it to spin on the mailbox.
+      asio::post(c.executor(), [] {});
+    }
+    kernels::NetChannel ch{};
+    ch.stage = stage_dev_;
+    ch.slot_bytes = slot_;
+    ch.box = box_dev_;
+    ch.counters = counters_;
+    ch.desc = id;
+    ch.status = ws.status;
+    ch.timeout_ns = ws.timeout_ns;
+    ch.seq = ws.seq;
+    ch.op = static_cast<std::uint32_t>(opcode_of(a.kind));
+    const int grid = ws.max_grid > 0 ? ws.max_grid : device::max_blocks;
+    if (int rc = kernels::net_stage(op->plan, ch, grid, reinterpret_cast<CUstream_st*>(s))) {
+      if (op->eager) {
+        table_->erase(id);
+        table_->eager.fetch_sub(1, std::memory_order_relaxed);
+      }
+      return fail(c, static_cast<cudaError_t>(rc), "launching the network staging kernel");
+    }
+    return {};
+  }
+
+ private:
+  static device::OpCode opcode_of(OpKind k) {
+    switch (k) {
+      case OpKind::all_reduce: return device::OpCode::all_reduce;
+      case OpKind::all_gather: return device::OpCode::all_gather;
+      case OpKind::reduce_scatter: return device::OpCode::reduce_scatter;
+      case OpKind::all_to_all: return device::OpCode::all_to_all;
+      case OpKind::broadcast: return device::OpCode::broadcast;
+      case OpKind::reduce: return device::OpCode::reduce;
+      case OpKind::gather: return device::OpCode::gather;
+      case OpKind::scatter: return device::OpCode::scatter;
+      case OpKind::all_to_allv: return device::OpCode::all_to_allv;
+      default: return device::OpCode::send_recv;
+    }
+  }
+
+  static std::error_code fail(CommImpl& c, cudaError_t e, const std::string& what) {
+    std::string text = what + ": " + cudaGetErrorString(e);
+    COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
+    c.fail(make_error_code(errc::cuda_error), text);
+    return make_error_code(errc::cuda_error);
+  }
+
+  // The rounds of `a` on this rank: the pieces each round moves and where they stage.
+  std::error_code plan(CommImpl& c, const OpArgs& a, kernels::NetPlan& p) const {
+    const int n = c.size(), me = c.rank();
+    const std::size_t elt = size_of(a.type);
+    p = kernels::NetPlan{};
+    auto seg = [](const void* dev, std::uint64_t bytes, std::uint64_t stride, int repeat,
+                  int peer) {
+      return kernels::NetSeg{static_cast<char*>(const_cast<void*>(dev)), bytes, stride,
+                             static_cast<std::uint32_t>(repeat), peer, 0};
+    };
+    if (a.kind == OpKind::p2p || a.kind == OpKind::all_to_allv) {
+      p.layout = kernels::NetLayout::pairs;
+      p.chunk = slot_ / static_cast<std::size_t>(n) / 64 * 64;
+      std::vector<std::uint64_t> next_in(n, 0), next_out(n, 0);
+      auto add = [&](bool send, const void* buf, std::uint64_t bytes, int peer) -> bool {
+        if (bytes == 0) return true;  // skipped alike by both sides
+        std::uint32_t& used = send ? p.nin : p.nout;
+        if (used == kernels::net_max_segs) return false;
+        kernels::NetSeg s = seg(buf, bytes, 0, 1, peer);
+        std::uint64_t& next = (send ? next_in : next_out)[peer];
+        s.first_round = next;
+        next += kernels::net_rounds_of(bytes, p.chunk);
+        p.rounds = std::max(p.rounds, next);
+        (send ? p.in : p.out)[used++] = s;
+        return true;
+      };
+      bool fits = true;
+      if (a.kind == OpKind::p2p) {
+        for (const P2POp& o : a.p2p)
+          fits = fits && add(o.is_send, o.buffer, o.count * size_of(o.type), o.peer);
+      } else {
+        for (int q = 0; q < n; ++q) {
+          fits = fits && add(true, static_cast<const char*>(a.send) + a.send_displs[q] * elt,
+                             a.send_counts[q] * elt, q);
+          fits = fits && add(false, static_cast<char*>(a.recv) + a.recv_displs[q] * elt,
+                             a.recv_counts[q] * elt, q);
+        }
+      }
+      if (!fits) {
+        COCCL_WARN(coll, me, "%s across hosts takes at most %d non-empty transfers each way",
+                   name_of(a.kind), kernels::net_max_segs);
+        return make_error_code(errc::unsupported);
+      }
+      return {};
+    }
+    p.layout = kernels::NetLayout::packed;
+    const std::uint64_t L = a.count * elt;
+    p.piece_bytes = L;
+    const bool elementwise = a.kind == OpKind::all_reduce || a.kind == OpKind::broadcast ||
+                             a.kind == OpKind::reduce;
+    p.chunk = (elementwise ? slot_ : slot_ / static_cast<std::size_t>(n)) / 64 * 64;
+    p.rounds = (L + p.chunk - 1) / p.chunk;
+    const bool root = me == a.root;
+    auto in = [&](const void* dev, int repeat) { p.in[p.nin++] = seg(dev, L, L, repeat, -1); };
+    auto out = [&](void* dev, int repeat) { p.out[p.nout++] = seg(dev, L, L, repeat, -1); };
+    switch (a.kind) {
+      case OpKind::all_reduce:
+        in(a.send, 1), out(a.recv, 1);
+        break;
+      case OpKind::broadcast:
+        if (root) in(a.send, 1);
+        out(a.recv, 1);
+        break;
+      case OpKind::reduce:
+        in(a.send, 1);
+        if (root) out(a.recv, 1);
+        break;
+      case OpKind::all_gather:
+        in(a.send, 1), out(a.recv, n);
+        break;
+      case OpKind::reduce_scatter:
+        in(a.send, n), out(a.recv, 1);
+        break;
+      case OpKind::all_to_all:
+        in(a.send, n), out(a.recv, n);
+        break;
+      case OpKind::gather:
+        in(a.send, 1);
+        if (root) out(a.recv, n);
+        break;
+      case OpKind::scatter:
+        if (root) in(a.send, n);
+        out(a.recv, 1);
+        break;
+      default:
+        return make_error_code(errc::unsupported);
+    }
+    return {};
+  }
+
+  // The host operation of round k of `op`.
+  OpArgs round_args(const NetOp& op, std::uint64_t k) const {
+    const kernels::NetPlan& p = op.plan;
+    char* in = stage_ + (k % 2) * 2 * slot_;
+    char* out = in + slot_;
+    OpArgs a;
+    a.kind = op.kind;
+    a.type = op.type;
+    a.op = op.op;
+    a.root = op.root;
+    if (p.layout == kernels::NetLayout::pairs) {
+      a.type = DataType::uint8;
+      auto add = [&](const kernels::NetSeg* segs, std::uint32_t nsegs, bool send, char* area) {
+        for (std::uint32_t s = 0; s < nsegs; ++s) {
+          std::uint64_t stage_off = 0, dev_off = 0, len = 0;
+          if (!kernels::net_piece(p, segs[s], s, 0, k, stage_off, dev_off, len)) continue;
+          a.p2p.push_back(P2POp{send, area + stage_off, len, DataType::uint8, segs[s].peer});
+        }
+      };
+      add(p.in, p.nin, true, in);
+      add(p.out, p.nout, false, out);
+      return a;
+    }
+    const std::uint64_t start = k * p.chunk;
+    const std::uint64_t len = std::min<std::uint64_t>(p.chunk, p.piece_bytes - start);
+    a.send = in;
+    a.recv = out;
+    a.count = len / size_of(op.type);
+    return a;
+  }
+
+  // Runs `a` as a host operation of the communicator.
+  static auto run_host(CommImpl& c, OpArgs a) {
+    return asio::async_initiate<decltype(asio::use_awaitable), void(std::error_code)>(
+        [&c](auto handler, OpArgs args) { c.submit(std::move(args), OpHandler(std::move(handler))); },
+        asio::use_awaitable, std::move(a));
+  }
+
+  // `self` keeps the staging alive as long as the coroutine may touch it.
+  asio::awaitable<void> serve(std::weak_ptr<CommImpl> weak,
+                              [[maybe_unused]] std::shared_ptr<NetDevice> self) {
+    for (;;) {
+      if (!co_await poller_->until([this] { return load_acquire(box_->posted) > served_; },
+                                   asio::use_awaitable))
+        co_return;
+      const std::uint64_t id = load_acquire(box_->desc);
+      std::shared_ptr<const NetOp> op = table_->find(id);
+      if (!op) {
+        if (auto comm = weak.lock())
+          comm->fail(make_error_code(errc::internal),
+                     "a device kernel posted an unknown network operation " + std::to_string(id));
+        co_return;
+      }
+      ++served_;
+      for (std::uint64_t k = 0; k < op->plan.rounds; ++k) {
+        const std::uint64_t target = done_ + 1;
+        if (!co_await poller_->until([this, target] { return load_acquire(box_->staged) >= target; },
+                                     asio::use_awaitable))
+          co_return;
+        // No reference is held across the wait: the communicator owns this coroutine (through
+        // its queue and its poller), and destroying it destroys the suspended coroutine.
+        CommImpl* comm = nullptr;
+        if (auto locked = weak.lock()) comm = locked.get();
+        if (comm == nullptr) co_return;
+        const std::error_code ec = co_await run_host(*comm, round_args(*op, k));
+        if (ec) co_return;  // the communicator failed: its kernels were told to stop
+        ++done_;
+        std::atomic_ref<std::uint64_t>(box_->done).store(done_, std::memory_order_release);
+      }
+      if (op->eager) {
+        table_->erase(id);
+        table_->eager.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
+  }
+
+
+  std::size_t slot_ = 0;
+  kernels::NetMailbox* box_ = nullptr;
+  kernels::NetMailbox* box_dev_ = nullptr;
+  char* stage_ = nullptr;
+  char* stage_dev_ = nullptr;
+  kernels::NetCounters* counters_ = nullptr;
+  std::shared_ptr<OpTable> table_ = std::make_shared<OpTable>();
+  NetPoller* poller_ = nullptr;  // owned by the communicator (net_poller)
+  // Proxy thread: operations served and rounds done over the communicator's life.
+  std::uint64_t served_ = 0;
+  std::uint64_t done_ = 0;
+};
+
+std::error_code make_net_device(const std::shared_ptr<CommImpl>& comm, device::Status* status,
+                                std::shared_ptr<NetDevice>& out) {
+  auto net = std::make_shared<NetDevice>();
+  if (auto ec = net->init(*comm)) return ec;
+  std::promise<void> started;
+  asio::post(comm->executor(), [&] {
+    net->start(comm, net, status);
+    started.set_value();
+  });
+  started.get_future().wait();
+  out = std::move(net);
+  return {};
+}
+
+std::error_code net_launch(NetDevice& net, CommImpl& c, const OpArgs& a, cudaStream_t s,
+                           cudaGraph_t graph, const device::Workspace& ws) {
+  return net.launch(c, a, s, graph, ws);
+}
+
+}  // namespace coccl::detail

@@ -1,0 +1,124 @@
+// kernels/net.hpp: the device half of collectives across hosts (collectives/net_device.cpp has
+// the proxy half). Plain C++, shared by the kernel and the proxy: both derive the same chunk
+// schedule from a NetPlan.
+//
+// An operation moves through pinned host staging in rounds. Round k: the kernel copies the
+// round's pieces of the user's device buffers into the staging slot k % 2 ("in" area) and tells
+// the proxy (NetMailbox::staged); the proxy runs the round's host operation over the network from
+// the "in" area into the "out" area and answers (NetMailbox::done); the kernel copies the "out"
+// area into the user's buffers. The kernel stages round k + 1 before it waits for round k, so the
+// GPU copies, the network and the peers' copies overlap.
+//
+// Layouts:
+// - packed: every piece has plan.piece_bytes bytes; round k holds bytes [k*chunk, +chunk) of
+//   each, back to back in piece order (the layout a host collective of that count expects).
+// - pairs: a piece is one transfer with segment.peer; its round r holds bytes
+//   [(r - first_round) * chunk, +chunk) at offset peer * chunk (one area per peer), so every
+//   ordered pair of ranks moves its transfers in the same rounds on both sides.
+#pragma once
+
+#include <coccl/device.hpp>
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define COCCL_HD __host__ __device__ __forceinline__
+#else
+#define COCCL_HD inline
+#endif
+
+struct CUstream_st;
+
+namespace coccl::kernels {
+
+/// Most segments on each side of one plan.
+inline constexpr int net_max_segs = 32;
+
+/// A run of pieces in device memory: `repeat` pieces at dev + j * stride (packed layout), or one
+/// transfer of `bytes` with `peer` starting in round `first_round` (pairs layout).
+struct NetSeg {
+  char* dev;
+  std::uint64_t bytes;
+  std::uint64_t stride;
+  std::uint32_t repeat;
+  std::int32_t peer;
+  std::uint64_t first_round;
+};
+
+enum class NetLayout : std::uint32_t { packed = 1, pairs = 2 };
+
+/// What one operation moves, on one rank. Passed to the kernel by value.
+struct NetPlan {
+  NetLayout layout;
+  std::uint32_t nin, nout;  // segments used in `in` (device to staging) and `out`
+  std::uint64_t chunk;      // bytes of a piece per round (multiple of 64)
+  std::uint64_t rounds;     // rounds of the operation on this rank (>= 1)
+  std::uint64_t piece_bytes;  // packed: bytes of every piece
+  NetSeg in[net_max_segs];
+  NetSeg out[net_max_segs];
+};
+
+/// Pinned host memory shared by a rank's kernels and its proxy; the counters are cumulative over
+/// the communicator's life. Each on its own cache line: one writer per line.
+struct NetMailbox {
+  alignas(64) std::uint64_t posted;  // kernels: operations started
+  std::uint64_t desc;                // kernels: the descriptor of operation `posted`
+  alignas(64) std::uint64_t staged;  // kernels: rounds staged
+  alignas(64) std::uint64_t done;    // proxy: rounds finished
+};
+
+/// Device memory of the kernels (zeroed once): the position they continue from, and the
+/// per-round arrival counts of the blocks.
+struct NetCounters {
+  std::uint64_t ops;
+  std::uint64_t rounds;
+  std::uint32_t arrive[2];
+  std::uint32_t leave;
+  std::uint32_t claim;  // the Watch claim word (see peer.cuh)
+};
+
+/// Where one rank's kernels meet its proxy.
+struct NetChannel {
+  char* stage;              // device pointer of the staging: [slot 2][in, out][slot_bytes]
+  std::uint64_t slot_bytes;
+  NetMailbox* box;          // device pointer of the mailbox
+  NetCounters* counters;    // device memory
+  std::uint64_t desc;       // the proxy's descriptor of this operation
+  device::Status* status;   // device pointer of the rank's Status
+  std::uint64_t timeout_ns;
+  std::uint64_t seq;
+  std::uint32_t op;         // device::OpCode
+};
+
+/// Bytes of piece `j` (global piece index across segments) of segment `s` in round k, and where
+/// it lies in the staging area and in the device buffer. False when the piece is idle in round k.
+COCCL_HD bool net_piece(const NetPlan& p, const NetSeg& s, std::uint32_t index_in_area,
+                        std::uint32_t j, std::uint64_t k, std::uint64_t& stage_off,
+                        std::uint64_t& dev_off, std::uint64_t& len) {
+  if (p.layout == NetLayout::packed) {
+    const std::uint64_t start = k * p.chunk;
+    if (start >= p.piece_bytes) return false;
+    len = p.piece_bytes - start < p.chunk ? p.piece_bytes - start : p.chunk;
+    stage_off = static_cast<std::uint64_t>(index_in_area) * len;
+    dev_off = j * s.stride + start;
+    return true;
+  }
+  if (k < s.first_round) return false;
+  const std::uint64_t start = (k - s.first_round) * p.chunk;
+  if (start >= s.bytes) return false;
+  len = s.bytes - start < p.chunk ? s.bytes - start : p.chunk;
+  stage_off = static_cast<std::uint64_t>(s.peer) * p.chunk;
+  dev_off = start;
+  return true;
+}
+
+/// Rounds a pairs transfer of `bytes` takes.
+COCCL_HD std::uint64_t net_rounds_of(std::uint64_t bytes, std::uint64_t chunk) {
+  return (bytes + chunk - 1) / chunk;
+}
+
+/// Enqueues the staging kernel of one operation on `stream` with at most `max_grid` blocks (all
+/// of them must be able to run at once). Returns a cudaError_t value.
+int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_st* stream);
+
+}  // namespace coccl::kernels
