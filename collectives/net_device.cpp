@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -140,6 +141,7 @@ class NetDevice {
   }
 
   std::error_code init(CommImpl& c) {
+    rank_ = c.rank();
     slot_ = static_cast<std::size_t>(std::max<std::int64_t>(0, params::net_slot_bytes.get())) /
             64 * 64;
     if (slot_ < 64 * static_cast<std::size_t>(c.size())) {
@@ -398,6 +400,9 @@ class NetDevice {
         co_return;
       }
       ++served_;
+      using clock = std::chrono::steady_clock;
+      const auto posted = clock::now();
+      clock::duration staging{}, hosting{};
       for (std::uint64_t k = 0; k < op->plan.rounds; ++k) {
         const std::uint64_t target = done_ + 1;
         if (!co_await poller_->until([this, target] { return load_acquire(box_->staged) >= target; },
@@ -408,11 +413,24 @@ class NetDevice {
         CommImpl* comm = nullptr;
         if (auto locked = weak.lock()) comm = locked.get();
         if (comm == nullptr) co_return;
+        const auto staged = clock::now();
         const std::error_code ec = co_await run_host(*comm, round_args(*op, k));
         if (ec) co_return;  // the communicator failed: its kernels were told to stop
         ++done_;
         std::atomic_ref<std::uint64_t>(box_->done).store(done_, std::memory_order_release);
+        hosting += clock::now() - staged;
+        if (k == 0) staging = staged - posted;
       }
+      const auto us = [](clock::duration d) {
+        return std::chrono::duration<double, std::micro>(d).count();
+      };
+      COCCL_TRACE(net, rank_,
+                  "device %s (descriptor %llu): %llu rounds, %.1f us from the previous one's end "
+                  "to its post, %.1f us waiting for the first round, %.1f us in host operations",
+                  name_of(op->kind), static_cast<unsigned long long>(id),
+                  static_cast<unsigned long long>(op->plan.rounds), us(posted - last_end_),
+                  us(staging), us(hosting));
+      last_end_ = clock::now();
       if (op->eager) {
         table_->erase(id);
         table_->eager.fetch_sub(1, std::memory_order_relaxed);
@@ -432,6 +450,8 @@ class NetDevice {
   // Proxy thread: operations served and rounds done over the communicator's life.
   std::uint64_t served_ = 0;
   std::uint64_t done_ = 0;
+  std::chrono::steady_clock::time_point last_end_{};
+  int rank_ = 0;
 };
 
 std::error_code make_net_device(const std::shared_ptr<CommImpl>& comm, device::Status* status,

@@ -112,12 +112,13 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
   for (std::uint64_t k = 0; k < p.rounds; ++k) {
     copy_round<true>(p, ch.stage + (k % 2) * slot, k);
     // Every block's staging writes are visible system-wide before the last one to arrive tells
-    // the proxy. Blocks are never more than one round apart (a block stages round k + 2 only
-    // after the proxy finished round k, which needed every block's round k), so one counter per
-    // parity keeps the rounds apart.
-    __threadfence_system();
+    // the proxy: one system fence per block, after the block's barrier (a fence in every thread
+    // costs tens of microseconds). Blocks are never more than one round apart (a block stages
+    // round k + 2 only after the proxy finished round k, which needed every block's round k), so
+    // one counter per parity keeps the rounds apart.
     __syncthreads();
     if (threadIdx.x == 0) {
+      __threadfence_system();
       const std::uint32_t target = static_cast<std::uint32_t>(k / 2 + 1) * gridDim.x;
       if (atomicAdd(&ch.counters->arrive[k % 2], 1u) + 1 == target) {
         __threadfence_system();
@@ -154,11 +155,14 @@ int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_
       plan.nin > static_cast<std::uint32_t>(net_max_segs) ||
       plan.nout > static_cast<std::uint32_t>(net_max_segs) || max_grid < 1)
     return cudaErrorInvalidValue;
-  // A block per 256 KiB of the largest round, up to the budget: enough to keep PCIe busy.
+  // A block per 256 KiB of the largest round, up to the budget: enough to keep PCIe busy, and a
+  // small message gets one block.
   auto side = [&](const NetSeg* segs, std::uint32_t n) {
     std::uint64_t bytes = 0;
-    for (std::uint32_t s = 0; s < n; ++s)
-      bytes += plan.chunk * (plan.layout == NetLayout::packed ? segs[s].repeat : 1);
+    for (std::uint32_t s = 0; s < n; ++s) {
+      const std::uint64_t piece = plan.layout == NetLayout::packed ? plan.piece_bytes : segs[s].bytes;
+      bytes += min(plan.chunk, piece) * (plan.layout == NetLayout::packed ? segs[s].repeat : 1);
+    }
     return bytes;
   };
   const std::uint64_t round_bytes = max(side(plan.in, plan.nin), side(plan.out, plan.nout));
