@@ -4,6 +4,7 @@
 #include <coccl/coccl.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 
 #include "collectives/comm.hpp"
 #include "runtime/handoff.hpp"
@@ -47,14 +48,7 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
-UniqueId UniqueId::create() {
-  auto e = engine();
-  transport::RootAddress root;
-  root.secret = make_secret();
-  root.endpoint = transport::start_root(
-      e->thread(0), asio::ip::tcp::endpoint(transport::local_addresses().front(), 0), root.secret);
-  return transport::encode(root);
-}
+UniqueId UniqueId::create() { return detail::unique_id_on(*engine()); }
 
 std::string UniqueId::to_string() const {
   static const char* hex = "0123456789abcdef";
@@ -110,6 +104,45 @@ void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error
 asio::awaitable<void> create_on_proxy(std::shared_ptr<CommImpl> impl,
                                       transport::RootAddress root) {
   co_await impl->rendezvous(root);
+}
+
+UniqueId unique_id_on(runtime::Engine& e) {
+  transport::RootAddress root;
+  root.secret = make_secret();
+  root.endpoint = transport::start_root(
+      e.thread(0), asio::ip::tcp::endpoint(transport::local_addresses().front(), 0), root.secret);
+  return transport::encode(root);
+}
+
+std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, const UniqueId& id,
+                                  int rank, int nranks, std::error_code& ec) {
+  std::shared_ptr<CommImpl> impl;
+  transport::RootAddress root;
+  try {
+    root = transport::decode(id);
+    impl = std::make_shared<CommImpl>(e, root.secret, rank, nranks);
+  } catch (const std::system_error& err) {
+    ec = err.code();
+    return nullptr;
+  }
+  std::promise<std::error_code> joined;
+  asio::co_spawn(impl->executor(), create_on_proxy(impl, root),
+                 [&joined, impl](std::exception_ptr ep) {
+                   std::error_code code;
+                   if (ep) {
+                     try {
+                       std::rethrow_exception(ep);
+                     } catch (const std::system_error& err) {
+                       code = err.code();
+                     } catch (const std::exception&) {
+                       code = make_error_code(errc::peer_lost);
+                     }
+                     impl->fail(code, "joining failed", false);
+                   }
+                   joined.set_value(code);
+                 });
+  ec = joined.get_future().get();
+  return ec ? nullptr : impl;
 }
 
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {

@@ -134,6 +134,14 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::string error_text_;
 };
 
+/// A new UniqueId whose root listens on `engine`'s first proxy thread.
+UniqueId unique_id_on(runtime::Engine& engine);
+
+/// Joins the communicator `id` as `rank` of `nranks`, its proxy on a thread of `engine`
+/// (blocking; not on that engine's threads). Null, with `ec` set, on failure.
+std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& engine,
+                                  const UniqueId& id, int rank, int nranks, std::error_code& ec);
+
 /// Checks an operation's arguments against the communicator; returns an empty string when they
 /// are valid, else the reason.
 std::string validate(const OpArgs& a, int rank, int nranks);

@@ -2,10 +2,14 @@
 //
 // One coroutine per communicator serves the operations in the order the kernels post them: it
 // waits for the kernel to post an operation (NetMailbox::posted, with the descriptor that the
-// launch registered), then for each round waits until the kernel has staged it, runs the round as
-// a host operation of the communicator from the "in" staging into the "out" staging, and counts
-// it done. The communicator orders its launches, so one operation is in flight at a time; a
-// captured graph posts the descriptor it was captured with at every replay.
+// launch registered), then for each round waits until the kernel has staged it and starts the
+// round as a host operation from the "in" staging into the "out" staging on one of the lanes:
+// communicators over the same ranks, made for this path on threads of their own, so that up to
+// COCCL_NET_LANES rounds move at once (each lane has its own sockets and its own thread to copy
+// through them). Round k runs on lane k % lanes on every rank, so every lane sees the same
+// operations in the same order everywhere. Rounds are counted done in order. The communicator
+// orders its launches, so one operation is in flight at a time; a captured graph posts the
+// descriptor it was captured with at every replay.
 #include "collectives/net_device.hpp"
 
 #include <algorithm>
@@ -23,6 +27,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <vector>
 
 #include "kernels/net.hpp"
 #include "runtime/handoff.hpp"
@@ -92,8 +98,14 @@ class NetPoller final : public runtime::Poller {
  public:
   using Handler = asio::any_completion_handler<void(bool)>;
 
-  NetPoller(std::shared_ptr<OpTable> table, device::Status* status)
-      : table_(std::move(table)), status_(status) {}
+  NetPoller(std::shared_ptr<OpTable> table, device::Status* status,
+            std::function<void()> on_destroy)
+      : table_(std::move(table)), status_(status), on_destroy_(std::move(on_destroy)) {}
+  // The communicator is going away (its proxy thread, which owns this): stop the lanes, which
+  // also ends any round still running on them.
+  ~NetPoller() override {
+    if (on_destroy_) on_destroy_();
+  }
 
   // Completes with true once ready() holds, false if the kernels were told to stop first.
   template <class Token>
@@ -128,9 +140,17 @@ class NetPoller final : public runtime::Poller {
  private:
   std::shared_ptr<OpTable> table_;
   device::Status* status_;
+  std::function<void()> on_destroy_;
   std::function<bool()> ready_;
   std::optional<Handler> handler_;
 };
+
+// The threads of every lane of this process, made on first use and kept to the end (like the
+// process engine).
+std::shared_ptr<runtime::Engine> lane_engine(int lanes) {
+  static auto* e = new std::shared_ptr<runtime::Engine>(std::make_shared<runtime::Engine>(lanes));
+  return *e;
+}
 
 class NetDevice {
  public:
@@ -148,13 +168,16 @@ class NetDevice {
       COCCL_WARN(p2p, c.rank(), "COCCL_NET_SLOT_BYTES %zu is below 64 bytes a rank", slot_);
       return make_error_code(errc::invalid_argument);
     }
+    lanes_n_ = static_cast<int>(std::clamp<std::int64_t>(params::net_lanes.get(), 1,
+                                                          kernels::net_max_slots - 1));
+    slots_ = static_cast<std::uint32_t>(lanes_n_ + 1);
     void* p = nullptr;
     if (auto e = cudaHostAlloc(&p, sizeof(kernels::NetMailbox),
                                cudaHostAllocMapped | cudaHostAllocPortable))
       return fail(c, e, "cudaHostAlloc of the network mailbox");
     box_ = static_cast<kernels::NetMailbox*>(p);
     std::memset(p, 0, sizeof(kernels::NetMailbox));
-    if (auto e = cudaHostAlloc(&p, 4 * slot_, cudaHostAllocMapped | cudaHostAllocPortable))
+    if (auto e = cudaHostAlloc(&p, 2 * slots_ * slot_, cudaHostAllocMapped | cudaHostAllocPortable))
       return fail(c, e, "cudaHostAlloc of the network staging");
     stage_ = static_cast<char*>(p);
     if (auto e = cudaHostGetDevicePointer(&p, box_, 0))
@@ -171,15 +194,58 @@ class NetDevice {
     return {};
   }
 
+  // Collective over `comm` (any thread but its proxy thread): rank 0 opens a root per lane, the
+  // others learn the ids from it, and everyone joins the lanes in order.
+  std::error_code make_lanes(const std::shared_ptr<CommImpl>& comm) {
+    auto engine = lane_engine(lanes_n_);
+    std::vector<UniqueId> ids(static_cast<std::size_t>(lanes_n_));
+    if (comm->rank() == 0)
+      for (UniqueId& id : ids) id = unique_id_on(*engine);
+    OpArgs share;
+    share.kind = OpKind::broadcast;
+    share.send = ids.data();
+    share.recv = ids.data();
+    share.count = ids.size() * sizeof(UniqueId);
+    share.type = DataType::uint8;
+    std::error_code ec;
+    run_blocking(comm, share, ec);
+    if (ec) return ec;
+    for (const UniqueId& id : ids) {
+      lanes_.push_back(join_on(engine, id, comm->rank(), comm->size(), ec));
+      if (ec) {
+        COCCL_WARN(net, comm->rank(), "joining network lane %zu failed: %s", lanes_.size() - 1,
+                   ec.message().c_str());
+        return ec;
+      }
+    }
+    return {};
+  }
+
   // Proxy thread: registers the poller and starts serving.
   void start(const std::shared_ptr<CommImpl>& comm, std::shared_ptr<NetDevice> self,
              device::Status* status) {
-    auto poller = std::make_unique<NetPoller>(table_, status);
+    std::weak_ptr<NetDevice> weak = self;
+    auto poller = std::make_unique<NetPoller>(table_, status, [weak] {
+      if (auto net = weak.lock()) net->stop_lanes();
+    });
     poller_ = poller.get();
     comm->thread().add_poller(poller_);
     comm->net_poller() = std::move(poller);
     asio::co_spawn(comm->executor(), serve(std::weak_ptr<CommImpl>(comm), std::move(self)),
                    asio::detached);
+  }
+
+  // Lanes with rounds still running (the communicator failed or was aborted) stop at once; idle
+  // ones close like any communicator. Not on a lane's thread.
+  void stop_lanes() {
+    for (auto& lane : lanes_) {
+      if (!lane) continue;
+      if (inflight_ > 0 || lane->error())
+        lane->abort();
+      else
+        lane->destroy();
+    }
+    lanes_.clear();
   }
 
   std::error_code launch(CommImpl& c, const OpArgs& a, cudaStream_t s, cudaGraph_t graph,
@@ -215,6 +281,7 @@ class NetDevice {
     kernels::NetChannel ch{};
     ch.stage = stage_dev_;
     ch.slot_bytes = slot_;
+    ch.slots = slots_;
     ch.box = box_dev_;
     ch.counters = counters_;
     ch.desc = id;
@@ -349,7 +416,7 @@ class NetDevice {
   // The host operation of round k of `op`.
   OpArgs round_args(const NetOp& op, std::uint64_t k) const {
     const kernels::NetPlan& p = op.plan;
-    char* in = stage_ + (k % 2) * 2 * slot_;
+    char* in = stage_ + (k % slots_) * 2 * slot_;
     char* out = in + slot_;
     OpArgs a;
     a.kind = op.kind;
@@ -385,8 +452,11 @@ class NetDevice {
   }
 
   // `self` keeps the staging alive as long as the coroutine may touch it.
-  asio::awaitable<void> serve(std::weak_ptr<CommImpl> weak,
-                              [[maybe_unused]] std::shared_ptr<NetDevice> self) {
+  asio::awaitable<void> serve(std::weak_ptr<CommImpl> weak, std::shared_ptr<NetDevice> self) {
+    using clock = std::chrono::steady_clock;
+    const auto us = [](clock::duration d) {
+      return std::chrono::duration<double, std::micro>(d).count();
+    };
     for (;;) {
       if (!co_await poller_->until([this] { return load_acquire(box_->posted) > served_; },
                                    asio::use_awaitable))
@@ -400,36 +470,36 @@ class NetDevice {
         co_return;
       }
       ++served_;
-      using clock = std::chrono::steady_clock;
       const auto posted = clock::now();
-      clock::duration staging{}, hosting{};
+      clock::duration first_wait{};
+      const std::uint64_t base = done_;
       for (std::uint64_t k = 0; k < op->plan.rounds; ++k) {
-        const std::uint64_t target = done_ + 1;
-        if (!co_await poller_->until([this, target] { return load_acquire(box_->staged) >= target; },
-                                     asio::use_awaitable))
+        const std::uint64_t target = base + k + 1;
+        // Staged, and a lane free for it (rounds are given to lanes in turn).
+        if (!co_await poller_->until(
+                [this, target] {
+                  return inflight_ < lanes_.size() && load_acquire(box_->staged) >= target;
+                },
+                asio::use_awaitable))
           co_return;
-        // No reference is held across the wait: the communicator owns this coroutine (through
-        // its queue and its poller), and destroying it destroys the suspended coroutine.
-        CommImpl* comm = nullptr;
-        if (auto locked = weak.lock()) comm = locked.get();
-        if (comm == nullptr) co_return;
-        const auto staged = clock::now();
-        const std::error_code ec = co_await run_host(*comm, round_args(*op, k));
-        if (ec) co_return;  // the communicator failed: its kernels were told to stop
-        ++done_;
-        std::atomic_ref<std::uint64_t>(box_->done).store(done_, std::memory_order_release);
-        hosting += clock::now() - staged;
-        if (k == 0) staging = staged - posted;
+        if (k == 0) first_wait = clock::now() - posted;
+        auto comm = weak.lock();
+        if (!comm) co_return;
+        ++inflight_;
+        asio::co_spawn(comm->executor(),
+                       run_round(weak, lanes_[k % lanes_.size()], k % lanes_.size(),
+                                 round_args(*op, k), target, self),
+                       asio::detached);
       }
-      const auto us = [](clock::duration d) {
-        return std::chrono::duration<double, std::micro>(d).count();
-      };
+      if (!co_await poller_->until([this, end = base + op->plan.rounds] { return done_ >= end; },
+                                   asio::use_awaitable))
+        co_return;
       COCCL_TRACE(net, rank_,
                   "device %s (descriptor %llu): %llu rounds, %.1f us from the previous one's end "
-                  "to its post, %.1f us waiting for the first round, %.1f us in host operations",
+                  "to its post, %.1f us waiting for the first round, %.1f us to the last round",
                   name_of(op->kind), static_cast<unsigned long long>(id),
                   static_cast<unsigned long long>(op->plan.rounds), us(posted - last_end_),
-                  us(staging), us(hosting));
+                  us(first_wait), us(clock::now() - posted));
       last_end_ = clock::now();
       if (op->eager) {
         table_->erase(id);
@@ -438,8 +508,32 @@ class NetDevice {
     }
   }
 
+  // One round on one lane; counted done once every earlier round is.
+  asio::awaitable<void> run_round(std::weak_ptr<CommImpl> weak, std::shared_ptr<CommImpl> lane,
+                                  std::size_t index, OpArgs args, std::uint64_t round,
+                                  std::shared_ptr<NetDevice> self) {
+    (void)self;  // keeps the staging alive while the round may write it
+    const std::error_code ec = co_await run_host(*lane, std::move(args));
+    --inflight_;
+    if (ec) {
+      // The lane failed (a peer left, a timeout): the communicator fails with its reason, which
+      // raises the kernels' abort flag.
+      if (auto comm = weak.lock())
+        comm->fail(ec, "network lane " + std::to_string(index) + ": " + lane->last_error());
+      co_return;
+    }
+    finished_.insert(round);
+    while (!finished_.empty() && *finished_.begin() == done_ + 1) {
+      finished_.erase(finished_.begin());
+      ++done_;
+    }
+    std::atomic_ref<std::uint64_t>(box_->done).store(done_, std::memory_order_release);
+  }
 
   std::size_t slot_ = 0;
+  int lanes_n_ = 1;
+  std::uint32_t slots_ = 2;
+  std::vector<std::shared_ptr<CommImpl>> lanes_;
   kernels::NetMailbox* box_ = nullptr;
   kernels::NetMailbox* box_dev_ = nullptr;
   char* stage_ = nullptr;
@@ -450,6 +544,8 @@ class NetDevice {
   // Proxy thread: operations served and rounds done over the communicator's life.
   std::uint64_t served_ = 0;
   std::uint64_t done_ = 0;
+  std::size_t inflight_ = 0;           // rounds running on the lanes
+  std::set<std::uint64_t> finished_;  // rounds done out of order
   std::chrono::steady_clock::time_point last_end_{};
   int rank_ = 0;
 };
@@ -458,6 +554,7 @@ std::error_code make_net_device(const std::shared_ptr<CommImpl>& comm, device::S
                                 std::shared_ptr<NetDevice>& out) {
   auto net = std::make_shared<NetDevice>();
   if (auto ec = net->init(*comm)) return ec;
+  if (auto ec = net->make_lanes(comm)) return ec;
   std::promise<void> started;
   asio::post(comm->executor(), [&] {
     net->start(comm, net, status);

@@ -109,36 +109,41 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
   }
   __syncthreads();
   const std::uint64_t slot = 2 * ch.slot_bytes;
+  const std::uint64_t N = ch.slots;
+  // Round j's results: wait for the proxy, then copy them out of its slot's "out" area.
+  auto finish = [&](std::uint64_t j) {
+    if (!wait_done(ch, w, base + j + 1)) return false;
+    copy_round<false>(p, ch.stage + (j % N) * slot + ch.slot_bytes, j);
+    return true;
+  };
   for (std::uint64_t k = 0; k < p.rounds; ++k) {
-    copy_round<true>(p, ch.stage + (k % 2) * slot, k);
+    copy_round<true>(p, ch.stage + (k % N) * slot, k);
     // Every block's staging writes are visible system-wide before the last one to arrive tells
     // the proxy: one system fence per block, after the block's barrier (a fence in every thread
-    // costs tens of microseconds). Blocks are never more than one round apart (a block stages
-    // round k + 2 only after the proxy finished round k, which needed every block's round k), so
-    // one counter per parity keeps the rounds apart.
+    // costs tens of microseconds). A block stages round k only after round k - N was done, which
+    // needed every block's round k - N: so blocks are fewer than N rounds apart, and one counter
+    // per slot keeps the rounds apart.
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence_system();
-      const std::uint32_t target = static_cast<std::uint32_t>(k / 2 + 1) * gridDim.x;
-      if (atomicAdd(&ch.counters->arrive[k % 2], 1u) + 1 == target) {
+      const std::uint32_t target = static_cast<std::uint32_t>(k / N + 1) * gridDim.x;
+      if (atomicAdd(&ch.counters->arrive[k % N], 1u) + 1 == target) {
         __threadfence_system();
         store_release_sys64(&ch.box->staged, base + k + 1);
       }
     }
-    if (k == 0) continue;
-    if (!wait_done(ch, w, base + k)) return;
-    copy_round<false>(p, ch.stage + ((k - 1) % 2) * slot + ch.slot_bytes, k - 1);
+    // The next round's slot is free once the round that used it before is out.
+    if (k + 1 >= N && !finish(k + 1 - N)) return;
   }
-  if (!wait_done(ch, w, base + p.rounds)) return;
-  copy_round<false>(p, ch.stage + ((p.rounds - 1) % 2) * slot + ch.slot_bytes, p.rounds - 1);
+  for (std::uint64_t j = p.rounds + 1 > N ? p.rounds + 1 - N : 0; j < p.rounds; ++j)
+    if (!finish(j)) return;
   // The last block to leave moves the counters on for the next operation (which starts only
   // after this kernel has ended: the communicator orders its launches).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(&ch.counters->leave, 1u) + 1 == gridDim.x) {
-      ch.counters->arrive[0] = 0;
-      ch.counters->arrive[1] = 0;
+      for (std::uint32_t i = 0; i < ch.slots; ++i) ch.counters->arrive[i] = 0;
       ch.counters->leave = 0;
       ch.counters->rounds = base + p.rounds;
       ch.counters->ops += 1;
@@ -151,6 +156,7 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
 
 int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_st* stream) {
   if (plan.rounds == 0 || plan.chunk == 0 || plan.chunk % 64 != 0 || ch.stage == nullptr ||
+      ch.slots < 2 || ch.slots > static_cast<std::uint32_t>(net_max_slots) ||
       ch.box == nullptr || ch.counters == nullptr || ch.status == nullptr ||
       plan.nin > static_cast<std::uint32_t>(net_max_segs) ||
       plan.nout > static_cast<std::uint32_t>(net_max_segs) || max_grid < 1)

@@ -3,11 +3,12 @@
 // schedule from a NetPlan.
 //
 // An operation moves through pinned host staging in rounds. Round k: the kernel copies the
-// round's pieces of the user's device buffers into the staging slot k % 2 ("in" area) and tells
+// round's pieces of the user's device buffers into staging slot k % slots ("in" area) and tells
 // the proxy (NetMailbox::staged); the proxy runs the round's host operation over the network from
-// the "in" area into the "out" area and answers (NetMailbox::done); the kernel copies the "out"
-// area into the user's buffers. The kernel stages round k + 1 before it waits for round k, so the
-// GPU copies, the network and the peers' copies overlap.
+// the "in" area into the "out" area and answers (NetMailbox::done, counted in round order); the
+// kernel copies the "out" area into the user's buffers. The kernel keeps staging while up to
+// slots - 1 rounds are with the proxy, which runs them at once over its lanes, so the GPU
+// copies, the network and the peers' copies overlap.
 //
 // Layouts:
 // - packed: every piece has plan.piece_bytes bytes; round k holds bytes [k*chunk, +chunk) of
@@ -33,6 +34,9 @@ namespace coccl::kernels {
 
 /// Most segments on each side of one plan.
 inline constexpr int net_max_segs = 32;
+
+/// Most staging slots of a channel.
+inline constexpr int net_max_slots = 16;
 
 /// A run of pieces in device memory: `repeat` pieces at dev + j * stride (packed layout), or one
 /// transfer of `bytes` with `peer` starting in round `first_round` (pairs layout).
@@ -72,15 +76,16 @@ struct NetMailbox {
 struct NetCounters {
   std::uint64_t ops;
   std::uint64_t rounds;
-  std::uint32_t arrive[2];
+  std::uint32_t arrive[net_max_slots];
   std::uint32_t leave;
   std::uint32_t claim;  // the Watch claim word (see peer.cuh)
 };
 
 /// Where one rank's kernels meet its proxy.
 struct NetChannel {
-  char* stage;              // device pointer of the staging: [slot 2][in, out][slot_bytes]
+  char* stage;              // device pointer of the staging: [slots][in, out][slot_bytes]
   std::uint64_t slot_bytes;
+  std::uint32_t slots;      // 2..net_max_slots
   NetMailbox* box;          // device pointer of the mailbox
   NetCounters* counters;    // device memory
   std::uint64_t desc;       // the proxy's descriptor of this operation

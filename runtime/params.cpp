@@ -54,10 +54,13 @@ config::Param<std::string> hostid{
     "so one machine can act as several hosts and take the network path between its ranks",
     "NCCL_HOSTID"};
 config::Param<std::int64_t> net_slot_bytes{
-    "COCCL_NET_SLOT_BYTES", 4 << 20,
+    "COCCL_NET_SLOT_BYTES", 2 << 20,
     "device operations across hosts: bytes a round stages in pinned host memory on each side "
-    "(four such areas per communicator: in and out, double buffered); must be equal on every "
-    "rank"};
+    "(2 x (COCCL_NET_LANES + 1) such areas per communicator); must be equal on every rank"};
+config::Param<std::int64_t> net_lanes{
+    "COCCL_NET_LANES", 4,
+    "device operations across hosts: rounds moved at once, each over its own connections and "
+    "proxy thread (1 to 15); must be equal on every rank"};
 config::Param<std::string> comm_id{
     "COCCL_COMM_ID", "",
     "host:port of the bootstrap root for communicators made from the environment",

@@ -24,6 +24,7 @@ extern config::Param<bool> dependent_launch;              // COCCL_DEPENDENT_LAU
 extern config::Param<std::int64_t> device_comms;          // COCCL_DEVICE_COMMS
 extern config::Param<std::string> hostid;                 // COCCL_HOSTID
 extern config::Param<std::int64_t> net_slot_bytes;        // COCCL_NET_SLOT_BYTES
+extern config::Param<std::int64_t> net_lanes;             // COCCL_NET_LANES
 extern config::Param<std::string> comm_id;          // COCCL_COMM_ID
 extern config::Param<std::string> secret;           // COCCL_SECRET
 extern config::Param<std::int64_t> colltrace_size;  // COCCL_COLLTRACE_SIZE
