@@ -9,6 +9,7 @@
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "collectives/net_device.hpp"
 #include "collectives/peer_memory.hpp"
 #include "kernels/launch.hpp"
+#include "runtime/engine.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
@@ -39,6 +41,16 @@ struct DeviceState {
   device::Workspace ws;
   // Set when the ranks span hosts: every operation goes through the network proxy.
   std::shared_ptr<NetDevice> net;
+  // Hosts of several ranks each (the same number everywhere): the ranks of this host (NVLink
+  // kernels) and this rank's rail, one rank of each host with the same local index (the network).
+  // `blocked`: rank = host * local size + local index, which the hierarchical all_gather and
+  // reduce_scatter need for their layout.
+  std::shared_ptr<CommImpl> local, rail;
+  bool blocked = false;
+  // Device scratch of the hierarchical all_gather and reduce_scatter; earlier, smaller ones stay
+  // until the communicator goes, as captured graphs may still use them.
+  std::vector<void*> scratch;
+  std::size_t scratch_bytes = 0;
 
   // Call order (enqueue_device): every launch of the communicator runs after the previous one,
   // whichever stream each was issued on. Guarded by order_mutex, which also keeps the launches
@@ -59,6 +71,7 @@ struct DeviceState {
   std::array<std::atomic<OpKind>, 256> recent{};
 
   ~DeviceState() {
+    for (void* p : scratch) cudaFree(p);
     for (Chain* ch : {&eager, &captured})
       if (ch->done) cudaEventDestroy(ch->done);
     for (void* p : opened) cudaIpcCloseMemHandle(p);
@@ -83,6 +96,77 @@ std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) 
   COCCL_WARN(p2p, c.rank(), "%s", text.c_str());
   c.fail(make_error_code(errc::cuda_error), text);
   return make_error_code(errc::cuda_error);
+}
+
+// A communicator of the ranks with `color`, ordered by `key` (collective over `self`, blocking):
+// the first member makes the root, the parent's all_gathers spread the groups and the id.
+std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, int color,
+                                         int key, std::error_code& ec) {
+  const int n = self->size(), me = self->rank();
+  std::vector<std::int64_t> mine{color, key}, all(2 * static_cast<std::size_t>(n));
+  OpArgs gather;
+  gather.kind = OpKind::all_gather;
+  gather.send = mine.data();
+  gather.recv = all.data();
+  gather.count = 2;
+  gather.type = DataType::int64;
+  run_blocking(self, gather, ec);
+  if (ec) return nullptr;
+  std::vector<int> members;
+  for (int r = 0; r < n; ++r)
+    if (all[2 * r] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  auto engine = runtime::Engine::instance();
+  UniqueId id{};
+  if (members.front() == me) id = unique_id_on(*engine);
+  std::vector<std::uint8_t> ids(static_cast<std::size_t>(n) * id.bytes.size());
+  gather.send = id.bytes.data();
+  gather.recv = ids.data();
+  gather.count = id.bytes.size();
+  gather.type = DataType::uint8;
+  run_blocking(self, gather, ec);
+  if (ec) return nullptr;
+  std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
+  const int rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  return join_on(engine, id, rank, static_cast<int>(members.size()), ec);
+}
+
+// With hosts of equally many ranks (more than one), the sub-communicators of the hierarchical
+// algorithms (collective over `self`).
+std::error_code make_hierarchy(CommImpl& c, const std::shared_ptr<CommImpl>& self,
+                               DeviceState& st) {
+  const auto& table = c.peers().table();
+  const int n = c.size();
+  std::vector<std::uint64_t> hosts;  // in order of first rank
+  std::vector<int> host_of(n), local_of(n), per_host;
+  for (int r = 0; r < n; ++r) {
+    auto it = std::find(hosts.begin(), hosts.end(), table[r].host_hash);
+    const int h = static_cast<int>(it - hosts.begin());
+    if (it == hosts.end()) {
+      hosts.push_back(table[r].host_hash);
+      per_host.push_back(0);
+    }
+    host_of[r] = h;
+    local_of[r] = per_host[h]++;
+  }
+  const int L = per_host[0];
+  if (L < 2 || hosts.size() < 2 ||
+      std::any_of(per_host.begin(), per_host.end(), [&](int k) { return k != L; }))
+    return {};
+  std::error_code ec;
+  st.local = split_blocking(self, host_of[c.rank()], c.rank(), ec);
+  if (!ec) st.rail = split_blocking(self, local_of[c.rank()], c.rank(), ec);
+  if (ec) {
+    st.local.reset();
+    st.rail.reset();
+    return ec;
+  }
+  st.blocked = true;
+  for (int r = 0; r < n; ++r) st.blocked = st.blocked && r == host_of[r] * L + local_of[r];
+  COCCL_INFO(p2p, c.rank(), "hierarchical device collectives: %zu hosts of %d ranks%s",
+             hosts.size(), L, st.blocked ? "" : " (all_reduce only: ranks not grouped by host)");
+  return {};
 }
 
 // Makes the device state on first use: collective over the communicator.
@@ -197,6 +281,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   });
   if (across_hosts) {
     if (auto ec = make_net_device(self, st->status, st->net)) return ec;
+    if (auto ec = make_hierarchy(c, self, *st)) return ec;
     COCCL_INFO(p2p, me, "device operations across hosts through the proxy on GPU %d, at most %d "
                "blocks a kernel", st->device, st->ws.max_grid);
   } else {
@@ -357,6 +442,109 @@ int launch(const CommImpl& c, const DeviceState& d, const OpArgs& a, std::size_t
   return rc;
 }
 
+// From this size up an all_reduce, all_gather or reduce_scatter across hosts of several ranks
+// each is hierarchical (COCCL_ALGO=flat or hierarchical forces one way).
+constexpr std::size_t hierarchy_min_bytes = 64 * 1024;
+
+bool use_hierarchy(const CommImpl& c, const DeviceState& d, const OpArgs& a, std::size_t elt) {
+  if (!d.local) return false;
+  const bool fits =
+      a.kind == OpKind::all_reduce
+          ? a.count >= static_cast<std::size_t>(d.local->size())
+          : (a.kind == OpKind::all_gather || a.kind == OpKind::reduce_scatter) && d.blocked;
+  if (!fits || c.forced_algo() == "flat") return false;
+  return c.forced_algo() == "hierarchical" || a.count * elt >= hierarchy_min_bytes;
+}
+
+// Device scratch of at least `bytes` (allocated outside any capture's rules: cudaMalloc is not
+// stream work, and a graph keeps using the pointer it captured).
+void* scratch_of(CommImpl& c, DeviceState& d, std::size_t bytes, std::error_code& ec) {
+  if (bytes > d.scratch_bytes || d.scratch.empty()) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+      ec = cuda_error(c, e, "cudaMalloc of the hierarchical scratch");
+      return nullptr;
+    }
+    d.scratch.push_back(p);
+    d.scratch_bytes = bytes;
+  }
+  return d.scratch.back();
+}
+
+// all_reduce: reduce_scatter inside the host (NVLink), all_reduce of the shard across hosts on
+// the rail, all_gather inside the host; the elements that do not split evenly go the flat way.
+// all_gather: across hosts on the rail into scratch, then one all_gather inside the host per
+// host. reduce_scatter: one reduce_scatter inside the host per host into scratch, then across
+// hosts on the rail. avg is summed through and divided once at the end, like the reference.
+std::error_code hierarchical(CommImpl& c, DeviceState& d, const OpArgs& a, std::size_t elt,
+                             cudaStream_t s,
+                             const std::function<std::error_code(const OpArgs&)>& flat) {
+  const auto cs = reinterpret_cast<cuda_stream>(s);
+  const std::size_t L = static_cast<std::size_t>(d.local->size());
+  const std::size_t H = static_cast<std::size_t>(d.rail->size());
+  const std::size_t lr = static_cast<std::size_t>(d.local->rank());
+  OpArgs sum = a;
+  if (a.op == ReduceOp::avg) sum.op = ReduceOp::sum;
+  const char* send = static_cast<const char*>(a.send);
+  char* recv = static_cast<char*>(a.recv);
+  std::error_code ec;
+  auto step = [&](const std::shared_ptr<CommImpl>& sub, OpKind kind, const void* from, void* to,
+                  std::size_t count) {
+    if (ec) return;
+    OpArgs b = sum;
+    b.kind = kind;
+    b.send = from;
+    b.recv = to;
+    b.count = count;
+    ec = enqueue_device(sub, b, cs);
+  };
+  std::size_t out_count = a.count;
+  switch (a.kind) {
+    case OpKind::all_reduce: {
+      const std::size_t shard = a.count / L;
+      char* mine = recv + lr * shard * elt;
+      step(d.local, OpKind::reduce_scatter, send, mine, shard);
+      step(d.rail, OpKind::all_reduce, mine, mine, shard);
+      step(d.local, OpKind::all_gather, mine, recv, shard);
+      if (!ec && a.count > L * shard) {
+        OpArgs rest = sum;
+        rest.send = send + L * shard * elt;
+        rest.recv = recv + L * shard * elt;
+        rest.count = a.count - L * shard;
+        ec = flat(rest);
+      }
+      break;
+    }
+    case OpKind::all_gather: {
+      char* tmp = static_cast<char*>(scratch_of(c, d, H * a.count * elt, ec));
+      step(d.rail, OpKind::all_gather, send, tmp, a.count);
+      for (std::size_t h = 0; h < H; ++h)
+        step(d.local, OpKind::all_gather, tmp + h * a.count * elt, recv + h * L * a.count * elt,
+             a.count);
+      break;
+    }
+    case OpKind::reduce_scatter: {
+      char* tmp = static_cast<char*>(scratch_of(c, d, H * a.count * elt, ec));
+      for (std::size_t h = 0; h < H; ++h)
+        step(d.local, OpKind::reduce_scatter, send + h * L * a.count * elt, tmp + h * a.count * elt,
+             a.count);
+      step(d.rail, OpKind::reduce_scatter, tmp, recv, a.count);
+      break;
+    }
+    default:
+      return make_error_code(errc::internal);
+  }
+  if (!ec && a.op == ReduceOp::avg && a.kind != OpKind::all_gather) {
+    if (int rc = kernels::divide_by(recv, out_count, a.type, c.size(), s))
+      ec = cuda_error(c, static_cast<cudaError_t>(rc), "divide_by");
+  }
+  return ec;
+}
+
 }  // namespace
 
 std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs& a,
@@ -404,8 +592,9 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
     cudaGraph_t graph = nullptr;
     if ((e = cudaStreamGetCaptureInfo(s, &capture, nullptr, &graph)))
       return cuda_error(c, e, "cudaStreamGetCaptureInfo");
-    if (auto ec = net_launch(*d->net, c, a, s,
-                             capture == cudaStreamCaptureStatusActive ? graph : nullptr, d->ws))
+    if (capture != cudaStreamCaptureStatusActive) graph = nullptr;
+    auto flat = [&](const OpArgs& b) { return net_launch(*d->net, c, b, s, graph, d->ws); };
+    if (auto ec = use_hierarchy(c, *d, a, elt) ? hierarchical(c, *d, a, elt, s, flat) : flat(a))
       return ec;
   } else if (const int rc = launch(c, *d, a, elt, stream)) {
     return cuda_error(c, static_cast<cudaError_t>(rc), name_of(a.kind));

@@ -291,6 +291,10 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
   acceptor_.bind(ep);
   acceptor_.listen(asio::socket_base::max_listen_connections);
   // Before any poller is registered: a constructor that throws runs no destructor to remove it.
+#if COCCL_HAVE_IB
+  // auto takes ib across hosts where both ends have a usable device (tcp otherwise).
+  if (options_.transport == "auto") ib_device_ = ib::Device::get();
+#endif
   if (options_.transport == "ib") {
 #if COCCL_HAVE_IB
     std::string why;
@@ -326,7 +330,13 @@ Peers::~Peers() {
   acceptor_.close(ignored);
 }
 
-PeerInfo Peers::self_info() const { return PeerInfo::from(acceptor_.local_endpoint()); }
+PeerInfo Peers::self_info() const {
+  PeerInfo info = PeerInfo::from(acceptor_.local_endpoint());
+#if COCCL_HAVE_IB
+  if (ib_device_) info.caps |= PeerInfo::cap_ib;
+#endif
+  return info;
+}
 
 void Peers::accept_loop() {
   auto sock = std::make_shared<tcp::socket>(ex_);
@@ -424,10 +434,16 @@ asio::awaitable<void> Peers::rendezvous(RootAddress root) {
 }
 
 Peers::Kind Peers::kind_for(int peer) const {
-  // ib only when asked for: on one host shm is faster, and across hosts tcp needs no RDMA setup.
   if (options_.transport == "ib") return Kind::ib;
-  if (options_.transport == "tcp" || params::shm_disable.get()) return Kind::tcp;
-  return table_[peer].host_hash == table_[rank_].host_hash ? Kind::shm : Kind::tcp;
+  if (options_.transport == "tcp") return Kind::tcp;
+  const bool same_host = table_[peer].host_hash == table_[rank_].host_hash;
+  // auto: across hosts ib when both ends offer it; within a host shm, which beats a loop through
+  // the NIC.
+  if (options_.transport == "auto" && !same_host &&
+      (table_[peer].caps & table_[rank_].caps & PeerInfo::cap_ib) != 0)
+    return Kind::ib;
+  if (params::shm_disable.get()) return Kind::tcp;
+  return same_host ? Kind::shm : Kind::tcp;
 }
 
 void Peers::announce(int peer) {

@@ -34,12 +34,16 @@ namespace coccl::transport {
 struct PeerInfo {
   std::array<std::uint8_t, 16> addr;  // IPv4 in the first 4 bytes when family == 4
   std::uint8_t family;                // 4 or 6
+  std::uint8_t caps;                  // cap_* bits: what the rank's links can be
   std::uint16_t port;
   std::uint64_t host_hash;  // same value <=> same host (shared memory possible)
   std::int32_t pid;
 
   asio::ip::tcp::endpoint endpoint() const;
   static PeerInfo from(const asio::ip::tcp::endpoint& ep);
+
+  /// The rank has a usable RDMA device (COCCL_TRANSPORT=auto then takes ib across hosts).
+  static constexpr std::uint8_t cap_ib = 1;
 };
 
 /// The parts of a UniqueId.
@@ -139,7 +143,7 @@ class Peers {
   ShmPoller poller_;  // before the connections: they unregister from it when destroyed
 #if COCCL_HAVE_IB
   IbPoller ib_poller_;
-  std::shared_ptr<ib::Device> ib_device_;  // set when COCCL_TRANSPORT=ib
+  std::shared_ptr<ib::Device> ib_device_;  // COCCL_TRANSPORT=ib, or auto with a usable device
 #endif
   std::shared_ptr<UserBuffers> user_buffers_;
   std::vector<std::unique_ptr<Connection>> conns_;  // in creation order

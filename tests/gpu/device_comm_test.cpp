@@ -5,7 +5,8 @@
 // and the awaitable form of every collective. The same with several ranks on one GPU: 2, 3 and 4
 // processes under MPS, and 2, 3 and 4 threads of one process. And across hosts, emulated on one
 // GPU with COCCL_HOSTID (the network path: staging kernels and the proxy over tcp, shm between
-// ranks of one host): 2, 3 and 4 hosts of one rank and 2 hosts of 2 ranks run the same checks,
+// ranks of one host): 2, 3 and 4 hosts of one rank and 2 hosts of 2 ranks (hierarchical by size,
+// forced hierarchical, forced flat) run the same checks,
 // and a rank that dies makes the survivors' device operations fail with its rank named, while
 // their GPU stays usable.
 // The tests of one process per GPU skip without two GPUs, the others without a GPU (and the
@@ -533,7 +534,8 @@ TEST(DeviceCollectives, FourProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwai
 }
 
 // n rank processes on GPU 0 under MPS, acting as hosts of `per_host` ranks each.
-void expect_hosts_on_one_gpu_pass(int n, int per_host, const char* body = "") {
+void expect_hosts_on_one_gpu_pass(int n, int per_host, const char* body = "",
+                                  std::vector<std::string> env = {}) {
   if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   coccl::gpu_test::Mps mps;
   if (!mps.available())
@@ -543,6 +545,7 @@ void expect_hosts_on_one_gpu_pass(int n, int per_host, const char* body = "") {
   how.deadline_s = 540;
   how.ranks_per_host = per_host;
   how.body = body;
+  how.env = std::move(env);
   coccl::gpu_test::expect_rank_processes_pass(n, how);
 }
 
@@ -560,6 +563,15 @@ TEST(DeviceCollectivesAcrossHosts, FourHostsMatchReferenceReplayInGraphsAndAwait
 
 TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksMatchReferenceReplayInGraphsAndAwait) {
   expect_hosts_on_one_gpu_pass(4, 2);
+}
+
+// Every size through the hierarchical algorithms (by default only from 64 KiB), and none.
+TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksForcedHierarchicalMatchReference) {
+  expect_hosts_on_one_gpu_pass(4, 2, "", {"COCCL_ALGO=hierarchical"});
+}
+
+TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksForcedFlatMatchReference) {
+  expect_hosts_on_one_gpu_pass(4, 2, "", {"COCCL_ALGO=flat"});
 }
 
 TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsWithItsRankAndGpuStaysUsable) {

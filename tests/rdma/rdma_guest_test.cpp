@@ -1,7 +1,7 @@
 // Specification of the ib transport across real processes, run inside the Soft-RoCE guest (see
 // run_guest.sh): every collective over COCCL_TRANSPORT=ib with 2, 3 and 4 ranks against the
-// multirank reference, the split of puts over several queue pairs, small rings, and a rank killed
-// in the middle of an operation. Each test launches one coccl_worker per rank (tests/multirank).
+// multirank reference, the split of puts over several queue pairs, small rings, a rank killed
+// in the middle of an operation, and COCCL_TRANSPORT=auto taking ib across emulated hosts. Each test launches one coccl_worker per rank (tests/multirank).
 #include <gtest/gtest.h>
 
 #include <coccl/error.hpp>
@@ -55,6 +55,29 @@ TEST_P(EveryCollectiveOverIb, MatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EveryCollectiveOverIb, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// Two hosts of two ranks (COCCL_HOSTID) with COCCL_TRANSPORT=auto: ib between the hosts (the
+// guest's rxe device is usable), shm inside each, and every collective right.
+TEST(AutoTransport, TakesIbAcrossHostsAndShmWithin) {
+  LaunchOptions o;
+  o.scenario = "every_collective";
+  o.nranks = 4;
+  o.env = {"COCCL_TRANSPORT=auto", timeout, "COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=NET"};
+  for (const char* h : {"a", "a", "b", "b"}) o.rank_env.push_back({std::string("COCCL_HOSTID=") + h});
+  o.deadline = seconds(300);
+  const LaunchResult r = launch(o);
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  int ib_links = 0, shm_links = 0, tcp_links = 0;
+  for (const RankResult& x : r.ranks) {
+    for (const auto& [kind, count] :
+         {std::pair{" over ib", &ib_links}, {" over shm", &shm_links}, {" over tcp", &tcp_links}})
+      for (auto at = x.output.find(kind); at != std::string::npos; at = x.output.find(kind, at + 1))
+        ++*count;
+  }
+  EXPECT_EQ(ib_links, 4 * 2) << r.describe();  // each rank reports its 2 links to the other host
+  EXPECT_EQ(shm_links, 4 * 1) << r.describe();
+  EXPECT_EQ(tcp_links, 0) << r.describe();
+}
 
 TEST(IbQueuePairs, PutsSplitOverFourQueuePairsArriveInOrder) {
   // 4 KiB pieces: every put of a large all_reduce is split over all four queue pairs.
