@@ -30,6 +30,7 @@
 #include <set>
 #include <vector>
 
+#include "collectives/net_plan.hpp"
 #include "kernels/net.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
@@ -251,7 +252,7 @@ class NetDevice {
   std::error_code launch(CommImpl& c, const OpArgs& a, cudaStream_t s, cudaGraph_t graph,
                          const device::Workspace& ws) {
     auto op = std::make_shared<NetOp>();
-    if (auto ec = plan(c, a, op->plan)) return ec;
+    if (auto ec = make_net_plan(a, c.rank(), c.size(), slot_, op->plan)) return ec;
     if (op->plan.rounds == 0) return {};  // a group with nothing for this rank
     op->kind = a.kind == OpKind::all_to_allv ? OpKind::p2p : a.kind;
     op->type = a.type;
@@ -323,125 +324,15 @@ class NetDevice {
     return make_error_code(errc::cuda_error);
   }
 
-  // The rounds of `a` on this rank: the pieces each round moves and where they stage.
-  std::error_code plan(CommImpl& c, const OpArgs& a, kernels::NetPlan& p) const {
-    const int n = c.size(), me = c.rank();
-    const std::size_t elt = size_of(a.type);
-    p = kernels::NetPlan{};
-    auto seg = [](const void* dev, std::uint64_t bytes, std::uint64_t stride, int repeat,
-                  int peer) {
-      return kernels::NetSeg{static_cast<char*>(const_cast<void*>(dev)), bytes, stride,
-                             static_cast<std::uint32_t>(repeat), peer, 0};
-    };
-    if (a.kind == OpKind::p2p || a.kind == OpKind::all_to_allv) {
-      p.layout = kernels::NetLayout::pairs;
-      p.chunk = slot_ / static_cast<std::size_t>(n) / 64 * 64;
-      std::vector<std::uint64_t> next_in(n, 0), next_out(n, 0);
-      auto add = [&](bool send, const void* buf, std::uint64_t bytes, int peer) -> bool {
-        if (bytes == 0) return true;  // skipped alike by both sides
-        std::uint32_t& used = send ? p.nin : p.nout;
-        if (used == kernels::net_max_segs) return false;
-        kernels::NetSeg s = seg(buf, bytes, 0, 1, peer);
-        std::uint64_t& next = (send ? next_in : next_out)[peer];
-        s.first_round = next;
-        next += kernels::net_rounds_of(bytes, p.chunk);
-        p.rounds = std::max(p.rounds, next);
-        (send ? p.in : p.out)[used++] = s;
-        return true;
-      };
-      bool fits = true;
-      if (a.kind == OpKind::p2p) {
-        for (const P2POp& o : a.p2p)
-          fits = fits && add(o.is_send, o.buffer, o.count * size_of(o.type), o.peer);
-      } else {
-        for (int q = 0; q < n; ++q) {
-          fits = fits && add(true, static_cast<const char*>(a.send) + a.send_displs[q] * elt,
-                             a.send_counts[q] * elt, q);
-          fits = fits && add(false, static_cast<char*>(a.recv) + a.recv_displs[q] * elt,
-                             a.recv_counts[q] * elt, q);
-        }
-      }
-      if (!fits) {
-        COCCL_WARN(coll, me, "%s across hosts takes at most %d non-empty transfers each way",
-                   name_of(a.kind), kernels::net_max_segs);
-        return make_error_code(errc::unsupported);
-      }
-      return {};
-    }
-    p.layout = kernels::NetLayout::packed;
-    const std::uint64_t L = a.count * elt;
-    p.piece_bytes = L;
-    const bool elementwise = a.kind == OpKind::all_reduce || a.kind == OpKind::broadcast ||
-                             a.kind == OpKind::reduce;
-    p.chunk = (elementwise ? slot_ : slot_ / static_cast<std::size_t>(n)) / 64 * 64;
-    p.rounds = (L + p.chunk - 1) / p.chunk;
-    const bool root = me == a.root;
-    auto in = [&](const void* dev, int repeat) { p.in[p.nin++] = seg(dev, L, L, repeat, -1); };
-    auto out = [&](void* dev, int repeat) { p.out[p.nout++] = seg(dev, L, L, repeat, -1); };
-    switch (a.kind) {
-      case OpKind::all_reduce:
-        in(a.send, 1), out(a.recv, 1);
-        break;
-      case OpKind::broadcast:
-        if (root) in(a.send, 1);
-        out(a.recv, 1);
-        break;
-      case OpKind::reduce:
-        in(a.send, 1);
-        if (root) out(a.recv, 1);
-        break;
-      case OpKind::all_gather:
-        in(a.send, 1), out(a.recv, n);
-        break;
-      case OpKind::reduce_scatter:
-        in(a.send, n), out(a.recv, 1);
-        break;
-      case OpKind::all_to_all:
-        in(a.send, n), out(a.recv, n);
-        break;
-      case OpKind::gather:
-        in(a.send, 1);
-        if (root) out(a.recv, n);
-        break;
-      case OpKind::scatter:
-        if (root) in(a.send, n);
-        out(a.recv, 1);
-        break;
-      default:
-        return make_error_code(errc::unsupported);
-    }
-    return {};
-  }
-
-  // The host operation of round k of `op`.
-  OpArgs round_args(const NetOp& op, std::uint64_t k) const {
-    const kernels::NetPlan& p = op.plan;
+  // The host operation of round k of `op`, on its staging slot.
+  OpArgs round_of(const NetOp& op, std::uint64_t k) const {
     char* in = stage_ + (k % slots_) * 2 * slot_;
-    char* out = in + slot_;
-    OpArgs a;
-    a.kind = op.kind;
-    a.type = op.type;
-    a.op = op.op;
-    a.root = op.root;
-    if (p.layout == kernels::NetLayout::pairs) {
-      a.type = DataType::uint8;
-      auto add = [&](const kernels::NetSeg* segs, std::uint32_t nsegs, bool send, char* area) {
-        for (std::uint32_t s = 0; s < nsegs; ++s) {
-          std::uint64_t stage_off = 0, dev_off = 0, len = 0;
-          if (!kernels::net_piece(p, segs[s], s, 0, k, stage_off, dev_off, len)) continue;
-          a.p2p.push_back(P2POp{send, area + stage_off, len, DataType::uint8, segs[s].peer});
-        }
-      };
-      add(p.in, p.nin, true, in);
-      add(p.out, p.nout, false, out);
-      return a;
-    }
-    const std::uint64_t start = k * p.chunk;
-    const std::uint64_t len = std::min<std::uint64_t>(p.chunk, p.piece_bytes - start);
-    a.send = in;
-    a.recv = out;
-    a.count = len / size_of(op.type);
-    return a;
+    OpArgs shape;
+    shape.kind = op.kind;
+    shape.type = op.type;
+    shape.op = op.op;
+    shape.root = op.root;
+    return net_round(op.plan, shape, in, in + slot_, k);
   }
 
   // Runs `a` as a host operation of the communicator.
@@ -488,7 +379,7 @@ class NetDevice {
         ++inflight_;
         asio::co_spawn(comm->executor(),
                        run_round(weak, lanes_[k % lanes_.size()], k % lanes_.size(),
-                                 round_args(*op, k), target, self),
+                                 round_of(*op, k), target, self),
                        asio::detached);
       }
       if (!co_await poller_->until([this, end = base + op->plan.rounds] { return done_ >= end; },
