@@ -3,7 +3,10 @@
 # libnccl.so.2 that PyTorch ships, no LD_PRELOAD) and on coccl's (LD_PRELOAD), then has the
 # script compare the two runs:
 #
-#   run_torch.sh /path/to/coccl/libnccl.so.2 torch_fsdp.py [script arguments]
+#   run_torch.sh [--across-hosts] /path/to/coccl/libnccl.so.2 torch_fsdp.py [script arguments]
+#
+# --across-hosts: every rank acts as a host of its own in the coccl run too (NCCL_HOSTID per rank),
+# so that coccl takes its path across hosts (staging kernels and the network proxy).
 #
 # A script takes --out JSON (one run, 2 ranks spawned by torch.multiprocessing) and
 # --compare JSON JSON; the script arguments go to all three calls. A relative script name is
@@ -21,8 +24,13 @@
 # Not part of the product: a test asset.
 set -u
 
+coccl_args=()
+if [[ ${1:-} == --across-hosts ]]; then
+  coccl_args=(--hostid-per-rank)
+  shift
+fi
 if (($# < 2)); then
-  echo "usage: $0 COCCL_LIBNCCL_SO SCRIPT [SCRIPT ARGS...]" >&2
+  echo "usage: $0 [--across-hosts] COCCL_LIBNCCL_SO SCRIPT [SCRIPT ARGS...]" >&2
   exit 2
 fi
 lib=$(realpath -m "$1")
@@ -124,7 +132,7 @@ echo "== NVIDIA NCCL: exit $rc in $((SECONDS - start)) s"
 echo "== coccl (LD_PRELOAD=$lib, MASTER_PORT=$port_coccl)"
 start=$SECONDS
 env LD_PRELOAD="$lib" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port_coccl" NCCL_NVLS_ENABLE=0 \
-  "$py" "$script" --out "$tmp/coccl.json" "$@"
+  "$py" "$script" --out "$tmp/coccl.json" ${coccl_args[@]+"${coccl_args[@]}"} "$@"
 rc=$?
 echo "== coccl: exit $rc in $((SECONDS - start)) s"
 ((rc == 77)) && exit 77
