@@ -106,6 +106,8 @@ asio::awaitable<void> create_on_proxy(std::shared_ptr<CommImpl> impl,
   co_await impl->rendezvous(root);
 }
 
+std::shared_ptr<CommImpl> impl_of(const Communicator& comm) { return comm.impl_; }
+
 UniqueId unique_id_on(runtime::Engine& e) {
   transport::RootAddress root;
   root.secret = make_secret();

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "collectives/colltrace.hpp"
+#include "kernels/net.hpp"
 #include "runtime/engine.hpp"
 #include "transport/bootstrap.hpp"
 
@@ -133,6 +134,17 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::error_code error_;
   std::string error_text_;
 };
+
+/// coccl::moe::AllToAllv across hosts: the all_to_allv kernel with counts in device memory
+/// (kernels/net.hpp) on `stream`, in the communicator's order of device operations.
+/// errc::unsupported when every rank is on one host (the moe arena serves that case) or for
+/// more ranks than kernels::net_max_segs.
+std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl,
+                                    const kernels::NetA2av& args, cuda_stream stream);
+
+/// Makes the communicator's device state now, as its first device operation would (collective,
+/// blocking): for objects that must be ready before a graph is captured.
+std::error_code prepare_device(const std::shared_ptr<CommImpl>& impl);
 
 /// A new UniqueId whose root listens on `engine`'s first proxy thread.
 UniqueId unique_id_on(runtime::Engine& engine);

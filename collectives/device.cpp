@@ -605,6 +605,50 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   return {};
 }
 
+std::error_code prepare_device(const std::shared_ptr<CommImpl>& impl) {
+  if (!impl) return make_error_code(errc::aborted);
+  if (auto ec = impl->error()) return ec;
+  DeviceState* d = nullptr;
+  return ensure_device(*impl, impl, d);
+}
+
+std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl,
+                                    const kernels::NetA2av& args, cuda_stream stream) {
+  if (!impl) return make_error_code(errc::aborted);
+  CommImpl& c = *impl;
+  if (auto ec = c.error()) return ec;
+  if (c.one_host() || c.size() > kernels::net_max_segs) return make_error_code(errc::unsupported);
+  DeviceState* d = nullptr;
+  if (auto ec = ensure_device(c, impl, d)) return ec;
+  int current = -1;
+  cudaGetDevice(&current);
+  if (current != d->device) {
+    COCCL_WARN(coll, c.rank(), "current GPU %d is not the communicator's GPU %d", current,
+               d->device);
+    return make_error_code(errc::invalid_argument);
+  }
+  std::lock_guard order(d->order_mutex);
+  if (auto ec = c.error()) return ec;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaSuccess;
+  DeviceState::Chain* chain = chain_of(*d, s, e);
+  if (chain == nullptr) return cuda_error(c, e, "cudaStreamGetCaptureInfo");
+  if ((e = after_last(*chain, s))) return cuda_error(c, e, "ordering after the previous operation");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  if ((e = cudaStreamGetCaptureInfo(s, &capture, nullptr, &graph)))
+    return cuda_error(c, e, "cudaStreamGetCaptureInfo");
+  d->ws.seq = ++d->launches;
+  d->recent[d->launches % d->recent.size()].store(OpKind::all_to_allv, std::memory_order_relaxed);
+  if (auto ec = net_launch_a2av(*d->net, c, args, s,
+                                capture == cudaStreamCaptureStatusActive ? graph : nullptr, d->ws))
+    return ec;
+  if ((e = cudaEventRecord(chain->done, s))) return cuda_error(c, e, "cudaEventRecord");
+  chain->any = true;
+  chain->stream = s;
+  return {};
+}
+
 void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
                       std::error_code failed, OpHandler handler) {
   if (!impl || failed) {

@@ -97,7 +97,6 @@ void device_a2av(detail::A2avState& s, const void* send, const Count* sc, const 
                  void* recv, Count* rc, const Count* rd, cuda_stream stream) {
   if (sc == nullptr || rc == nullptr) invalid("all_to_allv: null counts");
   const std::size_t elt = size_of(s.type);
-  auto& a = arena_of(s, kernels::moe::a2av_arena_bytes(s.max_count, elt, s.comm.size()));
   kernels::moe::A2av args{};
   args.send = send;
   args.send_counts = sc;
@@ -109,6 +108,11 @@ void device_a2av(detail::A2avState& s, const void* send, const Count* sc, const 
   args.max_count = s.max_count;
   args.elem_bytes = elt;
   if (s.max_count > 0 && (send == nullptr || recv == nullptr)) invalid("all_to_allv: null buffer");
+  if (detail::spans_hosts(s.comm)) {
+    detail::launch_a2av_net(s, args, stream);
+    return;
+  }
+  auto& a = arena_of(s, kernels::moe::a2av_arena_bytes(s.max_count, elt, s.comm.size()));
   detail::launch_a2av(a, args, stream);
 }
 
@@ -362,6 +366,10 @@ std::size_t AllToAllv::device_bytes() const {
 }
 
 void AllToAllv::prepare() {
+  if (detail::spans_hosts(s_->comm)) {
+    detail::prepare_a2av_net(*s_);
+    return;
+  }
   arena_of(*s_, kernels::moe::a2av_arena_bytes(s_->max_count, size_of(s_->type), s_->comm.size()));
 }
 
@@ -383,6 +391,7 @@ void AllToAllv::run(const void* send, const std::int32_t* sc, const std::int32_t
 }
 
 std::error_code AllToAllv::device_status(std::string* what) {
+  if (s_ && s_->net_errors) return detail::take_net_errors(*s_, what);
   return s_ && s_->arena ? detail::take_errors(*s_->arena, what) : std::error_code();
 }
 

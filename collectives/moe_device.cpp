@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "collectives/comm.hpp"
 #include "collectives/moe_state.hpp"
 #include "collectives/peer_memory.hpp"
 #include "transport/bootstrap.hpp"
@@ -149,13 +150,87 @@ void launch_combine(DeviceArena& a, const kernels::moe::MoeShape& shape, const v
   launched(kernels::moe::combine(shape, y, weights, out, tokens, a.arenas, stream), "combine");
 }
 
-std::error_code take_errors(DeviceArena& a, std::string* what) {
+namespace {
+
+// Reads and clears the error words into a text.
+std::error_code take_words(volatile unsigned* words, std::string* what) {
   static const char* const names[kernels::moe::error_kinds] = {
       "a send count above max_count (sent clamped to max_count)",
       "a negative send count (sent as 0)",
       "more rows for a rank than its capacity (rows past it dropped)",
       "an expert id outside [-1, num_experts) (treated as -1)",
   };
+  std::string text;
+  for (int i = 0; i < kernels::moe::error_kinds; ++i) {
+    if (words[i] == 0) continue;
+    words[i] = 0;
+    if (!text.empty()) text += "; ";
+    text += names[i];
+  }
+  if (text.empty()) return {};
+  if (what) *what = text;
+  return make_error_code(errc::invalid_argument);
+}
+
+}  // namespace
+
+bool spans_hosts(const Communicator& comm) {
+  auto impl = coccl::detail::impl_of(comm);
+  return impl && !impl->one_host();
+}
+
+void prepare_a2av_net(A2avState& s) {
+  if (!s.net_errors) {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, kernels::moe::error_kinds * sizeof(unsigned),
+                        cudaHostAllocMapped | cudaHostAllocPortable),
+          "cudaHostAlloc of the error words");
+    std::memset(p, 0, kernels::moe::error_kinds * sizeof(unsigned));
+    s.net_errors = std::shared_ptr<unsigned>(static_cast<unsigned*>(p), [](unsigned* w) {
+      cudaFreeHost(w);
+    });
+  }
+  auto impl = coccl::detail::impl_of(s.comm);
+  if (auto ec = coccl::detail::prepare_device(impl))
+    fail(static_cast<errc>(ec.value()),
+         "all_to_allv across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
+}
+
+void launch_a2av_net(A2avState& s, const kernels::moe::A2av& args, cuda_stream stream) {
+  prepare_a2av_net(s);
+  void* words = nullptr;
+  check(cudaHostGetDevicePointer(&words, s.net_errors.get(), 0), "cudaHostGetDevicePointer");
+  kernels::NetA2av a{};
+  a.send = static_cast<const char*>(args.send);
+  a.send_counts = args.send_counts;
+  a.send_displs = args.send_displs;
+  a.recv = static_cast<char*>(args.recv);
+  a.recv_counts = args.recv_counts;
+  a.recv_displs = args.recv_displs;
+  a.counts64 = args.counts64;
+  a.max_count = args.max_count;
+  a.elem_bytes = static_cast<std::uint32_t>(args.elem_bytes);
+  a.nranks = s.comm.size();
+  a.errors = static_cast<unsigned*>(words);
+  auto impl = coccl::detail::impl_of(s.comm);
+  if (auto ec = coccl::detail::enqueue_device_a2av(impl, a, stream)) {
+    fail(static_cast<errc>(ec.value()),
+         "all_to_allv across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
+  }
+}
+
+std::error_code take_net_errors(A2avState& s, std::string* what) {
+  auto impl = coccl::detail::impl_of(s.comm);
+  if (impl) {
+    if (std::error_code ec = impl->error()) {
+      if (what) *what = impl->last_error();
+      return ec;
+    }
+  }
+  return take_words(s.net_errors.get(), what);
+}
+
+std::error_code take_errors(DeviceArena& a, std::string* what) {
   // A kernel that gave up a wait leaves the arenas out of step between ranks: the object is
   // unusable from then on, so this is reported every time.
   const volatile device::Status* st = a.arenas.status;
@@ -168,17 +243,7 @@ std::error_code take_errors(DeviceArena& a, std::string* what) {
     }
     return make_error_code(why == device::Status::timed_out ? errc::timed_out : errc::aborted);
   }
-  std::string text;
-  volatile unsigned* words = a.errors;
-  for (int i = 0; i < kernels::moe::error_kinds; ++i) {
-    if (words[i] == 0) continue;
-    words[i] = 0;
-    if (!text.empty()) text += "; ";
-    text += names[i];
-  }
-  if (text.empty()) return {};
-  if (what) *what = text;
-  return make_error_code(errc::invalid_argument);
+  return take_words(a.errors, what);
 }
 
 }  // namespace coccl::moe::detail

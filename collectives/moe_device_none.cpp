@@ -28,5 +28,9 @@ void launch_combine(DeviceArena&, const kernels::moe::MoeShape&, const void*, co
   unsupported();
 }
 std::error_code take_errors(DeviceArena&, std::string*) { return {}; }
+bool spans_hosts(const Communicator&) { return false; }
+void prepare_a2av_net(A2avState&) { unsupported(); }
+void launch_a2av_net(A2avState&, const kernels::moe::A2av&, cuda_stream) { unsupported(); }
+std::error_code take_net_errors(A2avState&, std::string*) { return {}; }
 
 }  // namespace coccl::moe::detail

@@ -45,7 +45,25 @@ struct A2avState {
   std::size_t max_count = 0;
   DataType type = DataType::uint8;
   DeviceArenaPtr arena;
+  // Across hosts: host-mapped error words (error_kinds) of the network path's kernel.
+  std::shared_ptr<unsigned> net_errors;
 };
+
+/// True when the ranks of `comm` span hosts: the device forms then take the communicator's
+/// network path instead of an arena.
+bool spans_hosts(const Communicator& comm);
+
+/// Makes what the device all_to_allv across hosts needs (the communicator's device state, the
+/// error words) now: collective and blocking.
+void prepare_a2av_net(A2avState& s);
+
+/// The device all_to_allv across hosts (coccl::detail::enqueue_device_a2av); throws
+/// std::system_error with nothing enqueued when the launch fails.
+void launch_a2av_net(A2avState& s, const kernels::moe::A2av& args, cuda_stream stream);
+
+/// Reads and clears the error words of the network path; a failed communicator (a kernel that
+/// gave up, a lost peer) reports its error every time.
+std::error_code take_net_errors(A2avState& s, std::string* what);
 
 /// Host-memory dispatch result and what combine needs to send rows back.
 struct HostSide {

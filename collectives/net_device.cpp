@@ -42,12 +42,14 @@ namespace {
 
 // What the proxy needs to run an operation's rounds on the host.
 struct NetOp {
-  kernels::NetPlan plan;
+  kernels::NetPlan plan;  // for an all_to_allv with device counts: made after round 0
   OpKind kind;
   DataType type;
   ReduceOp op;
   int root;
   bool eager;
+  bool device_counts = false;  // round 0 exchanges the counts (kernels::NetA2av)
+  std::uint32_t elt = 1;
 };
 
 // Descriptors by id. Shared with the destructors of graph user objects, which CUDA runs on its
@@ -258,6 +260,37 @@ class NetDevice {
     op->type = a.type;
     op->op = a.op;
     op->root = a.root;
+    return enqueue(c, op, opcode_of(a.kind), graph, ws,
+                   [&](const kernels::NetChannel& ch, int grid) {
+                     return kernels::net_stage(op->plan, ch, grid,
+                                               reinterpret_cast<CUstream_st*>(s));
+                   });
+  }
+
+  std::error_code launch_a2av(CommImpl& c, const kernels::NetA2av& args, cudaStream_t s,
+                              cudaGraph_t graph, const device::Workspace& ws) {
+    auto op = std::make_shared<NetOp>();
+    op->kind = OpKind::p2p;
+    op->type = DataType::uint8;
+    op->root = 0;
+    op->op = ReduceOp::sum;
+    op->device_counts = true;
+    op->elt = args.elem_bytes;
+    const std::uint64_t chunk = a2av_chunk(c.size());
+    return enqueue(c, op, device::OpCode::all_to_allv, graph, ws,
+                   [&](const kernels::NetChannel& ch, int grid) {
+                     return kernels::net_all_to_allv(args, ch, chunk, grid,
+                                                     reinterpret_cast<CUstream_st*>(s));
+                   });
+  }
+
+ private:
+  std::uint64_t a2av_chunk(int n) const { return slot_ / static_cast<std::size_t>(n) / 64 * 64; }
+
+  // Registers `op` (eager, or kept by the graph being captured) and launches its kernel.
+  template <class Launch>
+  std::error_code enqueue(CommImpl& c, std::shared_ptr<NetOp> op, device::OpCode code,
+                          cudaGraph_t graph, const device::Workspace& ws, Launch&& launch) {
     op->eager = graph == nullptr;
     const std::uint64_t id = table_->add(op);
     if (graph) {
@@ -289,9 +322,9 @@ class NetDevice {
     ch.status = ws.status;
     ch.timeout_ns = ws.timeout_ns;
     ch.seq = ws.seq;
-    ch.op = static_cast<std::uint32_t>(opcode_of(a.kind));
+    ch.op = static_cast<std::uint32_t>(code);
     const int grid = ws.max_grid > 0 ? ws.max_grid : device::max_blocks;
-    if (int rc = kernels::net_stage(op->plan, ch, grid, reinterpret_cast<CUstream_st*>(s))) {
+    if (int rc = launch(ch, grid)) {
       if (op->eager) {
         table_->erase(id);
         table_->eager.fetch_sub(1, std::memory_order_relaxed);
@@ -301,7 +334,6 @@ class NetDevice {
     return {};
   }
 
- private:
   static device::OpCode opcode_of(OpKind k) {
     switch (k) {
       case OpKind::all_reduce: return device::OpCode::all_reduce;
@@ -324,15 +356,41 @@ class NetDevice {
     return make_error_code(errc::cuda_error);
   }
 
-  // The host operation of round k of `op`, on its staging slot.
-  OpArgs round_of(const NetOp& op, std::uint64_t k) const {
+  // The host operation of round k of `op` (following `plan`), on its staging slot. Round 0 of an
+  // all_to_allv with device counts is the exchange of the counts: one int64 a rank.
+  OpArgs round_of(const NetOp& op, const kernels::NetPlan& plan, std::uint64_t k) const {
     char* in = stage_ + (k % slots_) * 2 * slot_;
     OpArgs shape;
+    if (op.device_counts && k == 0) {
+      shape.kind = OpKind::all_to_all;
+      shape.type = DataType::int64;
+      shape.send = in;
+      shape.recv = in + slot_;
+      shape.count = 1;
+      return shape;
+    }
     shape.kind = op.kind;
     shape.type = op.type;
     shape.op = op.op;
     shape.root = op.root;
-    return net_round(op.plan, shape, in, in + slot_, k);
+    return net_round(plan, shape, in, in + slot_, k);
+  }
+
+  // The plan of an all_to_allv with device counts, from the counts its round 0 left in slot 0
+  // (the kernel built the same one). Only sizes, peers and rounds matter here: the buffers are
+  // the kernel's.
+  kernels::NetPlan counted_plan(const NetOp& op, int n) const {
+    std::vector<std::int64_t> sc(n), rc(n);
+    std::vector<std::uint64_t> sd(n, 0), rd(n, 0);
+    for (int q = 0; q < n; ++q) {
+      sc[q] = static_cast<std::int64_t>(load_acquire(reinterpret_cast<std::uint64_t*>(stage_)[q]));
+      rc[q] = static_cast<std::int64_t>(
+          load_acquire(reinterpret_cast<std::uint64_t*>(stage_ + slot_)[q]));
+    }
+    kernels::NetPlan p{};
+    kernels::net_a2av_plan(p, n, a2av_chunk(n), op.elt, stage_, stage_, sc.data(), sd.data(),
+                           rc.data(), rd.data());
+    return p;
   }
 
   // Runs `a` as a host operation of the communicator.
@@ -364,7 +422,9 @@ class NetDevice {
       const auto posted = clock::now();
       clock::duration first_wait{};
       const std::uint64_t base = done_;
-      for (std::uint64_t k = 0; k < op->plan.rounds; ++k) {
+      kernels::NetPlan plan = op->plan;
+      std::uint64_t rounds = op->device_counts ? 1 : plan.rounds;
+      for (std::uint64_t k = 0; k < rounds; ++k) {
         const std::uint64_t target = base + k + 1;
         // Staged, and a lane free for it (rounds are given to lanes in turn).
         if (!co_await poller_->until(
@@ -379,17 +439,28 @@ class NetDevice {
         ++inflight_;
         asio::co_spawn(comm->executor(),
                        run_round(weak, lanes_[k % lanes_.size()], k % lanes_.size(),
-                                 round_of(*op, k), target, self),
+                                 round_of(*op, plan, k), target, self),
                        asio::detached);
+        if (op->device_counts && k == 0) {
+          // The rest of the operation follows from the counts. (No reference to the
+          // communicator across the wait: see run_round's.)
+          const int n = comm->size();
+          comm.reset();
+          if (!co_await poller_->until([this, target] { return done_ >= target; },
+                                       asio::use_awaitable))
+            co_return;
+          plan = counted_plan(*op, n);
+          rounds = plan.rounds;
+        }
       }
-      if (!co_await poller_->until([this, end = base + op->plan.rounds] { return done_ >= end; },
+      if (!co_await poller_->until([this, end = base + rounds] { return done_ >= end; },
                                    asio::use_awaitable))
         co_return;
       COCCL_TRACE(net, rank_,
                   "device %s (descriptor %llu): %llu rounds, %.1f us from the previous one's end "
                   "to its post, %.1f us waiting for the first round, %.1f us to the last round",
                   name_of(op->kind), static_cast<unsigned long long>(id),
-                  static_cast<unsigned long long>(op->plan.rounds), us(posted - last_end_),
+                  static_cast<unsigned long long>(rounds), us(posted - last_end_),
                   us(first_wait), us(clock::now() - posted));
       last_end_ = clock::now();
       if (op->eager) {
@@ -459,6 +530,11 @@ std::error_code make_net_device(const std::shared_ptr<CommImpl>& comm, device::S
 std::error_code net_launch(NetDevice& net, CommImpl& c, const OpArgs& a, cudaStream_t s,
                            cudaGraph_t graph, const device::Workspace& ws) {
   return net.launch(c, a, s, graph, ws);
+}
+
+std::error_code net_launch_a2av(NetDevice& net, CommImpl& c, const kernels::NetA2av& args,
+                                cudaStream_t s, cudaGraph_t graph, const device::Workspace& ws) {
+  return net.launch_a2av(c, args, s, graph, ws);
 }
 
 }  // namespace coccl::detail

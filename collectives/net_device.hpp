@@ -28,4 +28,8 @@ std::error_code make_net_device(const std::shared_ptr<CommImpl>& comm, device::S
 std::error_code net_launch(NetDevice& net, CommImpl& c, const OpArgs& a, cudaStream_t s,
                            cudaGraph_t graph, const device::Workspace& ws);
 
+/// The all_to_allv kernel with device counts (kernels/net.hpp), like net_launch.
+std::error_code net_launch_a2av(NetDevice& net, CommImpl& c, const kernels::NetA2av& args,
+                                cudaStream_t s, cudaGraph_t graph, const device::Workspace& ws);
+
 }  // namespace coccl::detail

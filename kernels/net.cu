@@ -94,9 +94,25 @@ __device__ bool wait_done(const NetChannel& ch, const detail::Watch& w, std::uin
   return __syncthreads_and(ok) != 0;
 }
 
-__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
-    net_kernel(const NetPlan p, const NetChannel ch) {
-  const detail::Watch w{ch.status, &ch.counters->claim, ch.timeout_ns, ch.seq, ch.op};
+// Tells the proxy that round k is staged, once every block has staged its share: one system
+// fence per block, after the block's barrier (a fence in every thread costs tens of
+// microseconds). A block stages round k only after round k - slots was done, which needed every
+// block's round k - slots: so blocks are fewer than `slots` rounds apart, and one arrival
+// counter per slot keeps the rounds apart.
+__device__ void arrive(const NetChannel& ch, std::uint64_t base, std::uint64_t k) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  const std::uint32_t target = static_cast<std::uint32_t>(k / ch.slots + 1) * gridDim.x;
+  if (atomicAdd(&ch.counters->arrive[k % ch.slots], 1u) + 1 == target) {
+    __threadfence_system();
+    store_release_sys64(&ch.box->staged, base + k + 1);
+  }
+}
+
+// Block 0 posts the operation (its descriptor first); every block learns where the
+// communicator's rounds stand.
+__device__ std::uint64_t begin(const NetChannel& ch) {
   __shared__ std::uint64_t base;
   if (threadIdx.x == 0) {
     base = ch.counters->rounds;
@@ -108,6 +124,12 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
     }
   }
   __syncthreads();
+  return base;
+}
+
+// Rounds k0 .. p.rounds - 1 of plan p (the rounds before k0 are done and out).
+__device__ bool run_rounds(const NetPlan& p, const NetChannel& ch, const detail::Watch& w,
+                           std::uint64_t base, std::uint64_t k0) {
   const std::uint64_t slot = 2 * ch.slot_bytes;
   const std::uint64_t N = ch.slots;
   // Round j's results: wait for the proxy, then copy them out of its slot's "out" area.
@@ -116,40 +138,93 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
     copy_round<false>(p, ch.stage + (j % N) * slot + ch.slot_bytes, j);
     return true;
   };
-  for (std::uint64_t k = 0; k < p.rounds; ++k) {
+  for (std::uint64_t k = k0; k < p.rounds; ++k) {
     copy_round<true>(p, ch.stage + (k % N) * slot, k);
-    // Every block's staging writes are visible system-wide before the last one to arrive tells
-    // the proxy: one system fence per block, after the block's barrier (a fence in every thread
-    // costs tens of microseconds). A block stages round k only after round k - N was done, which
-    // needed every block's round k - N: so blocks are fewer than N rounds apart, and one counter
-    // per slot keeps the rounds apart.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      const std::uint32_t target = static_cast<std::uint32_t>(k / N + 1) * gridDim.x;
-      if (atomicAdd(&ch.counters->arrive[k % N], 1u) + 1 == target) {
-        __threadfence_system();
-        store_release_sys64(&ch.box->staged, base + k + 1);
-      }
-    }
+    arrive(ch, base, k);
     // The next round's slot is free once the round that used it before is out.
-    if (k + 1 >= N && !finish(k + 1 - N)) return;
+    if (k + 1 >= N + k0 && !finish(k + 1 - N)) return false;
   }
-  for (std::uint64_t j = p.rounds + 1 > N ? p.rounds + 1 - N : 0; j < p.rounds; ++j)
-    if (!finish(j)) return;
-  // The last block to leave moves the counters on for the next operation (which starts only
-  // after this kernel has ended: the communicator orders its launches).
+  for (std::uint64_t j = p.rounds + 1 > N + k0 ? p.rounds + 1 - N : k0; j < p.rounds; ++j)
+    if (!finish(j)) return false;
+  return true;
+}
+
+// The last block to leave moves the counters on for the next operation (which starts only after
+// this kernel has ended: the communicator orders its launches).
+__device__ void leave(const NetChannel& ch, std::uint64_t base, std::uint64_t rounds) {
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&ch.counters->leave, 1u) + 1 == gridDim.x) {
+    for (std::uint32_t i = 0; i < ch.slots; ++i) ch.counters->arrive[i] = 0;
+    ch.counters->leave = 0;
+    ch.counters->rounds = base + rounds;
+    ch.counters->ops += 1;
     __threadfence();
-    if (atomicAdd(&ch.counters->leave, 1u) + 1 == gridDim.x) {
-      for (std::uint32_t i = 0; i < ch.slots; ++i) ch.counters->arrive[i] = 0;
-      ch.counters->leave = 0;
-      ch.counters->rounds = base + p.rounds;
-      ch.counters->ops += 1;
-      __threadfence();
+  }
+}
+
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
+    net_kernel(const NetPlan p, const NetChannel ch) {
+  const detail::Watch w{ch.status, &ch.counters->claim, ch.timeout_ns, ch.seq, ch.op};
+  const std::uint64_t base = begin(ch);
+  if (run_rounds(p, ch, w, base, 0)) leave(ch, base, p.rounds);
+}
+
+__device__ std::int64_t count_at(const void* counts, bool wide, int q) {
+  return wide ? static_cast<const std::int64_t*>(counts)[q]
+              : static_cast<const std::int32_t*>(counts)[q];
+}
+
+__global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_sm)
+    net_a2av_kernel(const NetA2av a, const NetChannel ch, std::uint64_t chunk) {
+  const detail::Watch w{ch.status, &ch.counters->claim, ch.timeout_ns, ch.seq, ch.op};
+  __shared__ NetPlan plan;
+  __shared__ std::int64_t sc[net_max_segs], rc[net_max_segs];
+  __shared__ std::uint64_t sd[net_max_segs], rd[net_max_segs];
+  const std::uint64_t base = begin(ch);
+  const int n = a.nranks;
+  const int t = static_cast<int>(threadIdx.x);
+  // Round 0: the send counts, clamped to [0, max_count] (the error noted, the exchange kept in
+  // step on every rank).
+  if (t < n) {
+    std::int64_t c = count_at(a.send_counts, a.counts64, t);
+    int error = -1;
+    if (c < 0) {
+      c = 0;
+      error = 1;  // moe::count_negative
+    } else if (static_cast<std::uint64_t>(c) > a.max_count) {
+      c = static_cast<std::int64_t>(a.max_count);
+      error = 0;  // moe::count_over_max
+    }
+    sc[t] = c;
+    if (blockIdx.x == 0) {
+      reinterpret_cast<volatile std::int64_t*>(ch.stage)[t] = c;
+      if (error >= 0 && a.errors != nullptr) reinterpret_cast<volatile unsigned*>(a.errors)[error] = 1;
     }
   }
+  arrive(ch, base, 0);
+  if (!wait_done(ch, w, base + 1)) return;
+  if (t < n) rc[t] = __ldcv(reinterpret_cast<const long long*>(ch.stage + ch.slot_bytes) + t);
+  __syncthreads();
+  if (t == 0) {
+    std::uint64_t so = 0, ro = 0;
+    for (int q = 0; q < n; ++q) {
+      sd[q] = a.send_displs ? static_cast<std::uint64_t>(count_at(a.send_displs, a.counts64, q)) : so;
+      rd[q] = a.recv_displs ? static_cast<std::uint64_t>(count_at(a.recv_displs, a.counts64, q)) : ro;
+      so += static_cast<std::uint64_t>(sc[q]);
+      ro += static_cast<std::uint64_t>(rc[q]);
+    }
+    net_a2av_plan(plan, n, chunk, a.elem_bytes, a.send, a.recv, sc, sd, rc, rd);
+  }
+  if (blockIdx.x == 0 && t < n) {
+    if (a.counts64)
+      static_cast<std::int64_t*>(a.recv_counts)[t] = rc[t];
+    else
+      static_cast<std::int32_t*>(a.recv_counts)[t] = static_cast<std::int32_t>(rc[t]);
+  }
+  __syncthreads();
+  if (run_rounds(plan, ch, w, base, 1)) leave(ch, base, plan.rounds);
 }
 
 }  // namespace
@@ -181,6 +256,27 @@ int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_
   return static_cast<int>(cudaGetLastError());
 }
 
-int detail::load_net() { return detail::load_peer_function(net_kernel); }
+int net_all_to_allv(const NetA2av& a, const NetChannel& ch, std::uint64_t chunk, int max_grid,
+                    CUstream_st* stream) {
+  if (a.nranks < 1 || a.nranks > net_max_segs || chunk == 0 || chunk % 64 != 0 ||
+      ch.stage == nullptr || ch.box == nullptr || ch.counters == nullptr || ch.status == nullptr ||
+      ch.slots < 2 || ch.slots > static_cast<std::uint32_t>(net_max_slots) || max_grid < 1 ||
+      a.send_counts == nullptr || a.recv_counts == nullptr ||
+      (a.elem_bytes != 1 && a.elem_bytes != 2 && a.elem_bytes != 4 && a.elem_bytes != 8) ||
+      static_cast<std::uint64_t>(a.nranks) * 8 > ch.slot_bytes)
+    return cudaErrorInvalidValue;
+  // The counts are known only on the device: a block per 256 KiB of the most a round can carry.
+  const std::uint64_t most = chunk * static_cast<std::uint64_t>(a.nranks);
+  const std::uint64_t want = (most + (256u << 10) - 1) / (256u << 10);
+  const unsigned grid = static_cast<unsigned>(
+      want > static_cast<std::uint64_t>(max_grid) ? static_cast<std::uint64_t>(max_grid) : want);
+  net_a2av_kernel<<<grid, detail::block_threads, 0, stream>>>(a, ch, chunk);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int detail::load_net() {
+  if (int rc = detail::load_peer_function(net_kernel)) return rc;
+  return detail::load_peer_function(net_a2av_kernel);
+}
 
 }  // namespace coccl::kernels

@@ -126,4 +126,58 @@ COCCL_HD std::uint64_t net_rounds_of(std::uint64_t bytes, std::uint64_t chunk) {
 /// of them must be able to run at once). Returns a cudaError_t value.
 int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_st* stream);
 
+// ---- all_to_allv with counts in device memory (coccl::moe::AllToAllv across hosts) ----
+//
+// Round 0 carries the counts: the kernel stages its send counts (clamped to [0, max_count]) as
+// nranks int64 in the "in" area, the proxy runs an all_to_all of one int64 a rank, and both
+// sides read the received counts from the "out" area. From them both build the same pairs plan
+// (net_a2av_plan), whose transfers start in round 1.
+
+/// What the all_to_allv kernel reads and writes.
+struct NetA2av {
+  const char* send;
+  const void* send_counts;  // nranks counts (int32 or int64), device memory
+  const void* send_displs;  // nranks displacements, or null: packed in rank order
+  char* recv;
+  void* recv_counts;        // written: the received counts
+  const void* recv_displs;  // or null: packed in rank order
+  bool counts64;
+  std::uint64_t max_count;
+  std::uint32_t elem_bytes;
+  std::int32_t nranks;      // at most net_max_segs
+  unsigned* errors;         // device pointer of host-mapped words (moe::error_kind), may be null
+};
+
+/// The pairs plan of an all_to_allv of `n` ranks from its clamped counts (elements) and element
+/// displacements, with buffers at `send` and `recv`: one transfer each way per peer with a
+/// non-zero count, all starting in round 1 (after the counts' round).
+COCCL_HD void net_a2av_plan(NetPlan& p, int n, std::uint64_t chunk, std::uint32_t elt,
+                            const char* send, char* recv, const std::int64_t* sc,
+                            const std::uint64_t* sd, const std::int64_t* rc,
+                            const std::uint64_t* rd) {
+  p.layout = NetLayout::pairs;
+  p.chunk = chunk;
+  p.rounds = 1;
+  p.nin = p.nout = 0;
+  p.piece_bytes = 0;
+  for (int q = 0; q < n; ++q) {
+    const std::uint64_t sb = static_cast<std::uint64_t>(sc[q]) * elt;
+    const std::uint64_t rb = static_cast<std::uint64_t>(rc[q]) * elt;
+    if (sb != 0) {
+      p.in[p.nin++] = NetSeg{const_cast<char*>(send) + sd[q] * elt, sb, 0, 1, q, 1};
+      const std::uint64_t end = 1 + net_rounds_of(sb, chunk);
+      p.rounds = end > p.rounds ? end : p.rounds;
+    }
+    if (rb != 0) {
+      p.out[p.nout++] = NetSeg{recv + rd[q] * elt, rb, 0, 1, q, 1};
+      const std::uint64_t end = 1 + net_rounds_of(rb, chunk);
+      p.rounds = end > p.rounds ? end : p.rounds;
+    }
+  }
+}
+
+/// Enqueues the all_to_allv kernel (see above). Returns a cudaError_t value.
+int net_all_to_allv(const NetA2av& a, const NetChannel& ch, std::uint64_t chunk, int max_grid,
+                    CUstream_st* stream);
+
 }  // namespace coccl::kernels

@@ -77,6 +77,8 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
                       std::error_code failed, OpHandler handler);
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler);
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
+/// The library's own view of a communicator (null for an empty one); for coccl's other parts.
+std::shared_ptr<CommImpl> impl_of(const Communicator& comm);
 
 }  // namespace detail
 
@@ -531,6 +533,7 @@ class Communicator {
  private:
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
   friend void detail::submit_create(UniqueId, int, int, detail::CreateHandler);
+  friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator&);
   friend class detail::CommImpl;
 
   static detail::OpArgs make(detail::OpKind k, const void* send, void* recv, std::size_t count,

@@ -25,6 +25,13 @@
 // order, on one stream (or streams ordered among themselves), like the device collectives of
 // Communicator. device_bytes() is what the object holds on each GPU.
 //
+// Across hosts (ranks with different host ids, see COCCL_HOSTID) AllToAllv's device form takes the
+// communicator's network path instead: its kernel stages the data through pinned host memory and
+// the communicator's proxy moves it, the counts still read and written on the device only (the
+// proxy reads them from pinned memory; nothing synchronises the host). It holds no arena there
+// (device_bytes() is 0), and its calls are ordered with the communicator's device operations.
+// Dispatcher's device forms need every rank on one host (errc::unsupported otherwise).
+//
 // Host forms: buffers and counts in host memory; the exchange runs over the communicator's host
 // collectives (all_to_all/all_gather of the counts, then all_to_allv) and blocks until done.
 //

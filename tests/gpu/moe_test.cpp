@@ -3,7 +3,9 @@
 // maximum counts, int32 and int64, packed and explicit displacements, a count over the maximum),
 // dispatch and combine against tests/moe/moe_reference.hpp (random, sparse and skewed routing,
 // three types, a capacity overflow), and CUDA graphs replayed with counts and routing changed
-// on the device between replays. Skips without two GPUs.
+// on the device between replays. Skips without two GPUs. Across hosts (ranks acting as hosts on
+// one GPU under MPS, COCCL_HOSTID): the same all_to_allv checks through the network path, and a
+// Dispatcher device call refused with errc::unsupported.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/gpu/mps.hpp"
 #include "tests/gpu/ranks.hpp"
 #include "tests/moe/moe_reference.hpp"
 
@@ -26,6 +29,7 @@ using namespace coccl::moe_test;
 struct Rank {
   int me = 0;
   int n = 0;
+  bool across_hosts = false;  // no arena: device_bytes() stays 0
   cudaStream_t st = nullptr;
   int failures = 0;
 
@@ -157,7 +161,8 @@ void run_a2av(Rank& R, coccl::Communicator& comm) {
     a2av_once<std::int64_t>(R, a2a, Counts::at_max, max, 0, true);
     a2av_once<std::int32_t>(R, a2a, Counts::zeros, max, 0, false);
     const std::size_t want = coccl::moe::AllToAllv::device_bytes_for(max, DataType::int32, R.n);
-    if (a2a.device_bytes() != want) R.fail("device_bytes differs from device_bytes_for");
+    if (a2a.device_bytes() != (R.across_hosts ? 0 : want))
+      R.fail("device_bytes differs from device_bytes_for");
   }
 }
 
@@ -433,6 +438,61 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   return R.failures ? 1 : 0;
 }
 
+// Ranks of different hosts on one GPU: all_to_allv through the network path; dispatch refused.
+int across_hosts_main(int rank, int n, const std::string& id_hex) {
+  Rank R;
+  R.me = rank;
+  R.n = n;
+  R.across_hosts = true;
+  try {
+    R.cuda(cudaSetDevice(coccl::gpu_test::gpu_of(rank)), "cudaSetDevice");
+    auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
+    R.cuda(cudaStreamCreateWithFlags(&R.st, cudaStreamNonBlocking), "stream");
+    run_a2av(R, comm);
+    run_a2av_over(R, comm);
+    run_a2av_graph(R, comm);
+    coccl::moe::Dispatcher moe(comm, {.max_tokens = 8, .hidden = 64,
+                                      .type = DataType::bfloat16, .top_k = 2,
+                                      .num_experts = 4 * n});
+    Buf x(8 * 64 * 2), idx(8 * 2 * 4);
+    try {
+      moe.dispatch(x.p, 8, idx.as<std::int32_t>(), R.cs());
+      R.fail("a device dispatch across hosts was accepted");
+    } catch (const std::system_error& e) {
+      if (e.code() != coccl::make_error_code(coccl::errc::unsupported))
+        R.fail(std::string("dispatch across hosts: ") + e.what());
+    }
+    cudaStreamDestroy(R.st);
+    comm.destroy();
+  } catch (const std::exception& e) {
+    std::printf("EXCEPTION rank=%d: %s\n", rank, e.what());
+    return 2;
+  }
+  std::printf("rank %d: %s\n", rank, R.failures ? "FAILED" : "all checks passed");
+  return R.failures ? 1 : 0;
+}
+
+void expect_hosts_pass(int n, int per_host) {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::Mps mps;
+  if (!mps.available())
+    GTEST_SKIP() << n << " processes on one GPU need MPS: " << mps.why_unavailable();
+  coccl::gpu_test::RankProcesses how;
+  how.gpus = 1;
+  how.deadline_s = 400;
+  how.ranks_per_host = per_host;
+  how.body = "across_hosts";
+  coccl::gpu_test::expect_rank_processes_pass(n, how);
+}
+
+TEST(MoeAcrossHosts, AllToAllvTwoHostsMatchesReferenceAndReplaysGraphs) { expect_hosts_pass(2, 1); }
+
+TEST(MoeAcrossHosts, AllToAllvThreeHostsMatchesReferenceAndReplaysGraphs) {
+  expect_hosts_pass(3, 1);
+}
+
+TEST(MoeAcrossHosts, AllToAllvTwoHostsOfTwoRanksMatchesReference) { expect_hosts_pass(4, 2); }
+
 TEST(MoeDevice, OneProcessPerGpuMatchesReferenceAndReplaysGraphs) {
   const int n = coccl::gpu_test::ranks_here();
   if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
@@ -448,5 +508,6 @@ TEST(MoeDevice, AllGpusInOneProcessMatchReference) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return coccl::gpu_test::rank_or_tests_main(argc, argv, rank_main);
+  return coccl::gpu_test::rank_or_tests_main(
+      argc, argv, {{"", rank_main}, {"across_hosts", across_hosts_main}});
 }
