@@ -14,13 +14,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -124,8 +124,7 @@ class NetPoller final : public runtime::Poller {
   bool poll() override {
     if (!handler_) return false;
     const bool ok = ready_();
-    if (!ok &&
-        std::atomic_ref<std::uint32_t>(status_->abort).load(std::memory_order_acquire) == 0)
+    if (!ok && std::atomic_ref<std::uint32_t>(status_->abort).load(std::memory_order_acquire) == 0)
       return false;
     Handler h = std::move(*handler_);
     handler_.reset();
@@ -165,14 +164,14 @@ class NetDevice {
 
   std::error_code init(CommImpl& c) {
     rank_ = c.rank();
-    slot_ = static_cast<std::size_t>(std::max<std::int64_t>(0, params::net_slot_bytes.get())) /
-            64 * 64;
+    slot_ =
+        static_cast<std::size_t>(std::max<std::int64_t>(0, params::net_slot_bytes.get())) / 64 * 64;
     if (slot_ < 64 * static_cast<std::size_t>(c.size())) {
       COCCL_WARN(p2p, c.rank(), "COCCL_NET_SLOT_BYTES %zu is below 64 bytes a rank", slot_);
       return make_error_code(errc::invalid_argument);
     }
-    lanes_n_ = static_cast<int>(std::clamp<std::int64_t>(params::net_lanes.get(), 1,
-                                                          kernels::net_max_slots - 1));
+    lanes_n_ = static_cast<int>(
+        std::clamp<std::int64_t>(params::net_lanes.get(), 1, kernels::net_max_slots - 1));
     slots_ = static_cast<std::uint32_t>(lanes_n_ + 1);
     void* p = nullptr;
     if (auto e = cudaHostAlloc(&p, sizeof(kernels::NetMailbox),
@@ -260,11 +259,10 @@ class NetDevice {
     op->type = a.type;
     op->op = a.op;
     op->root = a.root;
-    return enqueue(c, op, opcode_of(a.kind), graph, ws,
-                   [&](const kernels::NetChannel& ch, int grid) {
-                     return kernels::net_stage(op->plan, ch, grid,
-                                               reinterpret_cast<CUstream_st*>(s));
-                   });
+    return enqueue(
+        c, op, opcode_of(a.kind), graph, ws, [&](const kernels::NetChannel& ch, int grid) {
+          return kernels::net_stage(op->plan, ch, grid, reinterpret_cast<CUstream_st*>(s));
+        });
   }
 
   std::error_code launch_a2av(CommImpl& c, const kernels::NetA2av& args, cudaStream_t s,
@@ -336,16 +334,26 @@ class NetDevice {
 
   static device::OpCode opcode_of(OpKind k) {
     switch (k) {
-      case OpKind::all_reduce: return device::OpCode::all_reduce;
-      case OpKind::all_gather: return device::OpCode::all_gather;
-      case OpKind::reduce_scatter: return device::OpCode::reduce_scatter;
-      case OpKind::all_to_all: return device::OpCode::all_to_all;
-      case OpKind::broadcast: return device::OpCode::broadcast;
-      case OpKind::reduce: return device::OpCode::reduce;
-      case OpKind::gather: return device::OpCode::gather;
-      case OpKind::scatter: return device::OpCode::scatter;
-      case OpKind::all_to_allv: return device::OpCode::all_to_allv;
-      default: return device::OpCode::send_recv;
+      case OpKind::all_reduce:
+        return device::OpCode::all_reduce;
+      case OpKind::all_gather:
+        return device::OpCode::all_gather;
+      case OpKind::reduce_scatter:
+        return device::OpCode::reduce_scatter;
+      case OpKind::all_to_all:
+        return device::OpCode::all_to_all;
+      case OpKind::broadcast:
+        return device::OpCode::broadcast;
+      case OpKind::reduce:
+        return device::OpCode::reduce;
+      case OpKind::gather:
+        return device::OpCode::gather;
+      case OpKind::scatter:
+        return device::OpCode::scatter;
+      case OpKind::all_to_allv:
+        return device::OpCode::all_to_allv;
+      default:
+        return device::OpCode::send_recv;
     }
   }
 
@@ -396,7 +404,9 @@ class NetDevice {
   // Runs `a` as a host operation of the communicator.
   static auto run_host(CommImpl& c, OpArgs a) {
     return asio::async_initiate<decltype(asio::use_awaitable), void(std::error_code)>(
-        [&c](auto handler, OpArgs args) { c.submit(std::move(args), OpHandler(std::move(handler))); },
+        [&c](auto handler, OpArgs args) {
+          c.submit(std::move(args), OpHandler(std::move(handler)));
+        },
         asio::use_awaitable, std::move(a));
   }
 
@@ -460,8 +470,8 @@ class NetDevice {
                   "device %s (descriptor %llu): %llu rounds, %.1f us from the previous one's end "
                   "to its post, %.1f us waiting for the first round, %.1f us to the last round",
                   name_of(op->kind), static_cast<unsigned long long>(id),
-                  static_cast<unsigned long long>(rounds), us(posted - last_end_),
-                  us(first_wait), us(clock::now() - posted));
+                  static_cast<unsigned long long>(rounds), us(posted - last_end_), us(first_wait),
+                  us(clock::now() - posted));
       last_end_ = clock::now();
       if (op->eager) {
         table_->erase(id);
@@ -506,7 +516,7 @@ class NetDevice {
   // Proxy thread: operations served and rounds done over the communicator's life.
   std::uint64_t served_ = 0;
   std::uint64_t done_ = 0;
-  std::size_t inflight_ = 0;           // rounds running on the lanes
+  std::size_t inflight_ = 0;          // rounds running on the lanes
   std::set<std::uint64_t> finished_;  // rounds done out of order
   std::chrono::steady_clock::time_point last_end_{};
   int rank_ = 0;

@@ -200,7 +200,8 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
     sc[t] = c;
     if (blockIdx.x == 0) {
       reinterpret_cast<volatile std::int64_t*>(ch.stage)[t] = c;
-      if (error >= 0 && a.errors != nullptr) reinterpret_cast<volatile unsigned*>(a.errors)[error] = 1;
+      if (error >= 0 && a.errors != nullptr)
+        reinterpret_cast<volatile unsigned*>(a.errors)[error] = 1;
     }
   }
   arrive(ch, base, 0);
@@ -210,8 +211,10 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
   if (t == 0) {
     std::uint64_t so = 0, ro = 0;
     for (int q = 0; q < n; ++q) {
-      sd[q] = a.send_displs ? static_cast<std::uint64_t>(count_at(a.send_displs, a.counts64, q)) : so;
-      rd[q] = a.recv_displs ? static_cast<std::uint64_t>(count_at(a.recv_displs, a.counts64, q)) : ro;
+      sd[q] =
+          a.send_displs ? static_cast<std::uint64_t>(count_at(a.send_displs, a.counts64, q)) : so;
+      rd[q] =
+          a.recv_displs ? static_cast<std::uint64_t>(count_at(a.recv_displs, a.counts64, q)) : ro;
       so += static_cast<std::uint64_t>(sc[q]);
       ro += static_cast<std::uint64_t>(rc[q]);
     }
@@ -231,8 +234,8 @@ __global__ void __launch_bounds__(detail::block_threads, detail::min_blocks_per_
 
 int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_st* stream) {
   if (plan.rounds == 0 || plan.chunk == 0 || plan.chunk % 64 != 0 || ch.stage == nullptr ||
-      ch.slots < 2 || ch.slots > static_cast<std::uint32_t>(net_max_slots) ||
-      ch.box == nullptr || ch.counters == nullptr || ch.status == nullptr ||
+      ch.slots < 2 || ch.slots > static_cast<std::uint32_t>(net_max_slots) || ch.box == nullptr ||
+      ch.counters == nullptr || ch.status == nullptr ||
       plan.nin > static_cast<std::uint32_t>(net_max_segs) ||
       plan.nout > static_cast<std::uint32_t>(net_max_segs) || max_grid < 1)
     return cudaErrorInvalidValue;
@@ -241,17 +244,18 @@ int net_stage(const NetPlan& plan, const NetChannel& ch, int max_grid, CUstream_
   auto side = [&](const NetSeg* segs, std::uint32_t n) {
     std::uint64_t bytes = 0;
     for (std::uint32_t s = 0; s < n; ++s) {
-      const std::uint64_t piece = plan.layout == NetLayout::packed ? plan.piece_bytes : segs[s].bytes;
+      const std::uint64_t piece =
+          plan.layout == NetLayout::packed ? plan.piece_bytes : segs[s].bytes;
       bytes += min(plan.chunk, piece) * (plan.layout == NetLayout::packed ? segs[s].repeat : 1);
     }
     return bytes;
   };
   const std::uint64_t round_bytes = max(side(plan.in, plan.nin), side(plan.out, plan.nout));
   const std::uint64_t want = (round_bytes + (256u << 10) - 1) / (256u << 10);
-  const unsigned grid =
-      static_cast<unsigned>(want < 1 ? 1 : (want > static_cast<std::uint64_t>(max_grid)
-                                                ? static_cast<std::uint64_t>(max_grid)
-                                                : want));
+  const unsigned grid = static_cast<unsigned>(
+      want < 1 ? 1
+               : (want > static_cast<std::uint64_t>(max_grid) ? static_cast<std::uint64_t>(max_grid)
+                                                              : want));
   net_kernel<<<grid, detail::block_threads, 0, stream>>>(plan, ch);
   return static_cast<int>(cudaGetLastError());
 }

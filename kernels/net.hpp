@@ -54,9 +54,9 @@ enum class NetLayout : std::uint32_t { packed = 1, pairs = 2 };
 /// What one operation moves, on one rank. Passed to the kernel by value.
 struct NetPlan {
   NetLayout layout;
-  std::uint32_t nin, nout;  // segments used in `in` (device to staging) and `out`
-  std::uint64_t chunk;      // bytes of a piece per round (multiple of 64)
-  std::uint64_t rounds;     // rounds of the operation on this rank (>= 1)
+  std::uint32_t nin, nout;    // segments used in `in` (device to staging) and `out`
+  std::uint64_t chunk;        // bytes of a piece per round (multiple of 64)
+  std::uint64_t rounds;       // rounds of the operation on this rank (>= 1)
   std::uint64_t piece_bytes;  // packed: bytes of every piece
   NetSeg in[net_max_segs];
   NetSeg out[net_max_segs];
@@ -83,16 +83,16 @@ struct NetCounters {
 
 /// Where one rank's kernels meet its proxy.
 struct NetChannel {
-  char* stage;              // device pointer of the staging: [slots][in, out][slot_bytes]
+  char* stage;  // device pointer of the staging: [slots][in, out][slot_bytes]
   std::uint64_t slot_bytes;
-  std::uint32_t slots;      // 2..net_max_slots
-  NetMailbox* box;          // device pointer of the mailbox
-  NetCounters* counters;    // device memory
-  std::uint64_t desc;       // the proxy's descriptor of this operation
-  device::Status* status;   // device pointer of the rank's Status
+  std::uint32_t slots;     // 2..net_max_slots
+  NetMailbox* box;         // device pointer of the mailbox
+  NetCounters* counters;   // device memory
+  std::uint64_t desc;      // the proxy's descriptor of this operation
+  device::Status* status;  // device pointer of the rank's Status
   std::uint64_t timeout_ns;
   std::uint64_t seq;
-  std::uint32_t op;         // device::OpCode
+  std::uint32_t op;  // device::OpCode
 };
 
 /// Bytes of piece `j` (global piece index across segments) of segment `s` in round k, and where
@@ -144,8 +144,8 @@ struct NetA2av {
   bool counts64;
   std::uint64_t max_count;
   std::uint32_t elem_bytes;
-  std::int32_t nranks;      // at most net_max_segs
-  unsigned* errors;         // device pointer of host-mapped words (moe::error_kind), may be null
+  std::int32_t nranks;  // at most net_max_segs
+  unsigned* errors;     // device pointer of host-mapped words (moe::error_kind), may be null
 };
 
 /// The pairs plan of an all_to_allv of `n` ranks from its clamped counts (elements) and element

@@ -2,9 +2,9 @@
 // rank's plan is followed the way its staging kernel follows it (each round's pieces copied into
 // a staging area, the round's host operation run across the ranks, the results copied out), with
 // a small staging area so that operations take many rounds and end in partial ones. Every
-// collective, send/recv groups of random transfers (several per pair, to self, empty ones) and
-// all_to_allv with gaps must leave exactly the expected bytes; send/recv rounds must pair
-// transfers of equal sizes on both sides.
+// collective, send/recv groups of random transfers (several per pair, to self, empty ones),
+// all_to_allv with gaps and all_to_allv planned from exchanged device counts must leave exactly
+// the expected bytes; send/recv rounds must pair transfers of equal sizes on both sides.
 #include "collectives/net_plan.hpp"
 
 #include <gtest/gtest.h>
@@ -97,17 +97,19 @@ void run_round(const std::vector<OpArgs>& ops, const std::vector<bool>& active) 
 }
 
 // Follows every rank's plan of `args` (one OpArgs per rank) through staging of `slot` bytes.
-void follow(const std::vector<OpArgs>& args, std::size_t slot) {
+// Follows every rank's `plans` from round k0 (`args` give each round's host operation its kind).
+void follow_plans(const std::vector<kernels::NetPlan>& plans, const std::vector<OpArgs>& args,
+                  std::size_t slot, std::uint64_t k0) {
   const int n = static_cast<int>(args.size());
   std::vector<Rank> ranks(n);
   std::uint64_t rounds = 0;
   for (int r = 0; r < n; ++r) {
-    ASSERT_FALSE(make_net_plan(args[r], r, n, slot, ranks[r].plan));
+    ranks[r].plan = plans[r];
     ranks[r].in.assign(slot, 0);
     ranks[r].out.assign(slot, 0);
     rounds = std::max(rounds, ranks[r].plan.rounds);
   }
-  for (std::uint64_t k = 0; k < rounds; ++k) {
+  for (std::uint64_t k = k0; k < rounds; ++k) {
     std::vector<OpArgs> ops(n);
     std::vector<bool> active(n);
     for (int r = 0; r < n; ++r) {
@@ -147,6 +149,13 @@ struct CollCase {
   OpKind kind;
   bool whole_in, whole_out;  // buffers of n * count elements
 };
+
+void follow(const std::vector<OpArgs>& args, std::size_t slot) {
+  const int n = static_cast<int>(args.size());
+  std::vector<kernels::NetPlan> plans(n);
+  for (int r = 0; r < n; ++r) ASSERT_FALSE(make_net_plan(args[r], r, n, slot, plans[r]));
+  follow_plans(plans, args, slot, 0);
+}
 
 TEST(NetPlan, EveryCollectiveLeavesTheReferenceThroughManyRounds) {
   const CollCase cases[] = {
@@ -283,6 +292,50 @@ TEST(NetPlan, AllToAllvWithGapsMovesExactlyTheCountedElements) {
     for (int q = 0; q < n; ++q)
       for (std::size_t i = 0; i < rc[r][q]; ++i) want[rd[r][q] + i] = value(q, r * 100 + i);
     EXPECT_EQ(out[r], want) << "rank " << r;
+  }
+}
+
+// all_to_allv with counts known on the device: the plan both sides build from the exchanged
+// counts (net_a2av_plan), its transfers from round 1 on.
+TEST(NetPlan, AllToAllvFromExchangedCountsMovesExactlyTheCountedElements) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 5);
+    std::vector<std::vector<std::int64_t>> sc(n, std::vector<std::int64_t>(n));
+    for (auto& row : sc)
+      for (auto& c : row) c = rng() % 3 == 0 ? 0 : static_cast<std::int64_t>(rng() % 200);
+    const std::uint32_t elt = trial % 2 ? 4 : 2;
+    const std::size_t slot = 64 * static_cast<std::size_t>(n) * 2;
+    std::vector<Bytes> in(n), out(n);
+    std::vector<kernels::NetPlan> plans(n);
+    std::vector<OpArgs> shapes(n);
+    std::vector<std::vector<std::uint64_t>> sd(n), rd(n);
+    for (int r = 0; r < n; ++r) {
+      std::vector<std::int64_t> rc(n);
+      std::uint64_t so = 0, ro = 0;
+      for (int q = 0; q < n; ++q) {
+        rc[q] = sc[q][r];
+        sd[r].push_back(so), so += static_cast<std::uint64_t>(sc[r][q]) + 1;  // gaps of one
+        rd[r].push_back(ro), ro += static_cast<std::uint64_t>(rc[q]);         // packed
+      }
+      in[r].resize(so * elt);
+      for (std::size_t i = 0; i < in[r].size(); ++i) in[r][i] = static_cast<char>(r * 31 + i);
+      out[r].assign(ro * elt, 0);
+      kernels::net_a2av_plan(plans[r], n, slot / n / 64 * 64, elt, in[r].data(), out[r].data(),
+                             sc[r].data(), sd[r].data(), rc.data(), rd[r].data());
+      shapes[r].kind = OpKind::p2p;
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    follow_plans(plans, shapes, slot, 1);
+    if (HasFatalFailure()) return;
+    for (int r = 0; r < n; ++r)
+      for (int q = 0; q < n; ++q) {
+        const Bytes want(in[q].begin() + sd[q][r] * elt,
+                         in[q].begin() + (sd[q][r] + sc[q][r]) * elt);
+        const Bytes got(out[r].begin() + rd[r][q] * elt,
+                        out[r].begin() + (rd[r][q] + sc[q][r]) * elt);
+        EXPECT_EQ(got, want) << "from " << q << " to " << r;
+      }
   }
 }
 
