@@ -252,11 +252,10 @@ void CommImpl::take_device_failure() {
   const std::string whom =
       s->peer >= 0 ? "rank " + std::to_string(s->peer) : std::string("the network proxy");
   char text[256];
-  std::snprintf(text, sizeof text,
-                "device %s #%llu %s: block %u waited %.3f s for %s (COCCL_TIMEOUT %.3g s)", op,
-                static_cast<unsigned long long>(s->seq), timed_out ? "timed out" : "aborted",
-                s->block, s->waited_ns / 1e9, whom.c_str(),
-                std::chrono::duration<double>(timeout_).count());
+  std::snprintf(
+      text, sizeof text, "device %s #%llu %s: block %u waited %.3f s for %s (COCCL_TIMEOUT %.3g s)",
+      op, static_cast<unsigned long long>(s->seq), timed_out ? "timed out" : "aborted", s->block,
+      s->waited_ns / 1e9, whom.c_str(), std::chrono::duration<double>(timeout_).count());
   const std::error_code ec = make_error_code(timed_out ? errc::timed_out : errc::aborted);
   auto full = record_failure(ec, text);
   if (!full) return;

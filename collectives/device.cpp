@@ -100,8 +100,8 @@ std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) 
 
 // A communicator of the ranks with `color`, ordered by `key` (collective over `self`, blocking):
 // the first member makes the root, the parent's all_gathers spread the groups and the id.
-std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, int color,
-                                         int key, std::error_code& ec) {
+std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, int color, int key,
+                                         std::error_code& ec) {
   const int n = self->size(), me = self->rank();
   std::vector<std::int64_t> mine{color, key}, all(2 * static_cast<std::size_t>(n));
   OpArgs gather;
@@ -128,7 +128,8 @@ std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, 
   run_blocking(self, gather, ec);
   if (ec) return nullptr;
   std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
-  const int rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  const int rank =
+      static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   return join_on(engine, id, rank, static_cast<int>(members.size()), ec);
 }
 
@@ -193,8 +194,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
       static_cast<std::size_t>(std::max<std::int64_t>(0, params::device_oneshot_max.get()));
   std::size_t bytes = across_hosts ? 0 : device::workspace_bytes(n, oneshot_max);
   if (bytes != 0) {
-    if (auto e = cudaMalloc(&st->workspace, bytes))
-      return cuda_error(c, e, "cudaMalloc workspace");
+    if (auto e = cudaMalloc(&st->workspace, bytes)) return cuda_error(c, e, "cudaMalloc workspace");
     if (auto e = cudaMemset(st->workspace, 0, bytes)) return cuda_error(c, e, "cudaMemset");
   }
   void* status = nullptr;
@@ -214,8 +214,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   Advert mine{};
   if (across_hosts)
     mine.memory.host = c.peers().table()[me].host_hash;
-  else if (auto e = advertise(st->workspace, st->device, c.peers().table()[me].host_hash,
-                              mine.memory))
+  else if (auto e =
+               advertise(st->workspace, st->device, c.peers().table()[me].host_hash, mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
   mine.oneshot_max = oneshot_max;
   mine.share.host = mine.memory.host;
@@ -282,8 +282,10 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   if (across_hosts) {
     if (auto ec = make_net_device(self, st->status, st->net)) return ec;
     if (auto ec = make_hierarchy(c, self, *st)) return ec;
-    COCCL_INFO(p2p, me, "device operations across hosts through the proxy on GPU %d, at most %d "
-               "blocks a kernel", st->device, st->ws.max_grid);
+    COCCL_INFO(p2p, me,
+               "device operations across hosts through the proxy on GPU %d, at most %d "
+               "blocks a kernel",
+               st->device, st->ws.max_grid);
   } else {
     COCCL_INFO(p2p, me,
                "device workspace %zu bytes on GPU %d, %d peers mapped, at most %d blocks a kernel",

@@ -12,8 +12,8 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   return make_error_code(errc::unsupported);
 }
 
-std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl,
-                                    const kernels::NetA2av&, cuda_stream) {
+std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl, const kernels::NetA2av&,
+                                    cuda_stream) {
   COCCL_WARN(coll, impl ? impl->rank() : -1, "device collectives need a build with CUDA");
   return make_error_code(errc::unsupported);
 }

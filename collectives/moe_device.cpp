@@ -186,14 +186,14 @@ void prepare_a2av_net(A2avState& s) {
                         cudaHostAllocMapped | cudaHostAllocPortable),
           "cudaHostAlloc of the error words");
     std::memset(p, 0, kernels::moe::error_kinds * sizeof(unsigned));
-    s.net_errors = std::shared_ptr<unsigned>(static_cast<unsigned*>(p), [](unsigned* w) {
-      cudaFreeHost(w);
-    });
+    s.net_errors =
+        std::shared_ptr<unsigned>(static_cast<unsigned*>(p), [](unsigned* w) { cudaFreeHost(w); });
   }
   auto impl = coccl::detail::impl_of(s.comm);
   if (auto ec = coccl::detail::prepare_device(impl))
-    fail(static_cast<errc>(ec.value()),
-         "all_to_allv across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
+    fail(
+        static_cast<errc>(ec.value()),
+        "all_to_allv across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
 }
 
 void launch_a2av_net(A2avState& s, const kernels::moe::A2av& args, cuda_stream stream) {
@@ -214,8 +214,9 @@ void launch_a2av_net(A2avState& s, const kernels::moe::A2av& args, cuda_stream s
   a.errors = static_cast<unsigned*>(words);
   auto impl = coccl::detail::impl_of(s.comm);
   if (auto ec = coccl::detail::enqueue_device_a2av(impl, a, stream)) {
-    fail(static_cast<errc>(ec.value()),
-         "all_to_allv across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
+    fail(
+        static_cast<errc>(ec.value()),
+        "all_to_allv across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
   }
 }
 

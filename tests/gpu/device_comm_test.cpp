@@ -596,6 +596,6 @@ TEST(DeviceCollectives, FourThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait)
 }  // namespace
 
 int main(int argc, char** argv) {
-  return coccl::gpu_test::rank_or_tests_main(
-      argc, argv, {{"", rank_main}, {"dead_rank", dead_rank_main}});
+  return coccl::gpu_test::rank_or_tests_main(argc, argv,
+                                             {{"", rank_main}, {"dead_rank", dead_rank_main}});
 }

@@ -451,8 +451,10 @@ int across_hosts_main(int rank, int n, const std::string& id_hex) {
     run_a2av(R, comm);
     run_a2av_over(R, comm);
     run_a2av_graph(R, comm);
-    coccl::moe::Dispatcher moe(comm, {.max_tokens = 8, .hidden = 64,
-                                      .type = DataType::bfloat16, .top_k = 2,
+    coccl::moe::Dispatcher moe(comm, {.max_tokens = 8,
+                                      .hidden = 64,
+                                      .type = DataType::bfloat16,
+                                      .top_k = 2,
                                       .num_experts = 4 * n});
     Buf x(8 * 64 * 2), idx(8 * 2 * 4);
     try {

@@ -1,7 +1,8 @@
 // Specification of the ib transport across real processes, run inside the Soft-RoCE guest (see
 // run_guest.sh): every collective over COCCL_TRANSPORT=ib with 2, 3 and 4 ranks against the
 // multirank reference, the split of puts over several queue pairs, small rings, a rank killed
-// in the middle of an operation, and COCCL_TRANSPORT=auto taking ib across emulated hosts. Each test launches one coccl_worker per rank (tests/multirank).
+// in the middle of an operation, and COCCL_TRANSPORT=auto taking ib across emulated hosts. Each
+// test launches one coccl_worker per rank (tests/multirank).
 #include <gtest/gtest.h>
 
 #include <coccl/error.hpp>
@@ -66,7 +67,8 @@ TEST(AutoTransport, TakesIbAcrossHostsAndShmWithin) {
   // on none (COCCL_TRANSPORT=ib or not), and here only the links across hosts are ib.
   o.env = {"COCCL_TRANSPORT=auto", timeout, "COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=NET",
            "COCCL_IB_ZCOPY_MIN=1073741824"};
-  for (const char* h : {"a", "a", "b", "b"}) o.rank_env.push_back({std::string("COCCL_HOSTID=") + h});
+  for (const char* h : {"a", "a", "b", "b"})
+    o.rank_env.push_back({std::string("COCCL_HOSTID=") + h});
   o.deadline = seconds(300);
   const LaunchResult r = launch(o);
   EXPECT_TRUE(r.all_passed()) << r.describe();
