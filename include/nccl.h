@@ -6,12 +6,16 @@
  * LD_PRELOAD). The text and the implementation are coccl's own.
  *
  * Where coccl differs from NCCL:
- *  - Device collectives need every rank of a communicator on one host, at most 8 GPUs (coccl's
- *    NVLink kernels); a device send/receive group holds at most 32 transfers per communicator.
+ *  - Device collectives among the GPUs of one host use coccl's NVLink kernels (at most 8 GPUs);
+ *    between hosts (NCCL_HOSTID / COCCL_HOSTID apply) they stage through pinned host memory and
+ *    coccl's proxy moves them over the network, hierarchically where hosts hold several ranks. A
+ *    device send/receive group holds at most 32 transfers per communicator, and across hosts at
+ *    most 32 non-empty ones each way (also for ncclAllToAllv-style groups of more ranks).
  *  - Each communicator made on a GPU sets up its device workspace during the (collective)
  *    initialisation, so no later call waits for peers on the host.
- *  - coccl's kernels cannot be interrupted: after ncclCommAbort a kernel still waiting for a dead
- *    peer keeps waiting, and the aborted communicator's device memory stays allocated.
+ *  - After ncclCommAbort, coccl's kernels still waiting for a peer see the communicator's abort
+ *    flag and return (the CUDA context stays usable), but the aborted communicator's device
+ *    memory stays allocated.
  *  - Not supported (they return ncclInvalidUsage): ncclCommRevoke, ncclGroupSimulateEnd, and the
  *    device-side API of nccl_device.h. ncclCommShrink needs a parent that has not failed.
  *  - A group's device work goes on the streams its calls name, without making those streams
