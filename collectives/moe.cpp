@@ -24,6 +24,15 @@ detail::DeviceArena& arena_of(State& s, std::size_t bytes) {
   return *s.arena;
 }
 
+// The dispatcher's arena; its kernels write into the peers' arenas, so every rank must be on this
+// host (every rank knows the host table: all refuse alike, before anything collective).
+detail::DeviceArena& dispatch_arena_of(detail::DispatchState& s) {
+  if (!s.arena && detail::spans_hosts(s.comm))
+    throw std::system_error(make_error_code(errc::unsupported),
+                            "coccl::moe: Dispatcher's device forms need every rank on one host");
+  return arena_of(s, s.layout.total);
+}
+
 // Every slot of every token of every rank may name an expert of one rank (ids may repeat).
 std::size_t worst_case_rows(const DispatchConfig& c, int nranks) {
   return static_cast<std::size_t>(nranks) * static_cast<std::size_t>(c.max_tokens) *
@@ -419,7 +428,7 @@ std::size_t Dispatcher::device_bytes() const {
 
 std::size_t Dispatcher::capacity() const { return s_->shape.capacity; }
 
-void Dispatcher::prepare() { arena_of(*s_, s_->layout.total); }
+void Dispatcher::prepare() { dispatch_arena_of(*s_); }
 
 Received Dispatcher::dispatch(const void* x, int tokens, const std::int32_t* topk_idx,
                               cuda_stream stream) {
@@ -428,7 +437,7 @@ Received Dispatcher::dispatch(const void* x, int tokens, const std::int32_t* top
     invalid("dispatch: tokens " + std::to_string(tokens) + " out of [0, max_tokens]");
   if (tokens > 0 && (x == nullptr || topk_idx == nullptr)) invalid("dispatch: null buffer");
   if (reinterpret_cast<std::uintptr_t>(x) % 16 != 0) invalid("dispatch: x must be 16-byte aligned");
-  auto& a = arena_of(s, s.layout.total);
+  auto& a = dispatch_arena_of(s);
   detail::launch_dispatch(a, s.shape, x, tokens, topk_idx, stream);
   s.device_tokens = tokens;
   char* base = detail::arena_base(a);
