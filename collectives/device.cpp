@@ -562,7 +562,9 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
     COCCL_WARN(coll, c.rank(), "barrier is not available on device memory");
     return make_error_code(errc::unsupported);
   }
-  if (a.kind == OpKind::p2p && a.p2p.size() > static_cast<std::size_t>(kernels::max_p2p_ops)) {
+  // Across hosts the staging plan has its own, larger limit (make_net_plan).
+  if (c.one_host() && a.kind == OpKind::p2p &&
+      a.p2p.size() > static_cast<std::size_t>(kernels::max_p2p_ops)) {
     COCCL_WARN(coll, c.rank(), "send_recv on device takes at most %d transfers a group",
                kernels::max_p2p_ops);
     return make_error_code(errc::unsupported);

@@ -13,9 +13,9 @@ std::error_code make_net_plan(const OpArgs& a, int me, int n, std::size_t slot,
                               kernels::NetPlan& p) {
   const std::size_t elt = size_of(a.type);
   p = kernels::NetPlan{};
-  auto seg = [](const void* dev, std::uint64_t bytes, std::uint64_t stride, int repeat, int peer) {
-    return kernels::NetSeg{static_cast<char*>(const_cast<void*>(dev)), bytes, stride,
-                           static_cast<std::uint32_t>(repeat),         peer,  0};
+  auto seg = [](const void* dev, std::uint64_t bytes, int repeat, int peer) {
+    return kernels::NetSeg{static_cast<char*>(const_cast<void*>(dev)), bytes,
+                           static_cast<std::uint32_t>(repeat), peer, 0};
   };
   if (a.kind == OpKind::p2p || a.kind == OpKind::all_to_allv) {
     p.layout = kernels::NetLayout::pairs;
@@ -25,9 +25,10 @@ std::error_code make_net_plan(const OpArgs& a, int me, int n, std::size_t slot,
       if (bytes == 0) return true;  // skipped alike by both sides
       std::uint32_t& used = send ? p.nin : p.nout;
       if (used == kernels::net_max_segs) return false;
-      kernels::NetSeg s = seg(buf, bytes, 0, 1, peer);
+      kernels::NetSeg s = seg(buf, bytes, 1, peer);
       std::uint64_t& next = (send ? next_in : next_out)[peer];
-      s.first_round = next;
+      if (next > UINT32_MAX) return false;
+      s.first_round = static_cast<std::uint32_t>(next);
       next += kernels::net_rounds_of(bytes, p.chunk);
       p.rounds = std::max(p.rounds, next);
       (send ? p.in : p.out)[used++] = s;
@@ -46,7 +47,9 @@ std::error_code make_net_plan(const OpArgs& a, int me, int n, std::size_t slot,
       }
     }
     if (!fits) {
-      COCCL_WARN(coll, me, "%s across hosts takes at most %d non-empty transfers each way",
+      COCCL_WARN(coll, me,
+                 "%s across hosts takes at most %d non-empty transfers each way (and fewer than "
+                 "2^32 rounds a peer)",
                  name_of(a.kind), kernels::net_max_segs);
       return make_error_code(errc::unsupported);
     }
@@ -60,8 +63,8 @@ std::error_code make_net_plan(const OpArgs& a, int me, int n, std::size_t slot,
   p.chunk = (elementwise ? slot : slot / static_cast<std::size_t>(n)) / 64 * 64;
   p.rounds = (L + p.chunk - 1) / p.chunk;
   const bool root = me == a.root;
-  auto in = [&](const void* dev, int repeat) { p.in[p.nin++] = seg(dev, L, L, repeat, -1); };
-  auto out = [&](void* dev, int repeat) { p.out[p.nout++] = seg(dev, L, L, repeat, -1); };
+  auto in = [&](const void* dev, int repeat) { p.in[p.nin++] = seg(dev, L, repeat, -1); };
+  auto out = [&](void* dev, int repeat) { p.out[p.nout++] = seg(dev, L, repeat, -1); };
   switch (a.kind) {
     case OpKind::all_reduce:
       in(a.send, 1), out(a.recv, 1);

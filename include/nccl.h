@@ -9,8 +9,8 @@
  *  - Device collectives among the GPUs of one host use coccl's NVLink kernels (at most 8 GPUs);
  *    between hosts (NCCL_HOSTID / COCCL_HOSTID apply) they stage through pinned host memory and
  *    coccl's proxy moves them over the network, hierarchically where hosts hold several ranks. A
- *    device send/receive group holds at most 32 transfers per communicator, and across hosts at
- *    most 32 non-empty ones each way (also for ncclAllToAllv-style groups of more ranks).
+ *    device send/receive group holds at most 32 transfers per communicator on one host, and
+ *    across hosts at most 128 non-empty ones each way.
  *  - Each communicator made on a GPU sets up its device workspace during the (collective)
  *    initialisation, so no later call waits for peers on the host.
  *  - After ncclCommAbort, coccl's kernels still waiting for a peer see the communicator's abort

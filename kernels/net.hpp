@@ -33,25 +33,25 @@ struct CUstream_st;
 namespace coccl::kernels {
 
 /// Most segments on each side of one plan.
-inline constexpr int net_max_segs = 32;
+inline constexpr int net_max_segs = 128;
 
 /// Most staging slots of a channel.
 inline constexpr int net_max_slots = 16;
 
-/// A run of pieces in device memory: `repeat` pieces at dev + j * stride (packed layout), or one
-/// transfer of `bytes` with `peer` starting in round `first_round` (pairs layout).
+/// A run of pieces in device memory: `repeat` pieces at dev + j * piece_bytes (packed layout), or
+/// one transfer of `bytes` with `peer` starting in round `first_round` (pairs layout).
 struct NetSeg {
   char* dev;
   std::uint64_t bytes;
-  std::uint64_t stride;
   std::uint32_t repeat;
   std::int32_t peer;
-  std::uint64_t first_round;
+  std::uint32_t first_round;
 };
 
 enum class NetLayout : std::uint32_t { packed = 1, pairs = 2 };
 
-/// What one operation moves, on one rank. Passed to the kernel by value.
+/// What one operation moves, on one rank. Passed to the kernel by value (about 8 KiB: kernel
+/// parameters may take up to 32 KiB since CUDA 12.1).
 struct NetPlan {
   NetLayout layout;
   std::uint32_t nin, nout;    // segments used in `in` (device to staging) and `out`
@@ -105,7 +105,7 @@ COCCL_HD bool net_piece(const NetPlan& p, const NetSeg& s, std::uint32_t index_i
     if (start >= p.piece_bytes) return false;
     len = p.piece_bytes - start < p.chunk ? p.piece_bytes - start : p.chunk;
     stage_off = static_cast<std::uint64_t>(index_in_area) * len;
-    dev_off = j * s.stride + start;
+    dev_off = j * p.piece_bytes + start;
     return true;
   }
   if (k < s.first_round) return false;
@@ -164,12 +164,12 @@ COCCL_HD void net_a2av_plan(NetPlan& p, int n, std::uint64_t chunk, std::uint32_
     const std::uint64_t sb = static_cast<std::uint64_t>(sc[q]) * elt;
     const std::uint64_t rb = static_cast<std::uint64_t>(rc[q]) * elt;
     if (sb != 0) {
-      p.in[p.nin++] = NetSeg{const_cast<char*>(send) + sd[q] * elt, sb, 0, 1, q, 1};
+      p.in[p.nin++] = NetSeg{const_cast<char*>(send) + sd[q] * elt, sb, 1, q, 1};
       const std::uint64_t end = 1 + net_rounds_of(sb, chunk);
       p.rounds = end > p.rounds ? end : p.rounds;
     }
     if (rb != 0) {
-      p.out[p.nout++] = NetSeg{recv + rd[q] * elt, rb, 0, 1, q, 1};
+      p.out[p.nout++] = NetSeg{recv + rd[q] * elt, rb, 1, q, 1};
       const std::uint64_t end = 1 + net_rounds_of(rb, chunk);
       p.rounds = end > p.rounds ? end : p.rounds;
     }

@@ -377,9 +377,10 @@ class Communicator {
                   std::move(recv_counts), std::move(recv_displs), type),
            stream);
   }
-  /// Stream-ordered group of sends and receives of device buffers (at most 32 transfers), matched
-  /// like the host send_recv. A send's kernel finishes once its receiver has the data. Ranks not
-  /// named need not call it; transfers between two ranks must be issued in the same order on both.
+  /// Stream-ordered group of sends and receives of device buffers (at most 32 transfers on one
+  /// host; across hosts at most 128 non-empty ones each way), matched like the host send_recv. A
+  /// send's kernel finishes once its receiver has the data. Ranks not named need not call it;
+  /// transfers between two ranks must be issued in the same order on both.
   void send_recv(std::vector<detail::P2POp> ops, cuda_stream stream) {
     detail::OpArgs a;
     a.kind = detail::OpKind::p2p;

@@ -432,6 +432,65 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   return wrong ? 1 : 0;
 }
 
+// One send/recv group of 122 transfers across hosts (60 to the next rank, 60 from the previous
+// one, one to self and back; 1 byte to 1.5 MiB): more than a group may hold on one host.
+int many_transfers_main(int rank, int n, const std::string& id_hex) {
+  CHECK_CUDA(cudaSetDevice(coccl::gpu_test::gpu_of(rank)));
+  auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int pieces = 60;
+  auto size_of_piece = [](int from, int i) -> std::size_t {
+    return i % 20 == 7 ? (3u << 19) + from
+                       : static_cast<std::size_t>(1 + (i * 7919 + from) % 40000);
+  };
+  auto value = [](int from, int i, std::size_t j) {
+    return static_cast<std::int8_t>(from * 31 + i * 7 + static_cast<int>(j % 101));
+  };
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  std::size_t send_total = 0, recv_total = 0;
+  for (int i = 0; i < pieces; ++i)
+    send_total += size_of_piece(rank, i), recv_total += size_of_piece(prev, i);
+  Buffers b;
+  CHECK_CUDA(cudaMalloc(&b.send, send_total + 2 * 64));
+  CHECK_CUDA(cudaMalloc(&b.recv, recv_total + 2 * 64));
+  std::vector<std::int8_t> hs(send_total + 2 * 64), hr(recv_total + 2 * 64, -1);
+  std::vector<coccl::detail::P2POp> ops;
+  std::size_t so = 0, ro = 0;
+  char* send = static_cast<char*>(b.send);
+  char* recv = static_cast<char*>(b.recv);
+  for (int i = 0; i < pieces; ++i) {
+    const std::size_t sn = size_of_piece(rank, i), rn = size_of_piece(prev, i);
+    for (std::size_t j = 0; j < sn; ++j) hs[so + j] = value(rank, i, j);
+    ops.push_back(coccl::Communicator::send_op(send + so, sn, DataType::int8, next));
+    ops.push_back(coccl::Communicator::recv_op(recv + ro, rn, DataType::int8, prev));
+    so += sn;
+    ro += rn;
+  }
+  // Two transfers to self at the end, matched in order.
+  for (int i = 0; i < 64; ++i) hs[so + i] = static_cast<std::int8_t>(i - rank);
+  ops.push_back(coccl::Communicator::send_op(send + so, 64, DataType::int8, rank));
+  ops.push_back(coccl::Communicator::recv_op(recv + ro, 64, DataType::int8, rank));
+  CHECK_CUDA(cudaMemcpyAsync(b.send, hs.data(), hs.size(), cudaMemcpyHostToDevice, st));
+  CHECK_CUDA(cudaMemcpyAsync(b.recv, hr.data(), hr.size(), cudaMemcpyHostToDevice, st));
+  comm.send_recv(ops, reinterpret_cast<coccl::cuda_stream>(st));
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  CHECK_CUDA(cudaMemcpy(hr.data(), b.recv, hr.size(), cudaMemcpyDeviceToHost));
+  long long bad = 0;
+  ro = 0;
+  for (int i = 0; i < pieces; ++i) {
+    const std::size_t rn = size_of_piece(prev, i);
+    for (std::size_t j = 0; j < rn; ++j) bad += hr[ro + j] != value(prev, i, j);
+    ro += rn;
+  }
+  for (int i = 0; i < 64; ++i) bad += hr[ro + i] != static_cast<std::int8_t>(i - rank);
+  for (std::size_t j = ro + 64; j < hr.size(); ++j) bad += hr[j] != -1;
+  std::printf("rank %d: %zu transfers, %lld wrong bytes\n", rank, ops.size(), bad);
+  cudaStreamDestroy(st);
+  comm.destroy();
+  return bad ? 1 : 0;
+}
+
 // The last rank leaves (exits without a word) after one all_reduce; the others' next all_reduce
 // must fail naming it, their waiting kernels must return, and the GPU must still work.
 int dead_rank_main(int rank, int n, const std::string& id_hex) {
@@ -574,6 +633,11 @@ TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksForcedFlatMatchReference) {
   expect_hosts_on_one_gpu_pass(4, 2, "", {"COCCL_ALGO=flat"});
 }
 
+TEST(DeviceCollectivesAcrossHosts, SendRecvGroupOf122TransfersIsExact) {
+  expect_hosts_on_one_gpu_pass(2, 1, "many_transfers");
+  expect_hosts_on_one_gpu_pass(3, 1, "many_transfers");
+}
+
 TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsWithItsRankAndGpuStaysUsable) {
   expect_hosts_on_one_gpu_pass(3, 1, "dead_rank");
 }
@@ -596,6 +660,7 @@ TEST(DeviceCollectives, FourThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait)
 }  // namespace
 
 int main(int argc, char** argv) {
-  return coccl::gpu_test::rank_or_tests_main(argc, argv,
-                                             {{"", rank_main}, {"dead_rank", dead_rank_main}});
+  return coccl::gpu_test::rank_or_tests_main(
+      argc, argv,
+      {{"", rank_main}, {"dead_rank", dead_rank_main}, {"many_transfers", many_transfers_main}});
 }
