@@ -24,13 +24,14 @@ detail::DeviceArena& arena_of(State& s, std::size_t bytes) {
   return *s.arena;
 }
 
-// The dispatcher's arena; its kernels write into the peers' arenas, so every rank must be on this
-// host (every rank knows the host table: all refuse alike, before anything collective).
-detail::DeviceArena& dispatch_arena_of(detail::DispatchState& s) {
-  if (!s.arena && detail::spans_hosts(s.comm))
-    throw std::system_error(make_error_code(errc::unsupported),
-                            "coccl::moe: Dispatcher's device forms need every rank on one host");
-  return arena_of(s, s.layout.total);
+// The dispatcher's device side, made on first use (collective): an arena mapped by every peer on
+// one host, or a local buffer whose rows go through the network path across hosts.
+void prepare_device_side(detail::DispatchState& s) {
+  if (s.across_hosts) {
+    if (!s.net) s.net = detail::make_net_dispatch(s.comm, s.shape);
+    return;
+  }
+  arena_of(s, s.layout.total);
 }
 
 // Every slot of every token of every rank may name an expert of one rank (ids may repeat).
@@ -58,6 +59,18 @@ kernels::moe::MoeLayout checked_layout(const kernels::moe::MoeShape& s) {
         "invalid dispatch config: need 1 <= top_k <= 16, num_experts a multiple of the " +
         std::string("ranks and <= 512, hidden * size_of(type) a multiple of 16, type float32, ") +
         "float16 or bfloat16, at most 8 ranks, max_tokens >= 1, capacity < 2^31 rows");
+  }
+  return L;
+}
+
+kernels::moe::NetMoeLayout checked_net_layout(const kernels::moe::MoeShape& s) {
+  kernels::moe::NetMoeLayout L{};
+  if (!kernels::moe::net_moe_layout(s, L)) {
+    invalid("invalid dispatch config across hosts: need 1 <= top_k <= 16, num_experts a multiple " +
+            std::string("of the ranks and <= 512, hidden * size_of(type) a multiple of 16, type ") +
+            "float32, float16 or bfloat16, at most " +
+            std::to_string(kernels::moe::net_moe_max_ranks) +
+            " ranks, max_tokens >= 1, capacity < 2^31 rows");
   }
   return L;
 }
@@ -410,7 +423,12 @@ Dispatcher::Dispatcher(Communicator comm, const DispatchConfig& config)
     : s_(std::make_unique<detail::DispatchState>()) {
   if (!comm) invalid("Dispatcher needs a communicator");
   s_->shape = shape_of(config, comm.size());
-  s_->layout = checked_layout(s_->shape);
+  // Every rank sees the same host table, so all of them choose the same path.
+  s_->across_hosts = detail::spans_hosts(comm);
+  if (s_->across_hosts)
+    s_->net_layout = checked_net_layout(s_->shape);
+  else
+    s_->layout = checked_layout(s_->shape);
   s_->comm = std::move(comm);
   s_->config = config;
 }
@@ -418,17 +436,21 @@ Dispatcher::~Dispatcher() = default;
 Dispatcher::Dispatcher(Dispatcher&&) noexcept = default;
 Dispatcher& Dispatcher::operator=(Dispatcher&&) noexcept = default;
 
-std::size_t Dispatcher::device_bytes_for(const DispatchConfig& config, int nranks) {
-  return checked_layout(shape_of(config, nranks)).total;
+std::size_t Dispatcher::device_bytes_for(const DispatchConfig& config, int nranks,
+                                          bool across_hosts) {
+  const kernels::moe::MoeShape shape = shape_of(config, nranks);
+  return across_hosts ? checked_net_layout(shape).total : checked_layout(shape).total;
 }
 
 std::size_t Dispatcher::device_bytes() const {
-  return s_ && s_->arena ? detail::arena_bytes(*s_->arena) : 0;
+  if (!s_) return 0;
+  if (s_->net) return detail::net_dispatch_bytes(*s_->net);
+  return s_->arena ? detail::arena_bytes(*s_->arena) : 0;
 }
 
 std::size_t Dispatcher::capacity() const { return s_->shape.capacity; }
 
-void Dispatcher::prepare() { dispatch_arena_of(*s_); }
+void Dispatcher::prepare() { prepare_device_side(*s_); }
 
 Received Dispatcher::dispatch(const void* x, int tokens, const std::int32_t* topk_idx,
                               cuda_stream stream) {
@@ -437,11 +459,25 @@ Received Dispatcher::dispatch(const void* x, int tokens, const std::int32_t* top
     invalid("dispatch: tokens " + std::to_string(tokens) + " out of [0, max_tokens]");
   if (tokens > 0 && (x == nullptr || topk_idx == nullptr)) invalid("dispatch: null buffer");
   if (reinterpret_cast<std::uintptr_t>(x) % 16 != 0) invalid("dispatch: x must be 16-byte aligned");
-  auto& a = dispatch_arena_of(s);
+  prepare_device_side(s);
+  const int El = s.config.num_experts / s.comm.size();
+  if (s.across_hosts) {
+    detail::net_dispatch(*s.net, s.comm, x, tokens, topk_idx, stream);
+    s.device_tokens = tokens;
+    char* base = detail::net_dispatch_base(*s.net);
+    const kernels::moe::NetMoeLayout& L = s.net_layout;
+    return Received{base + L.x,
+                    reinterpret_cast<const Row*>(base + L.rows),
+                    reinterpret_cast<const std::int32_t*>(base + L.expert_counts),
+                    reinterpret_cast<const std::int32_t*>(base + L.expert_offsets),
+                    s.shape.capacity,
+                    El,
+                    s.comm.rank() * El};
+  }
+  auto& a = *s.arena;
   detail::launch_dispatch(a, s.shape, x, tokens, topk_idx, stream);
   s.device_tokens = tokens;
   char* base = detail::arena_base(a);
-  const int El = s.config.num_experts / s.comm.size();
   return Received{base + s.layout.recv,
                   reinterpret_cast<const Row*>(base + s.layout.rows),
                   reinterpret_cast<const std::int32_t*>(base + s.layout.expert_counts),
@@ -453,13 +489,16 @@ Received Dispatcher::dispatch(const void* x, int tokens, const std::int32_t* top
 
 void Dispatcher::combine(const void* y, const float* weights, void* out, cuda_stream stream) {
   detail::DispatchState& s = *s_;
-  if (!s.arena) invalid("combine: no device dispatch before it");
+  if (!s.arena && !s.net) invalid("combine: no device dispatch before it");
   if (y == nullptr || reinterpret_cast<std::uintptr_t>(y) % 16 != 0)
     invalid("combine: y must be a 16-byte aligned device buffer");
   if (s.device_tokens > 0 &&
       (weights == nullptr || out == nullptr || reinterpret_cast<std::uintptr_t>(out) % 16 != 0))
     invalid("combine: null weights or out, or out not 16-byte aligned");
-  detail::launch_combine(*s.arena, s.shape, y, weights, out, s.device_tokens, stream);
+  if (s.net)
+    detail::net_combine(*s.net, s.comm, y, weights, out, s.device_tokens, stream);
+  else
+    detail::launch_combine(*s.arena, s.shape, y, weights, out, s.device_tokens, stream);
 }
 
 Received Dispatcher::dispatch(const void* x, int tokens, const std::int32_t* topk_idx) {
@@ -471,6 +510,7 @@ void Dispatcher::combine(const void* y, const float* weights, void* out) {
 }
 
 std::error_code Dispatcher::device_status(std::string* what) {
+  if (s_ && s_->net) return detail::take_net_dispatch_errors(*s_->net, s_->comm, what);
   return s_ && s_->arena ? detail::take_errors(*s_->arena, what) : std::error_code();
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "collectives/comm.hpp"
 #include "collectives/moe_state.hpp"
@@ -245,6 +246,148 @@ std::error_code take_errors(DeviceArena& a, std::string* what) {
     return make_error_code(why == device::Status::timed_out ? errc::timed_out : errc::aborted);
   }
   return take_words(a.errors, what);
+}
+
+// ---- Dispatcher across hosts ----
+
+struct NetDispatch {
+  int device = -1;
+  kernels::moe::NetMoe m{};
+  unsigned* errors = nullptr;  // host side of m.errors
+};
+
+void NetDispatchDeleter::operator()(NetDispatch* n) const noexcept {
+  if (n == nullptr) return;
+  // Only this rank's kernels use the buffer (peers reach it through the network all_to_allv,
+  // whose kernels are on the same stream), so finishing the local work is enough.
+  int current = -1;
+  cudaGetDevice(&current);
+  cudaSetDevice(n->device);
+  cudaDeviceSynchronize();
+  if (n->m.base) cudaFree(n->m.base);
+  if (n->errors) cudaFreeHost(n->errors);
+  if (current >= 0) cudaSetDevice(current);
+  delete n;
+}
+
+NetDispatchPtr make_net_dispatch(Communicator& comm, const kernels::moe::MoeShape& shape) {
+  NetDispatchPtr n(new NetDispatch);
+  kernels::moe::NetMoe& m = n->m;
+  m.shape = shape;
+  if (!kernels::moe::net_moe_layout(shape, m.L))
+    fail(errc::invalid_argument, "invalid dispatch shape across hosts");
+  m.rank = comm.rank();
+  check(cudaGetDevice(&n->device), "cudaGetDevice");
+  auto impl = coccl::detail::impl_of(comm);
+  // The communicator's network path (lanes, staging, proxy): collective.
+  if (auto ec = coccl::detail::prepare_device(impl))
+    fail(static_cast<errc>(ec.value()),
+         "dispatch across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
+  void* base = nullptr;
+  check(cudaMalloc(&base, m.L.total), "cudaMalloc of the dispatch buffer");
+  m.base = static_cast<char*>(base);
+  check(cudaMemset(base, 0, m.L.total), "cudaMemset");
+  const int nr = shape.nranks;
+  std::vector<std::int64_t> starts(2 * static_cast<std::size_t>(nr));
+  for (int q = 0; q < nr; ++q) {
+    starts[q] = static_cast<std::int64_t>(q * m.L.per_peer);
+    starts[nr + q] = static_cast<std::int64_t>(q * m.L.per_peer + m.L.head);
+  }
+  auto* counts = reinterpret_cast<std::int64_t*>(m.base + m.L.counts);
+  check(cudaMemcpy(counts + kernels::moe::segment_start * nr, starts.data(), nr * 8,
+                   cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  check(cudaMemcpy(counts + kernels::moe::rows_start * nr, starts.data() + nr, nr * 8,
+                   cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  void* words = nullptr;
+  check(cudaHostAlloc(&words, kernels::moe::error_kinds * sizeof(unsigned),
+                      cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc of the error words");
+  n->errors = static_cast<unsigned*>(words);
+  std::memset(words, 0, kernels::moe::error_kinds * sizeof(unsigned));
+  check(cudaHostGetDevicePointer(&words, n->errors, 0), "cudaHostGetDevicePointer");
+  m.errors = static_cast<unsigned*>(words);
+  check(static_cast<cudaError_t>(kernels::moe::load_net_moe()), "loading the MoE kernels");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return n;
+}
+
+std::size_t net_dispatch_bytes(const NetDispatch& n) noexcept { return n.m.L.total; }
+
+char* net_dispatch_base(NetDispatch& n) noexcept { return n.m.base; }
+
+namespace {
+
+void on_device(const NetDispatch& n) {
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != n.device) {
+    fail(errc::invalid_argument, "current GPU " + std::to_string(current) +
+                                     " is not the GPU the object was prepared on (" +
+                                     std::to_string(n.device) + ")");
+  }
+}
+
+// The network all_to_allv of whole elements (record + row) from area `from` to area `to`.
+void exchange(NetDispatch& n, Communicator& comm, std::size_t from, int send_counts,
+              int send_displs, std::size_t to, int recv_counts, int recv_displs,
+              cuda_stream stream) {
+  const kernels::moe::NetMoe& m = n.m;
+  auto* counts = reinterpret_cast<std::int64_t*>(m.base + m.L.counts);
+  const int nr = m.shape.nranks;
+  kernels::NetA2av a{};
+  a.send = m.base + from;
+  a.send_counts = counts + send_counts * nr;
+  a.send_displs = counts + send_displs * nr;
+  a.recv = m.base + to;
+  a.recv_counts = counts + recv_counts * nr;
+  a.recv_displs = counts + recv_displs * nr;
+  a.counts64 = true;
+  a.max_count = m.L.per_peer;
+  a.elem_bytes = static_cast<std::uint32_t>(m.L.elem);
+  a.nranks = nr;
+  a.errors = m.errors;
+  auto impl = coccl::detail::impl_of(comm);
+  if (auto ec = coccl::detail::enqueue_device_a2av(impl, a, stream)) {
+    fail(static_cast<errc>(ec.value()),
+         "exchange across hosts: " + (impl && impl->error() ? impl->last_error() : ec.message()));
+  }
+}
+
+}  // namespace
+
+void net_dispatch(NetDispatch& n, Communicator& comm, const void* x, int tokens,
+                  const std::int32_t* topk_idx, cuda_stream stream) {
+  namespace k = kernels::moe;
+  on_device(n);
+  auto* s = reinterpret_cast<CUstream_st*>(stream);
+  launched(k::net_dispatch_pack(n.m, x, tokens, topk_idx, s), "dispatch");
+  exchange(n, comm, n.m.L.send, k::dispatch_send, k::segment_start, n.m.L.recv, k::dispatch_recv,
+           k::segment_start, stream);
+  launched(k::net_dispatch_place(n.m, s), "dispatch");
+}
+
+void net_combine(NetDispatch& n, Communicator& comm, const void* y, const float* weights,
+                 void* out, int tokens, cuda_stream stream) {
+  namespace k = kernels::moe;
+  on_device(n);
+  auto* s = reinterpret_cast<CUstream_st*>(stream);
+  launched(k::net_combine_pack(n.m, y, s), "combine");
+  exchange(n, comm, n.m.L.recv, k::combine_send, k::rows_start, n.m.L.send, k::combine_recv,
+           k::rows_start, stream);
+  launched(k::net_combine_sum(n.m, weights, out, tokens, s), "combine");
+}
+
+std::error_code take_net_dispatch_errors(NetDispatch& n, Communicator& comm, std::string* what) {
+  auto impl = coccl::detail::impl_of(comm);
+  if (impl) {
+    if (std::error_code ec = impl->error()) {
+      if (what) *what = impl->last_error();
+      return ec;
+    }
+  }
+  return take_words(n.errors, what);
 }
 
 }  // namespace coccl::moe::detail

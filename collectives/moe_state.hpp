@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/moe.hpp"
+#include "kernels/moe_net.hpp"
 
 namespace coccl::moe::detail {
 
@@ -65,6 +66,30 @@ void launch_a2av_net(A2avState& s, const kernels::moe::A2av& args, cuda_stream s
 /// gave up, a lost peer) reports its error every time.
 std::error_code take_net_errors(A2avState& s, std::string* what);
 
+/// A Dispatcher's device side across hosts: one local buffer (kernels/moe_net.hpp) and
+/// host-mapped error words; the rows move through the communicator's network all_to_allv.
+struct NetDispatch;
+struct NetDispatchDeleter {
+  void operator()(NetDispatch* n) const noexcept;
+};
+using NetDispatchPtr = std::unique_ptr<NetDispatch, NetDispatchDeleter>;
+
+/// Collective and blocking: makes the communicator's device state, allocates the buffer on the
+/// current GPU and loads the kernels. Throws std::system_error (errc::unsupported without CUDA,
+/// errc::cuda_error on a CUDA failure, the communicator's error if it failed).
+NetDispatchPtr make_net_dispatch(Communicator& comm, const kernels::moe::MoeShape& shape);
+std::size_t net_dispatch_bytes(const NetDispatch& n) noexcept;
+/// The buffer's device address (Received points into it).
+char* net_dispatch_base(NetDispatch& n) noexcept;
+/// Dispatch and combine across hosts: pack kernel, network all_to_allv, place kernel (and the
+/// reverse); throw std::system_error when a launch fails.
+void net_dispatch(NetDispatch& n, Communicator& comm, const void* x, int tokens,
+                  const std::int32_t* topk_idx, cuda_stream stream);
+void net_combine(NetDispatch& n, Communicator& comm, const void* y, const float* weights,
+                 void* out, int tokens, cuda_stream stream);
+/// The communicator's error if it failed (every time), else the error words, cleared.
+std::error_code take_net_dispatch_errors(NetDispatch& n, Communicator& comm, std::string* what);
+
 /// Host-memory dispatch result and what combine needs to send rows back.
 struct HostSide {
   std::vector<char> x;
@@ -85,6 +110,10 @@ struct DispatchState {
   kernels::moe::MoeShape shape{};
   kernels::moe::MoeLayout layout{};
   DeviceArenaPtr arena;
+  // Across hosts, in place of the arena.
+  bool across_hosts = false;
+  kernels::moe::NetMoeLayout net_layout{};
+  NetDispatchPtr net;
   int device_tokens = 0;  // tokens of the last device dispatch
   HostSide host;
 };

@@ -143,7 +143,7 @@ struct NetA2av {
   const void* recv_displs;  // or null: packed in rank order
   bool counts64;
   std::uint64_t max_count;
-  std::uint32_t elem_bytes;
+  std::uint32_t elem_bytes;  // any size: an element may be a whole record (moe::Dispatcher)
   std::int32_t nranks;  // at most net_max_segs
   unsigned* errors;     // device pointer of host-mapped words (moe::error_kind), may be null
 };

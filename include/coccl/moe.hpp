@@ -16,21 +16,28 @@
 //    grouped by local expert) and combine (expert outputs back to their tokens, summed with the
 //    routing weights), without the caller packing or unpacking rows.
 //
-// Device forms (a build with CUDA; every rank a GPU of this host, the GPU current in the calling
-// thread): buffers are device memory of that GPU; the call enqueues one kernel on `stream` and
-// returns. The first device call of an object (or prepare()) is collective and blocking: it
+// Device forms (a build with CUDA; the GPU current in the calling thread): buffers are device
+// memory of that GPU; the call enqueues its kernels on `stream` and returns. Among the GPUs of one
+// host: The first device call of an object (or prepare()) is collective and blocking: it
 // allocates the object's arena on each GPU (sized by the maxima, nothing before that call) and
 // maps the peers' arenas (CUDA IPC across processes, peer access within one); make it before
 // capturing a graph. Every rank must then make the same device calls on the object, in the same
 // order, on one stream (or streams ordered among themselves), like the device collectives of
 // Communicator. device_bytes() is what the object holds on each GPU.
 //
-// Across hosts (ranks with different host ids, see COCCL_HOSTID) AllToAllv's device form takes the
-// communicator's network path instead: its kernel stages the data through pinned host memory and
-// the communicator's proxy moves it, the counts still read and written on the device only (the
-// proxy reads them from pinned memory; nothing synchronises the host). It holds no arena there
-// (device_bytes() is 0), and its calls are ordered with the communicator's device operations.
-// Dispatcher's device forms need every rank on one host (errc::unsupported otherwise).
+// Across hosts (ranks with different host ids, see COCCL_HOSTID) the device forms take the
+// communicator's network path instead of an arena mapped by every peer: kernels on `stream` stage
+// the data through pinned host memory and the communicator's proxy moves it, with counts still
+// read and written on the device only (the proxy reads them from pinned memory; nothing
+// synchronises the host). Their calls are ordered with the communicator's device operations.
+//  - AllToAllv holds no arena there (device_bytes() is 0).
+//  - Dispatcher holds one local buffer (device_bytes_for(config, n, true)): a packing kernel puts
+//    each rank's rows in the receiver's order, an all_to_allv with device counts moves them, and a
+//    placing kernel writes the same Received layout as on one host; combine goes back the same
+//    way. Since a rank cannot know before the exchange what its peers send, its buffer holds
+//    min(max_tokens * top_k, capacity) rows from every peer. Up to 128 ranks. A rank whose rows a
+//    receiver dropped for lack of capacity learns it from combine (device_status() after it).
+// The first device call (or prepare()) is collective there too.
 //
 // Host forms: buffers and counts in host memory; the exchange runs over the communicator's host
 // collectives (all_to_all/all_gather of the counts, then all_to_allv) and blocks until done.
@@ -180,9 +187,12 @@ class Dispatcher {
   Dispatcher(Dispatcher&&) noexcept;
   Dispatcher& operator=(Dispatcher&&) noexcept;
 
-  /// Device arena bytes one rank needs: about max_recv_rows * (row bytes + 16) for received rows,
-  /// max_tokens * top_k * (row bytes + 8) for combine's inbox, and 68 KiB of counts and flags.
-  static std::size_t device_bytes_for(const DispatchConfig& config, int nranks);
+  /// Device bytes one rank needs. On one host (the arena): about max_recv_rows * (row bytes + 16)
+  /// for received rows, max_tokens * top_k * (row bytes + 8) for combine's inbox, and 68 KiB of
+  /// counts and flags. Across hosts (`across_hosts`): the same received rows, plus twice
+  /// nranks * min(max_tokens * top_k, capacity) elements of (row bytes + 16) for the exchange.
+  static std::size_t device_bytes_for(const DispatchConfig& config, int nranks,
+                                      bool across_hosts = false);
   /// Device memory this object holds on this rank's GPU (0 before the first device call).
   std::size_t device_bytes() const;
   /// Rows one rank can receive per dispatch.
