@@ -1,8 +1,12 @@
 // coccl-moe-bench: MoE dispatch + combine with coccl::moe::Dispatcher against the usual NCCL way,
 // in the same processes, on the same inputs, one process per GPU.
 //
-//   coccl-moe-bench [--ranks N] [-n ITERS] [-w WARMUP] [-R REPEATS] [--shape decode|prefill|all]
-//                   [--no-nccl]
+//   coccl-moe-bench [--ranks N] [--hosts H] [-n ITERS] [-w WARMUP] [-R REPEATS]
+//                   [--shape decode|prefill|all] [--no-nccl]
+//
+// --hosts H: the ranks act as H hosts (rank r on host r*H/N, through COCCL_HOSTID and
+// NCCL_HOSTID), so both libraries take their network paths; ranks then share the GPUs there are
+// (rank r on GPU r % GPUs; several processes on one GPU need MPS running).
 //
 // Shapes: decode = 128 tokens per rank, prefill = 4096; both hidden 7168 bfloat16, top-8 of 64
 // experts (distinct, uniformly random), split evenly across ranks. Experts are the identity (the
@@ -54,7 +58,7 @@ using coccl::DataType;
   } while (0)
 
 struct Options {
-  int ranks = 0, iters = 20, warmup = 5, repeat = 5;
+  int ranks = 0, hosts = 0, iters = 20, warmup = 5, repeat = 5;
   std::vector<std::string> shapes{"decode", "prefill"};
   bool nccl = true;
 };
@@ -262,7 +266,9 @@ long long verify(coccl::Communicator& comm, cudaStream_t st, const Inputs& in, v
 
 int rank_main(int rank, int n, const std::string& id_hex, const Options& o) {
   int status = 0;
-  BENCH_CUDA(cudaSetDevice(rank));
+  int gpus = 1;
+  BENCH_CUDA(cudaGetDeviceCount(&gpus));
+  BENCH_CUDA(cudaSetDevice(rank % gpus));
   auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
   try {
     cudaStream_t st;
@@ -289,9 +295,14 @@ int rank_main(int rank, int n, const std::string& id_hex, const Options& o) {
     }
     if (rank == 0) {
       std::printf(
-          "# coccl-moe-bench: %d ranks (one GPU each), bfloat16, hidden 7168, top-8 of 64 "
+          "# coccl-moe-bench: %d ranks (%s), bfloat16, hidden 7168, top-8 of 64 "
           "experts; %d calls per batch, %d warm-up, median of %d batches%s\n",
-          n, o.iters, o.warmup, o.repeat,
+          n,
+          o.hosts > 0 ? (std::to_string(o.hosts) + " emulated hosts, " + std::to_string(gpus) +
+                         " GPU(s) shared")
+                            .c_str()
+                      : "one GPU each",
+          o.iters, o.warmup, o.repeat,
           with_nccl ? (", NCCL " + std::to_string(version) + " in the same run").c_str() : "");
       std::printf("# times in us per call (slowest rank); speedup = NCCL / coccl\n");
       std::printf("# %-8s %7s %12s %10s %10s %10s %12s %10s %10s %10s %9s %7s %7s\n", "shape",
@@ -374,7 +385,7 @@ int rank_main(int rank, int n, const std::string& id_hex, const Options& o) {
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
-               "usage: coccl-moe-bench [--ranks N] [-n ITERS] [-w WARMUP] [-R REPEATS] "
+               "usage: coccl-moe-bench [--ranks N] [--hosts H] [-n ITERS] [-w WARMUP] [-R REPEATS] "
                "[--shape decode|prefill|all] [--no-nccl]\n");
   std::exit(2);
 }
@@ -394,6 +405,8 @@ int main(int argc, char** argv) {
     };
     if (a == "--ranks")
       o.ranks = std::atoi(val().c_str());
+    else if (a == "--hosts")
+      o.hosts = std::atoi(val().c_str());
     else if (a == "-n")
       o.iters = std::atoi(val().c_str());
     else if (a == "-w")
@@ -420,7 +433,7 @@ int main(int argc, char** argv) {
       usage();
     }
   }
-  if (o.iters < 1 || o.repeat < 1 || o.warmup < 0) usage();
+  if (o.iters < 1 || o.repeat < 1 || o.warmup < 0 || o.hosts < 0) usage();
   if (rank >= 0) {
     try {
       return rank_main(rank, o.ranks, id, o);
@@ -431,9 +444,11 @@ int main(int argc, char** argv) {
   }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
-  if (o.ranks == 0) o.ranks = std::min(gpus, 8);
-  if (o.ranks < 2 || o.ranks > gpus) {
-    std::printf("# coccl-moe-bench: needs 2..8 GPUs (found %d); skipped\n", gpus);
+  if (o.ranks == 0) o.ranks = o.hosts > 0 ? o.hosts : std::min(gpus, 8);
+  if (o.hosts > o.ranks) usage();
+  if (o.hosts > 0 ? gpus < 1 : (o.ranks < 2 || o.ranks > gpus)) {
+    std::printf("# coccl-moe-bench: needs %s (found %d GPUs); skipped\n",
+                o.hosts > 0 ? "a GPU" : "2..8 GPUs", gpus);
     return 0;
   }
   // One process per GPU: this binary again, with --rank.
@@ -446,6 +461,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> args{self,
                                   "--ranks",
                                   std::to_string(o.ranks),
+                                  "--hosts",
+                                  std::to_string(o.hosts),
                                   "-n",
                                   std::to_string(o.iters),
                                   "-w",
@@ -463,8 +480,23 @@ int main(int argc, char** argv) {
     std::vector<char*> av;
     for (auto& s : args) av.push_back(s.data());
     av.push_back(nullptr);
+    // The environment, with this rank's host identity for both libraries.
+    std::vector<std::string> env_own;
+    if (o.hosts > 0) {
+      const std::string host = "coccl-moe-host-" + std::to_string(r * o.hosts / o.ranks);
+      env_own = {"COCCL_HOSTID=" + host, "NCCL_HOSTID=" + host};
+    }
+    std::vector<char*> ev;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      if (o.hosts > 0 && (kv.rfind("COCCL_HOSTID=", 0) == 0 || kv.rfind("NCCL_HOSTID=", 0) == 0))
+        continue;
+      ev.push_back(*e);
+    }
+    for (auto& kv : env_own) ev.push_back(kv.data());
+    ev.push_back(nullptr);
     pid_t pid;
-    if (posix_spawn(&pid, self, nullptr, nullptr, av.data(), environ) != 0) {
+    if (posix_spawn(&pid, self, nullptr, nullptr, av.data(), ev.data()) != 0) {
       std::perror("posix_spawn");
       return 1;
     }
