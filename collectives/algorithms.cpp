@@ -372,13 +372,13 @@ Task all_reduce_direct(Op& op) {
   co_await direct_all_gather(op, mine);
 }
 
-// One reduce-scatter step's receiving side: reduce into segment `in`.
-Task ring_reduce_recv(Op& op, int left, Range in) {
+// One reduce-scatter step's receiving side: reduce into elements `in` of `base`.
+Task ring_reduce_recv(Op& op, int left, std::byte* base, Range in) {
   const auto& a = op.args();
   const std::size_t k = op.per_chunk(), e = op.elt();
   for (std::size_t off = 0; off < in.size(); off += k) {
     std::size_t elems = std::min(k, in.size() - off);
-    std::byte* dst = bytes(a.recv) + (in.begin + off) * e;
+    std::byte* dst = base + (in.begin + off) * e;
     Chunk ch = co_await op.take(left, elems * e);
     reduce2(dst, dst, ch.data, elems, a.type, base_op(a.op));
     op.release(left);
@@ -413,7 +413,7 @@ Task all_reduce_ring(Op& op) {
     }
     std::vector<Task> tasks;
     tasks.push_back(op.send(right, cbytes(a.recv) + out.begin * e, out.size()));
-    tasks.push_back(ring_reduce_recv(op, left, in));
+    tasks.push_back(ring_reduce_recv(op, left, bytes(a.recv), in));
     co_await all_of(std::move(tasks));
     if (step == n - 2) {
       // This rank now holds the full reduction of segment recv_seg.
@@ -422,7 +422,126 @@ Task all_reduce_ring(Op& op) {
   }
 }
 
+// Recursive doubling: log2(n) rounds, each with one peer (rank XOR 2^k). Ranks past the largest
+// power of two first fold their data into the rank 2^k below them and get the result back at the
+// end. Both partners of a round combine the same two operands (IEEE operations commute), so every
+// rank ends with bit-identical results. For small sizes on many ranks: O(log n) peers and rounds.
+Task all_reduce_rd(Op& op) {
+  const auto& a = op.args();
+  const int n = op.n(), r = op.rank();
+  const std::size_t e = op.elt();
+  int pof2 = 1;
+  while (pof2 <= n / 2) pof2 *= 2;
+  const int rem = n - pof2;
+  std::vector<int> peers;
+  if (r >= pof2) {
+    peers.push_back(r - pof2);
+  } else {
+    if (r < rem) peers.push_back(r + pof2);
+    for (int m = 1; m < pof2; m <<= 1) peers.push_back(r ^ m);
+  }
+  co_await op.connect(peers);
+  if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * e);
+  const std::size_t k = op.per_chunk();
+  const ReduceOp rop = base_op(a.op);
+  for (std::size_t off = 0; off < a.count; off += k) {
+    const std::size_t elems = std::min(k, a.count - off), len = elems * e;
+    std::byte* buf = bytes(a.recv) + off * e;
+    if (r >= pof2) {
+      co_await op.put(r - pof2, buf, len);
+      Chunk ch = co_await op.take(r - pof2, len);
+      std::memcpy(buf, ch.data, len);
+      op.release(r - pof2);
+      finish_avg(op, buf, elems);
+      continue;
+    }
+    if (r < rem) {
+      Chunk ch = co_await op.take(r + pof2, len);
+      reduce2(buf, buf, ch.data, elems, a.type, rop);
+      op.release(r + pof2);
+    }
+    for (int m = 1; m < pof2; m <<= 1) {
+      const int p = r ^ m;
+      co_await op.put(p, buf, len);
+      Chunk ch = co_await op.take(p, len);
+      if (r < p)
+        reduce2(buf, buf, ch.data, elems, a.type, rop);
+      else
+        reduce2(buf, ch.data, buf, elems, a.type, rop);
+      op.release(p);
+    }
+    if (r < rem) co_await op.put(r + pof2, buf, len);
+    finish_avg(op, buf, elems);
+  }
+}
+
 // ---- rooted and personalised collectives ------------------------------------------------------
+
+// The binary tree of a rooted collective, ranks numbered from the root: v's children are 2v + 1
+// and 2v + 2, so a rank has at most three links and the tree is log2(n) deep.
+struct TreeNode {
+  int parent = -1;
+  std::vector<int> children;
+};
+TreeNode tree_node(int n, int r, int root) {
+  TreeNode t;
+  const int v = (r - root + n) % n;
+  if (v > 0) t.parent = ((v - 1) / 2 + root) % n;
+  for (int c : {2 * v + 1, 2 * v + 2})
+    if (c < n) t.children.push_back((c + root) % n);
+  return t;
+}
+
+// Pipelined binary tree from the root: each rank forwards every chunk to its children as it
+// arrives. For many ranks, where a chain is n hops deep.
+Task broadcast_tree(Op& op) {
+  const auto& a = op.args();
+  const TreeNode t = tree_node(op.n(), op.rank(), a.root);
+  const std::size_t e = op.elt();
+  std::vector<int> peers = t.children;
+  if (t.parent >= 0) peers.push_back(t.parent);
+  co_await op.connect(peers);
+  const std::size_t k = op.per_chunk();
+  for (std::size_t off = 0; off < a.count; off += k) {
+    const std::size_t len = std::min(k, a.count - off) * e;
+    std::byte* dst = bytes(a.recv) + off * e;
+    const std::byte* src = cbytes(a.send) + off * e;
+    if (t.parent >= 0) src = (co_await op.take(t.parent, len)).data;
+    for (int c : t.children) co_await op.put(c, src, len);
+    if (src != dst) std::memcpy(dst, src, len);
+    if (t.parent >= 0) op.release(t.parent);
+  }
+}
+
+// Pipelined binary tree toward the root: each rank combines its part with its children's partial
+// results (in child order) and passes the result up.
+Task reduce_tree(Op& op) {
+  const auto& a = op.args();
+  const TreeNode t = tree_node(op.n(), op.rank(), a.root);
+  const std::size_t e = op.elt();
+  std::vector<int> peers = t.children;
+  if (t.parent >= 0) peers.push_back(t.parent);
+  co_await op.connect(peers);
+  const std::size_t k = op.per_chunk();
+  auto& tmp = op.scratch(k * e);
+  for (std::size_t off = 0; off < a.count; off += k) {
+    const std::size_t elems = std::min(k, a.count - off), len = elems * e;
+    const std::byte* part = cbytes(a.send) + off * e;
+    for (int c : t.children) {
+      Chunk ch = co_await op.take(c, len);
+      reduce2(tmp.data(), part, ch.data, elems, a.type, base_op(a.op));
+      op.release(c);
+      part = tmp.data();
+    }
+    if (t.parent >= 0) {
+      co_await op.put(t.parent, part, len);
+      continue;
+    }
+    std::byte* dst = bytes(a.recv) + off * e;
+    if (part != dst) std::memcpy(dst, part, len);
+    finish_avg(op, dst, elems);
+  }
+}
 
 // Pipelined chain from the root: each rank forwards every chunk to the next as it arrives.
 Task broadcast_chain(Op& op) {
@@ -538,6 +657,89 @@ Task reduce_scatter_direct(Op& op) {
   tasks.push_back(rs_send(op));
   tasks.push_back(rs_recv(op));
   co_await all_of(std::move(tasks));
+}
+
+// Bruck: ceil(log2 n) rounds; in the round of distance d a rank sends the first min(d, n - d)
+// blocks it holds (its own, then those of the ranks after it) to rank r - d and appends as many
+// from rank r + d; then the blocks are rotated into place. For small blocks on many ranks.
+Task all_gather_bruck(Op& op) {
+  const auto& a = op.args();
+  const int n = op.n(), r = op.rank();
+  const std::size_t e = op.elt(), block = a.count * e;
+  std::vector<int> peers;
+  for (int d = 1; d < n; d *= 2) {
+    peers.push_back((r - d + n) % n);
+    peers.push_back((r + d) % n);
+  }
+  co_await op.connect(peers);
+  std::vector<std::byte> held(static_cast<std::size_t>(n) * block);
+  if (block) std::memcpy(held.data(), a.send, block);
+  for (int d = 1; d < n; d *= 2) {
+    const std::size_t cnt = static_cast<std::size_t>(std::min(d, n - d));
+    std::vector<Task> tasks;
+    tasks.push_back(op.send((r - d + n) % n, held.data(), cnt * a.count));
+    tasks.push_back(op.recv((r + d) % n, held.data() + d * block, cnt * a.count));
+    co_await all_of(std::move(tasks));
+  }
+  for (int i = 0; i < n && block; ++i)
+    std::memcpy(bytes(a.recv) + ((r + i) % n) * block, held.data() + i * block, block);
+}
+
+// Ring: n - 1 steps, each passing one block to the right neighbour; two links a rank.
+Task all_gather_ring(Op& op) {
+  const auto& a = op.args();
+  const int n = op.n(), r = op.rank();
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const std::size_t e = op.elt();
+  std::vector<int> neighbours{right, left};
+  co_await op.connect(std::move(neighbours));
+  std::byte* mine = bytes(a.recv) + r * a.count * e;
+  if (cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
+  for (int s = 0; s + 1 < n; ++s) {
+    const int out = (r - s + n) % n, in = (r - s - 1 + n) % n;
+    std::vector<Block> sends, recvs;
+    sends.push_back({right, bytes(a.recv) + out * a.count * e, a.count});
+    recvs.push_back({left, bytes(a.recv) + in * a.count * e, a.count});
+    co_await exchange(op, std::move(sends), std::move(recvs));
+  }
+}
+
+// Ring: in step s a rank passes its partial sum of block r - s - 1 to the right and adds the left
+// neighbour's into block r - s - 2; after n - 1 steps it holds the whole sum of block r.
+Task reduce_scatter_ring(Op& op) {
+  const auto& a = op.args();
+  const int n = op.n(), r = op.rank();
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const std::size_t e = op.elt();
+  std::vector<int> neighbours{right, left};
+  co_await op.connect(std::move(neighbours));
+  std::vector<std::byte> part(static_cast<std::size_t>(n) * a.count * e);
+  if (!part.empty()) std::memcpy(part.data(), a.send, part.size());
+  for (int s = 0; s + 1 < n; ++s) {
+    const int out = (r - s - 1 + n) % n, in = (r - s - 2 + 2 * n) % n;
+    std::vector<Task> tasks;
+    tasks.push_back(op.send(right, part.data() + out * a.count * e, a.count));
+    tasks.push_back(ring_reduce_recv(op, left, part.data(), Range{in * a.count, (in + 1) * a.count}));
+    co_await all_of(std::move(tasks));
+  }
+  if (a.count) std::memcpy(a.recv, part.data() + r * a.count * e, a.count * e);
+  finish_avg(op, bytes(a.recv), a.count);
+}
+
+// Small sizes on many ranks: a recursive-doubling all_reduce of the whole input, keeping this
+// rank's block: n times the bytes of a direct exchange, but O(log n) peers and rounds.
+Task reduce_scatter_rd(Op& op) {
+  const auto& a = op.args();
+  const int n = op.n();
+  const std::size_t e = op.elt();
+  std::vector<std::byte> whole(static_cast<std::size_t>(n) * a.count * e);
+  OpArgs b = a;
+  b.kind = OpKind::all_reduce;
+  b.count = static_cast<std::size_t>(n) * a.count;
+  b.recv = whole.data();
+  Op all(op.comm(), b);
+  co_await all_reduce_rd(all);
+  if (a.count) std::memcpy(a.recv, whole.data() + op.rank() * a.count * e, a.count * e);
 }
 
 Task all_to_all_direct(Op& op, const std::vector<std::size_t>& sc,
@@ -665,11 +867,41 @@ OpArgs p2p_as_bytes(const OpArgs& a) {
 
 }  // namespace
 
-const char* choose_all_reduce(CommImpl& c, std::size_t bytes) {
-  for (const char* name : {"oneshot", "direct", "ring"})
+namespace {
+
+// COCCL_ALGO when it names one of `names`, else null.
+const char* forced_among(CommImpl& c, std::initializer_list<const char*> names) {
+  for (const char* name : names)
     if (c.forced_algo() == name) return name;
-  if (bytes <= c.oneshot_max()) return "oneshot";
-  return c.one_host() ? "direct" : "ring";
+  return nullptr;
+}
+
+// Whether the communicator is small enough to link every rank with every other.
+bool few_ranks(CommImpl& c) { return c.size() <= c.direct_max_ranks(); }
+
+}  // namespace
+
+const char* choose_all_reduce(CommImpl& c, std::size_t bytes) {
+  if (const char* f = forced_among(c, {"oneshot", "direct", "ring", "rd"})) return f;
+  if (bytes <= c.oneshot_max()) return few_ranks(c) ? "oneshot" : "rd";
+  return c.one_host() && few_ranks(c) ? "direct" : "ring";
+}
+
+const char* choose_all_gather(CommImpl& c, std::size_t total_bytes) {
+  if (const char* f = forced_among(c, {"direct", "ring", "bruck"})) return f;
+  if (few_ranks(c)) return "direct";
+  return total_bytes <= c.oneshot_max() ? "bruck" : "ring";
+}
+
+const char* choose_reduce_scatter(CommImpl& c, std::size_t total_bytes) {
+  if (const char* f = forced_among(c, {"direct", "ring", "rd"})) return f;
+  if (few_ranks(c)) return "direct";
+  return total_bytes <= c.oneshot_max() ? "rd" : "ring";
+}
+
+const char* choose_rooted(CommImpl& c) {
+  if (const char* f = forced_among(c, {"chain", "tree"})) return f;
+  return few_ranks(c) ? "chain" : "tree";
 }
 
 asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
@@ -689,23 +921,37 @@ asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
         co_await all_reduce_oneshot(op);
       else if (algo == "direct")
         co_await all_reduce_direct(op);
+      else if (algo == "rd")
+        co_await all_reduce_rd(op);
       else
         co_await all_reduce_ring(op);
       co_return;
     }
     case OpKind::broadcast: {
       Op op(c, a);
-      co_await broadcast_chain(op);
+      if (n > 1 && std::string_view(choose_rooted(c)) == "tree")
+        co_await broadcast_tree(op);
+      else
+        co_await broadcast_chain(op);
       co_return;
     }
     case OpKind::reduce: {
       Op op(c, a);
-      co_await reduce_chain(op);
+      if (n > 1 && std::string_view(choose_rooted(c)) == "tree")
+        co_await reduce_tree(op);
+      else
+        co_await reduce_chain(op);
       co_return;
     }
     case OpKind::all_gather: {
       Op op(c, a);
-      co_await all_gather_direct(op);
+      const std::string_view algo = n > 1 ? choose_all_gather(c, n * a.count * op.elt()) : "direct";
+      if (algo == "bruck")
+        co_await all_gather_bruck(op);
+      else if (algo == "ring")
+        co_await all_gather_ring(op);
+      else
+        co_await all_gather_direct(op);
       co_return;
     }
     case OpKind::reduce_scatter: {
@@ -714,7 +960,13 @@ asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
         if (a.send != a.recv) std::memmove(a.recv, a.send, a.count * op.elt());
         co_return;
       }
-      co_await reduce_scatter_direct(op);
+      const std::string_view algo = choose_reduce_scatter(c, n * a.count * op.elt());
+      if (algo == "ring")
+        co_await reduce_scatter_ring(op);
+      else if (algo == "rd")
+        co_await reduce_scatter_rd(op);
+      else
+        co_await reduce_scatter_direct(op);
       co_return;
     }
     case OpKind::all_to_all: {

@@ -12,8 +12,19 @@ class CommImpl;
 /// throws LinkError on any error.
 boost::asio::awaitable<void> run_op(CommImpl& comm, const OpArgs& args);
 
-/// The all_reduce algorithm chosen for `bytes` on this communicator ("oneshot", "direct" or
-/// "ring"); COCCL_ALGO overrides it.
+/// The all_reduce algorithm chosen for `bytes` on this communicator ("oneshot", "direct", "ring"
+/// or "rd"): with at most COCCL_DIRECT_MAX_RANKS ranks, one-shot for small sizes and direct (one
+/// host) or ring for large ones; with more, recursive doubling for small sizes and ring for large.
+/// COCCL_ALGO overrides it.
 const char* choose_all_reduce(CommImpl& comm, std::size_t bytes);
+
+/// all_gather ("direct", "ring" or "bruck") and reduce_scatter ("direct", "ring" or "rd") for
+/// `total_bytes` (all ranks' blocks): direct with at most COCCL_DIRECT_MAX_RANKS ranks, else
+/// Bruck or recursive doubling for small totals and ring for large ones.
+const char* choose_all_gather(CommImpl& comm, std::size_t total_bytes);
+const char* choose_reduce_scatter(CommImpl& comm, std::size_t total_bytes);
+
+/// broadcast and reduce: "chain" with at most COCCL_DIRECT_MAX_RANKS ranks, else "tree".
+const char* choose_rooted(CommImpl& comm);
 
 }  // namespace coccl::detail

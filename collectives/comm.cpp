@@ -1,6 +1,8 @@
 #include "collectives/comm.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -15,6 +17,15 @@
 
 namespace coccl::detail {
 
+namespace {
+// COCCL_ALGO (or NCCL_ALGO, whose values are capitalised: "Ring", "Tree") matched without case.
+std::string lower_case(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+}  // namespace
+
+
 CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
                    int rank, int nranks)
     : engine_(std::move(engine)),
@@ -24,8 +35,10 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       size_(nranks),
       watchdog_(ex_),
       trace_(static_cast<std::size_t>(std::max<std::int64_t>(1, params::colltrace_size.get()))),
-      algo_(params::algo.get()),
+      algo_(lower_case(params::algo.get())),
       oneshot_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::oneshot_max.get()))),
+      direct_max_ranks_(static_cast<int>(
+          std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
       timeout_(runtime::default_timeout()) {
   transport::LinkOptions opts{
       params::transport.get(),

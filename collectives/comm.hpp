@@ -83,6 +83,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// Proxy thread: COCCL_ALGO as read at creation.
   const std::string& forced_algo() const noexcept { return algo_; }
   std::size_t oneshot_max() const noexcept { return oneshot_max_; }
+  /// COCCL_DIRECT_MAX_RANKS as read at creation.
+  int direct_max_ranks() const noexcept { return direct_max_ranks_; }
   /// True when every rank is on this host (known once the address table is).
   bool one_host() const noexcept { return one_host_; }
 
@@ -119,6 +121,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   CollTrace trace_;
   std::string algo_;
   std::size_t oneshot_max_;
+  int direct_max_ranks_;
   bool one_host_ = false;
   void learn_topology();
   std::chrono::steady_clock::duration timeout_;

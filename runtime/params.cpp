@@ -12,7 +12,10 @@ config::Param<std::string> socket_ifname{
     "NCCL_SOCKET_IFNAME"};
 config::Param<std::string> algo{
     "COCCL_ALGO", "",
-    "force an algorithm for all_reduce: oneshot, ring or direct (empty: choose by size)",
+    "force an algorithm by name (each collective takes the names it has; empty: choose by size "
+    "and ranks): host all_reduce oneshot, direct, ring or rd (recursive doubling); all_gather "
+    "direct, ring or bruck; reduce_scatter direct, ring or rd; broadcast and reduce chain or "
+    "tree; device collectives across hosts flat or hierarchical",
     "NCCL_ALGO"};
 config::Param<std::string> proto{"COCCL_PROTO", "",
                                  "force a device protocol: LL or Simple (empty: choose by size)",
@@ -35,6 +38,11 @@ config::Param<std::int64_t> slots{"COCCL_SLOTS", 8,
 config::Param<std::int64_t> oneshot_max{
     "COCCL_ALLREDUCE_ONESHOT_MAX", 64 << 10,
     "largest host all_reduce (bytes) run by the latency-bound one-shot algorithm"};
+config::Param<std::int64_t> direct_max_ranks{
+    "COCCL_DIRECT_MAX_RANKS", 8,
+    "most ranks for which host collectives link every rank with every other (one-shot and direct "
+    "exchanges, chains); above it they touch O(log n) peers for small messages (recursive "
+    "doubling, Bruck, trees) and two for large ones (rings, pipelined trees)"};
 config::Param<std::int64_t> device_oneshot_max{
     "COCCL_DEVICE_ONESHOT_MAX", 512 << 10,
     "largest device all_reduce (bytes per rank) run by the one-shot LL kernel; sizes the "

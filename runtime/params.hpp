@@ -19,6 +19,7 @@ extern config::Param<std::int64_t> spin_us;         // COCCL_SPIN_US
 extern config::Param<std::int64_t> slot_bytes;      // COCCL_SLOT_BYTES
 extern config::Param<std::int64_t> slots;           // COCCL_SLOTS
 extern config::Param<std::int64_t> oneshot_max;     // COCCL_ALLREDUCE_ONESHOT_MAX
+extern config::Param<std::int64_t> direct_max_ranks;  // COCCL_DIRECT_MAX_RANKS
 extern config::Param<std::int64_t> device_oneshot_max;  // COCCL_DEVICE_ONESHOT_MAX
 extern config::Param<bool> dependent_launch;              // COCCL_DEPENDENT_LAUNCH
 extern config::Param<std::int64_t> device_comms;          // COCCL_DEVICE_COMMS

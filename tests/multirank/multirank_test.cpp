@@ -119,8 +119,76 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"ring_tcp_small_slots_3ranks",
                 {"COCCL_ALGO=ring", "COCCL_TRANSPORT=tcp", small_slots},
                 3},
-        Variant{"direct_tcp_4ranks", {"COCCL_ALGO=direct", "COCCL_TRANSPORT=tcp"}, 4}),
+        Variant{"direct_tcp_4ranks", {"COCCL_ALGO=direct", "COCCL_TRANSPORT=tcp"}, 4},
+        Variant{"rd_2ranks", {"COCCL_ALGO=rd"}, 2},
+        Variant{"rd_3ranks", {"COCCL_ALGO=rd"}, 3},
+        Variant{"rd_5ranks", {"COCCL_ALGO=rd"}, 5},
+        Variant{"rd_8ranks", {"COCCL_ALGO=rd"}, 8},
+        Variant{"rd_small_slots_6ranks", {"COCCL_ALGO=rd", small_slots, two_slots}, 6},
+        Variant{"rd_tcp_5ranks", {"COCCL_ALGO=rd", "COCCL_TRANSPORT=tcp"}, 5},
+        Variant{"nccl_algo_ring_3ranks", {"NCCL_ALGO=Ring"}, 3}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// ---- Algorithms for many ranks ------------------------------------------------------------------
+
+// COCCL_DIRECT_MAX_RANKS=1 makes even a few ranks take the algorithms of large communicators:
+// recursive doubling, Bruck and rings for all_reduce, all_gather and reduce_scatter (small and
+// large sizes), binary trees for broadcast and reduce.
+struct ScaleCase {
+  const char* scenario;
+  int nranks;
+};
+
+void PrintTo(const ScaleCase& c, std::ostream* os) { *os << c.scenario << "_" << c.nranks; }
+
+class ManyRankAlgorithms : public ::testing::TestWithParam<ScaleCase> {};
+
+TEST_P(ManyRankAlgorithms, MatchReference) {
+  const LaunchResult r =
+      run_scenario(GetParam().scenario, GetParam().nranks, {"COCCL_DIRECT_MAX_RANKS=1"}, {"quick"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DirectMaxOne, ManyRankAlgorithms,
+    ::testing::Values(ScaleCase{"all_reduce", 3}, ScaleCase{"all_reduce", 6},
+                      ScaleCase{"all_gather", 3}, ScaleCase{"all_gather", 5},
+                      ScaleCase{"reduce_scatter", 3}, ScaleCase{"reduce_scatter", 5},
+                      ScaleCase{"broadcast", 3}, ScaleCase{"broadcast", 6},
+                      ScaleCase{"reduce", 3}, ScaleCase{"reduce", 6}),
+    [](const auto& info) {
+      return std::string(info.param.scenario) + "_" + std::to_string(info.param.nranks) + "ranks";
+    });
+
+// Distinct peers each rank reports linking to ("connected to rank P over ...").
+std::vector<int> peers_linked(const LaunchResult& r) {
+  std::vector<int> counts;
+  for (const RankResult& rank : r.ranks) {
+    std::vector<bool> seen(r.ranks.size(), false);
+    const std::string key = "connected to rank ";
+    for (std::size_t at = rank.output.find(key); at != std::string::npos;
+         at = rank.output.find(key, at + 1))
+      seen.at(static_cast<std::size_t>(std::stoi(rank.output.substr(at + key.size())))) = true;
+    counts.push_back(static_cast<int>(std::count(seen.begin(), seen.end(), true)));
+  }
+  return counts;
+}
+
+// 16 ranks, above COCCL_DIRECT_MAX_RANKS (8): small all_reduce, all_gather, reduce_scatter and
+// barrier link each rank with ranks r +- 2^k and r ^ 2^k only, 7 of its 15 peers.
+TEST(ManyRanks, SmallCollectivesOfSixteenRanksLinkEachRankWithAtMostSevenPeers) {
+  LaunchOptions o;
+  o.scenario = "log_peers";
+  o.nranks = 16;
+  o.env = {generous_timeout, "COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=net"};
+  const LaunchResult r = launch(o);
+  ASSERT_TRUE(r.all_passed()) << r.describe();
+  const std::vector<int> peers = peers_linked(r);
+  for (std::size_t rank = 0; rank < peers.size(); ++rank) {
+    EXPECT_GE(peers[rank], 4) << "rank " << rank;
+    EXPECT_LE(peers[rank], 7) << "rank " << rank;
+  }
+}
 
 // ---- Every collective over the other transport settings --------------------------------------
 

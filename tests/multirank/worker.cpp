@@ -95,15 +95,24 @@ int main(int argc, char** argv) {
       {"barrier", run_barrier},
       {"registered", run_registered},
   };
+  // The collectives whose small forms need only O(log n) peers, small sizes only.
+  auto log_peers = [&](Worker& wk) {
+    wk.args.push_back("quick");
+    wk.args.push_back("nolarge");
+    for (const char* name : {"all_reduce", "all_gather", "reduce_scatter", "barrier"})
+      checks.at(name)(wk);
+    return exit_ok;
+  };
   const std::map<std::string, std::function<int(Worker&)>> others{
       {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
-      {"split", run_split}, {"async", run_async},
+      {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
   };
   try {
     w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
     if (!w.has("cold")) {
       // Links to peers are made lazily by the first operation that needs them. reduce_scatter
-      // links every peer up front, so the scenarios check results rather than link setup; the
+      // links every peer up front (up to COCCL_DIRECT_MAX_RANKS ranks; above, the O(log n) peers
+      // of its small form), so the scenarios check results rather than link setup; the
       // ColdStart tests (flag "cold") check link setup by each collective on its own.
       std::vector<std::int32_t> send(w.n, 1);
       std::int32_t recv = 0;
