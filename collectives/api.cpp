@@ -1,4 +1,5 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
+#include <array>
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <coccl/coccl.hpp>
@@ -311,6 +312,49 @@ Communicator Communicator::split(int color, int key) {
   int new_rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
   return create(id, new_rank, static_cast<int>(members.size()));
+}
+
+Communicator Communicator::split_members(const std::vector<int>& members) {
+  if (!impl_) invalid("empty communicator");
+  const int n = size(), me = rank();
+  const int m = static_cast<int>(members.size());
+  if (m == 0) invalid("split_members: the member list is empty");
+  std::vector<bool> seen(n, false);
+  int mine = -1;
+  for (int i = 0; i < m; ++i) {
+    const int r = members[i];
+    if (r < 0 || r >= n)
+      invalid("split_members: rank " + std::to_string(r) + " is not in [0, " + std::to_string(n) +
+              ")");
+    if (seen[r]) invalid("split_members: rank " + std::to_string(r) + " is listed twice");
+    seen[r] = true;
+    if (r == me) mine = i;
+  }
+  if (mine < 0) invalid("split_members: this rank (" + std::to_string(me) + ") is not a member");
+  // The list's fingerprint travels with the id, so members with another list notice.
+  std::uint64_t h = 1469598103934665603ull;
+  for (int r : members) h = (h ^ static_cast<std::uint32_t>(r)) * 1099511628211ull;
+  std::array<std::uint8_t, sizeof(UniqueId::bytes) + sizeof h> msg{};
+  if (mine == 0) {
+    const UniqueId id = UniqueId::create();
+    std::memcpy(msg.data(), id.bytes.data(), id.bytes.size());
+    std::memcpy(msg.data() + id.bytes.size(), &h, sizeof h);
+  } else {
+    recv(msg.data(), msg.size(), DataType::uint8, members[(mine - 1) / 2]);
+  }
+  std::vector<detail::P2POp> forward;
+  for (int c : {2 * mine + 1, 2 * mine + 2})
+    if (c < m) forward.push_back(send_op(msg.data(), msg.size(), DataType::uint8, members[c]));
+  if (!forward.empty()) send_recv(std::move(forward));
+  UniqueId id{};
+  std::memcpy(id.bytes.data(), msg.data(), id.bytes.size());
+  std::uint64_t theirs = 0;
+  std::memcpy(&theirs, msg.data() + id.bytes.size(), sizeof theirs);
+  if (theirs != h)
+    throw std::system_error(make_error_code(errc::mismatch),
+                            "split_members: this rank's member list differs from rank " +
+                                std::to_string(members[0]) + "'s");
+  return create(id, mine, m);
 }
 
 void Communicator::destroy() {

@@ -523,6 +523,16 @@ class Communicator {
   /// handle. Throws std::system_error on failure.
   Communicator split(int color, int key);
 
+  /// Makes a communicator of the ranks `members` of this one, new rank i being members[i]. Every
+  /// member passes the same list; the other ranks do not call it (collective over the members
+  /// only, and no exchange with the whole communicator: members[0] starts the new root and its id
+  /// travels down a binary tree of the members over this communicator's point-to-point links, so
+  /// a member links to at most three others). Throws std::system_error: errc::invalid_argument
+  /// (nothing sent) for an empty list, a rank out of range or repeated, or a list without this
+  /// rank; errc::mismatch when the members' lists differ (found when the id arrives: members
+  /// whose list differs from members[0]'s throw, and the others' setup then times out).
+  Communicator split_members(const std::vector<int>& members);
+
   /// Waits for this rank's operations in flight to finish, then releases the communicator. Other
   /// handles to it become unusable (operations fail with errc::aborted). Sends no message.
   void destroy();

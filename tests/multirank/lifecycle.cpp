@@ -178,6 +178,58 @@ int run_split(Worker& w) {
   return w.failures ? exit_check_failed : exit_ok;
 }
 
+int run_split_members(Worker& w) {
+  const int n = w.n, me = w.rank;
+  // Invalid lists: refused on every rank before anything is sent.
+  auto refused = [&](const std::vector<int>& list, const char* what) {
+    try {
+      w.comm.split_members(list);
+      w.fail(std::string("split_members ") + what, "accepted");
+    } catch (const std::system_error& e) {
+      if (e.code() != make_error_code(errc::invalid_argument))
+        w.fail(std::string("split_members ") + what, e.what());
+    }
+  };
+  refused({}, "empty list");
+  refused({me, n}, "rank out of range");
+  refused({me, me}, "rank listed twice");
+  refused({(me + 1) % n}, "list without this rank");
+  // Odd ranks, last first (a single rank with 3 ranks); then the last rank and rank 0. Only the
+  // members call; the parent stays usable by everyone afterwards.
+  std::vector<std::vector<int>> groups(2);
+  for (int r = n - 1; r >= 0; --r)
+    if (r % 2 == 1) groups[0].push_back(r);
+  groups[1] = {n - 1, 0};
+  for (const auto& members : groups) {
+    const auto at = std::find(members.begin(), members.end(), me);
+    if (at == members.end()) continue;
+    const std::string what = "split_members of " + std::to_string(members.size());
+    Communicator sub = w.comm.split_members(members);
+    if (!sub || sub.size() != static_cast<int>(members.size()) ||
+        sub.rank() != static_cast<int>(at - members.begin())) {
+      w.fail(what, "got rank " + std::to_string(sub ? sub.rank() : -1) + " of " +
+                       std::to_string(sub ? sub.size() : 0));
+      continue;
+    }
+    std::vector<std::int32_t> gathered(sub.size()), want(members.begin(), members.end());
+    const std::int32_t old = me;
+    sub.all_gather(&old, gathered.data(), 1, DataType::int32);
+    w.expect_equal("coll=all_gather in " + what + ": old ranks by new rank", DataType::int32,
+                   gathered.data(), want.data(), want.size());
+    std::int64_t one = me + 1, sum = 0, total = 0;
+    for (int r : members) total += r + 1;
+    sub.all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum);
+    if (sum != total)
+      w.fail("coll=all_reduce in " + what,
+             "got " + std::to_string(sum) + ", want " + std::to_string(total));
+    sub.destroy();
+  }
+  std::int64_t one = 1, count = 0;
+  w.comm.all_reduce(&one, &count, 1, DataType::int64, ReduceOp::sum);
+  if (count != n) w.fail("coll=all_reduce on the parent after split_members", "wrong sum");
+  return w.failures ? exit_check_failed : exit_ok;
+}
+
 namespace {
 
 void check_ec(Worker& w, const char* what, std::error_code ec) {

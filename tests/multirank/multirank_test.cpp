@@ -74,6 +74,9 @@ TEST_P(Collectives, ScatterFromEveryRoot) { expect_scenario_passes("scatter"); }
 TEST_P(Collectives, SendRecvRingAndAllPairsGroups) { expect_scenario_passes("send_recv"); }
 TEST_P(Collectives, BarrierReleasesNoRankBeforeTheLastEnters) { expect_scenario_passes("barrier"); }
 TEST_P(Collectives, SplitByParityAndLeaveWithNegativeColor) { expect_scenario_passes("split"); }
+TEST_P(Collectives, SplitMembersCalledByTheMembersOnlyAndInvalidListsRefused) {
+  expect_scenario_passes("split_members");
+}
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4, 8),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -66,6 +66,7 @@ int run_loop(Worker& w);
 int run_mismatch(Worker& w);
 int run_abort(Worker& w);
 int run_split(Worker& w);
+int run_split_members(Worker& w);
 int run_async(Worker& w);
 
 /// Prints the error of a failed collective and returns its exit code.
