@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "baseline_common.hpp"
+#include "init_gate.hpp"
 
 namespace {
 
@@ -566,8 +567,31 @@ void run(const options& o) {
 
 }  // namespace
 
+// coccl-init-bench's peer: `--init DIR RANK NRANKS` times a FileStore rendezvous in DIR,
+// connectFullMesh and a first allreduce of one float from the start gate (tools/init_gate.hpp).
+int init_main(const std::string& dir, int rank, int nranks) {
+  coccl_init_gate::wait_for_go(dir, rank);
+  const double t0 = coccl_init_gate::now_us();
+  gloo::rendezvous::FileStore store(dir + "/store");
+  options o;
+  o.rank = rank;
+  o.nranks = nranks;
+  auto ctx = connect(o, store);
+  float x = 1;
+  gloo::AllreduceOptions opts(ctx);
+  opts.setOutput(&x, 1);
+  opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(
+      &gloo::sum<float>));
+  gloo::allreduce(opts);
+  const double t1 = coccl_init_gate::now_us();
+  coccl_init_gate::write_result(dir, rank, t0, t1, x == static_cast<float>(nranks));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
+    if (argc == 5 && std::string(argv[1]) == "--init")
+      return init_main(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
     run(parse_args(argc, argv));
     return 0;
   } catch (const std::exception& e) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "baseline_common.hpp"
+#include "init_gate.hpp"
 
 namespace {
 
@@ -291,7 +292,36 @@ void run(const options& o) {
 
 }  // namespace
 
+// coccl-init-bench's peer: `--init DIR` times MPI_Init plus a first MPI_Allreduce of one float
+// from the start gate (tools/init_gate.hpp).
+int init_main(int argc, char** argv, const std::string& dir) {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (r == nullptr) r = std::getenv("PMI_RANK");
+  if (r == nullptr) {
+    std::fprintf(stderr, "coccl-perf-mpi --init: no rank in the environment (run under mpiexec)\n");
+    return 1;
+  }
+  const int rank = std::atoi(r);
+  try {
+    coccl_init_gate::wait_for_go(dir, rank);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coccl-perf-mpi --init: %s\n", e.what());
+    return 1;
+  }
+  const double t0 = coccl_init_gate::now_us();
+  if (MPI_Init(&argc, &argv) != MPI_SUCCESS) return 1;
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  float x = 1, y = 0;
+  const int rc = MPI_Allreduce(&x, &y, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  const double t1 = coccl_init_gate::now_us();
+  coccl_init_gate::write_result(dir, rank, t0, t1, rc == MPI_SUCCESS && y == static_cast<float>(n));
+  MPI_Finalize();
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--init") return init_main(argc, argv, argv[2]);
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
     std::fprintf(stderr, "coccl-perf-mpi: MPI_Init failed\n");
     return 1;
