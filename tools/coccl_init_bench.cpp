@@ -3,6 +3,12 @@
 // MPI_Allreduce) and Gloo (FileStore rendezvous, connectFullMesh, allreduce) in the same run.
 //
 //   coccl-init-bench [--ranks N[,N...]] [--repeat R] [--baseline mpi|gloo]... [--timeout S]
+//   coccl-init-bench --device [--ranks N[,N...]] [--repeat R] [--coccl-nccl PATH]
+//
+// --device: each rank a host of its own (COCCL_HOSTID and NCCL_HOSTID) on the GPUs there are
+// (several processes on one GPU need MPS running), timing ncclCommInitRank plus a first device
+// all_reduce of one float through coccl's libnccl.so.2 (PATH; default: the build tree's) and
+// NVIDIA's (the loader's libnccl.so.2), CUDA contexts made before the gate.
 //
 // Every process of a run waits at a start gate (tools/init_gate.hpp) until all N exist, so launch
 // speed is not measured; the run's time is from the first process leaving the gate to the last
@@ -10,6 +16,7 @@
 // the bootstrap root (UniqueId::create), as a launcher holds Open MPI's runtime. Prints the
 // median of R runs per library and N, in milliseconds, and the ratios.
 #include <dirent.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -26,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "init_bench_device.hpp"
 #include "init_gate.hpp"
 
 extern char** environ;
@@ -39,12 +47,16 @@ struct Options {
   int repeat = 3;
   std::vector<std::string> baselines;
   double timeout_s = 300;
+  bool device = false;
+  std::string coccl_nccl;  // --device: coccl's libnccl.so.2
 };
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: coccl-init-bench [--ranks N[,N...]] [--repeat R] [--baseline mpi|gloo]... "
-               "[--timeout S]\n");
+               "[--timeout S]\n"
+               "       coccl-init-bench --device [--ranks N[,N...]] [--repeat R] "
+               "[--coccl-nccl PATH]\n");
   std::exit(2);
 }
 
@@ -89,8 +101,19 @@ double run_once(const std::string& lib, int n, const Options& o) {
   const std::string tools = self_dir();
   // Gloo's FileStore lives here; it must exist before any rank opens it.
   if (lib == "gloo" && ::mkdir((dir + "/store").c_str(), 0700) != 0) return -1;
+  if (::mkfifo((dir + "/go").c_str(), 0600) != 0) return -1;
   std::vector<pid_t> pids;
-  if (lib == "coccl") {
+  if (o.device) {
+    const std::string path = lib == "coccl" ? o.coccl_nccl : "libnccl.so.2";
+    for (int r = 0; r < n; ++r) {
+      const std::string host = "coccl-init-host-" + std::to_string(r);
+      pids.push_back(spawn({tools + "coccl-init-bench"},
+                           {"COCCL_INIT_BENCH_RANK=" + std::to_string(r),
+                            "COCCL_INIT_BENCH_NRANKS=" + std::to_string(n),
+                            "COCCL_INIT_BENCH_DIR=" + dir, "COCCL_INIT_BENCH_LIB=" + path,
+                            "COCCL_HOSTID=" + host, "NCCL_HOSTID=" + host}));
+    }
+  } else if (lib == "coccl") {
     const std::string id = coccl::UniqueId::create().to_string();
     for (int r = 0; r < n; ++r)
       pids.push_back(spawn({tools + "coccl-init-bench"},
@@ -114,7 +137,10 @@ double run_once(const std::string& lib, int n, const Options& o) {
     if (gate::now_us() > until) ok = false;
     ::usleep(1000);
   }
-  if (ok) gate::write_file(dir + "/go", "go\n");
+  // Opening the FIFO for writing releases every rank blocked opening it; it stays open until they
+  // exit, so a rank that opens it late passes too.
+  const int go = ok ? ::open((dir + "/go").c_str(), O_WRONLY) : -1;
+  if (go < 0) ok = false;
   for (pid_t p : pids) {
     if (p < 0) continue;
     if (!ok) ::kill(p, SIGKILL);
@@ -122,6 +148,7 @@ double run_once(const std::string& lib, int n, const Options& o) {
     ::waitpid(p, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
   }
+  if (go >= 0) ::close(go);
   double first = 0, last = 0;
   for (int r = 0; ok && r < n; ++r) {
     std::ifstream f(dir + "/result." + std::to_string(r));
@@ -162,6 +189,10 @@ int rank_main(int rank, int n, const std::string& dir, const std::string& id) {
 
 int main(int argc, char** argv) {
   if (const char* r = std::getenv("COCCL_INIT_BENCH_RANK")) {
+    if (const char* lib = std::getenv("COCCL_INIT_BENCH_LIB"))
+      return coccl_init_bench::device_rank_main(std::atoi(r),
+                                                std::atoi(std::getenv("COCCL_INIT_BENCH_NRANKS")),
+                                                std::getenv("COCCL_INIT_BENCH_DIR"), lib);
     try {
       return rank_main(std::atoi(r), std::atoi(std::getenv("COCCL_INIT_BENCH_NRANKS")),
                        std::getenv("COCCL_INIT_BENCH_DIR"), std::getenv("COCCL_INIT_BENCH_ID"));
@@ -193,6 +224,10 @@ int main(int argc, char** argv) {
       o.baselines.push_back(b);
     } else if (a == "--timeout") {
       o.timeout_s = std::atof(val().c_str());
+    } else if (a == "--device") {
+      o.device = true;
+    } else if (a == "--coccl-nccl") {
+      o.coccl_nccl = val();
     } else {
       usage();
     }
@@ -215,9 +250,22 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> libs{"coccl"};
   for (const std::string& b : o.baselines) libs.push_back(b);
-  std::printf("# coccl-init-bench: init + first all_reduce (1 float, checked) on host memory, %u "
-              "cores; median of %d runs; ms\n",
-              std::thread::hardware_concurrency(), o.repeat);
+  if (o.device) {
+    if (!coccl_init_bench::device_runs_built()) {
+      std::fprintf(stderr, "coccl-init-bench: built without CUDA, no --device runs\n");
+      return 2;
+    }
+    if (o.coccl_nccl.empty()) o.coccl_nccl = self_dir() + "../collectives/nccl/libnccl.so.2";
+    libs = {"coccl", "nccl"};
+    std::printf("# coccl-init-bench --device: ncclCommInitRank + first device all_reduce (1 float, "
+                "checked), each rank a host; coccl = %s, nccl = the loader's libnccl.so.2; median "
+                "of %d runs; ms\n",
+                o.coccl_nccl.c_str(), o.repeat);
+  } else {
+    std::printf("# coccl-init-bench: init + first all_reduce (1 float, checked) on host memory, "
+                "%u cores; median of %d runs; ms\n",
+                std::thread::hardware_concurrency(), o.repeat);
+  }
   std::printf("# %6s", "ranks");
   for (const std::string& l : libs) std::printf(" %10s", l.c_str());
   for (std::size_t i = 1; i < libs.size(); ++i) std::printf(" %10s", (libs[i] + "/coccl").c_str());

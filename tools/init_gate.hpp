@@ -1,8 +1,10 @@
 // What coccl-init-bench and its baseline peers (coccl-perf-mpi --init, coccl-perf-gloo --init)
 // share: the start gate and the result file of one timed init.
 //
-// Every process of a run writes DIR/ready.RANK and waits for DIR/go, which the driver creates once
-// all of them are ready; so no library is charged for how fast its launcher starts processes. A
+// Every process of a run writes DIR/ready.RANK and then blocks opening the FIFO DIR/go, which the
+// driver opens for writing once all of them are ready: they all wake at once, having spent no CPU
+// while the launcher started the rest (polling processes would slow a launcher on few cores), and
+// no library is charged for how fast its launcher starts processes. A
 // process then takes t0 (CLOCK_REALTIME, comparable between the processes of one machine), makes
 // its communicator, runs a first all_reduce of one element, checks it, takes t1 and writes
 // DIR/result.RANK as "t0_us t1_us ok". The run's time is max(t1) - min(t0).
@@ -10,6 +12,7 @@
 // Header-only and free of any collective library, like baseline_common.hpp.
 #pragma once
 
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,8 +29,6 @@ inline double now_us() {
   return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
 }
 
-inline bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
-
 /// Writes `text` to `path` whole: a temporary name, then rename, so readers never see a part.
 inline void write_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -38,14 +39,13 @@ inline void write_file(const std::string& path, const std::string& text) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp);
 }
 
-/// Says this rank is ready, then waits for the driver's go (at most `limit_s` seconds).
-inline void wait_for_go(const std::string& dir, int rank, double limit_s = 300) {
+/// Says this rank is ready, then waits for the driver's go: opening the FIFO DIR/go for reading
+/// returns once the driver opens it for writing.
+inline void wait_for_go(const std::string& dir, int rank) {
   write_file(dir + "/ready." + std::to_string(rank), "ready\n");
-  const double until = now_us() + limit_s * 1e6;
-  while (!exists(dir + "/go")) {
-    if (now_us() > until) throw std::runtime_error("no go signal in " + dir);
-    ::usleep(100);
-  }
+  const int fd = ::open((dir + "/go").c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open the go FIFO in " + dir);
+  ::close(fd);
 }
 
 inline void write_result(const std::string& dir, int rank, double t0, double t1, bool ok) {

@@ -35,9 +35,10 @@ struct Nccl {
   int (*group_end)() = nullptr;
   int (*get_version)(int*) = nullptr;
 
-  /// Opens the library and resolves every call; false if either fails.
-  bool load() {
-    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  /// Opens the library (`path`: a file name the loader searches for, or a path) and resolves every
+  /// call; false if either fails.
+  bool load(const char* path = "libnccl.so.2") {
+    void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) return false;
     auto sym = [&](auto& fn, const char* name) {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
