@@ -186,6 +186,12 @@ Task all_of(std::vector<Task> tasks) {
 const std::byte* cbytes(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 
+/// Copies the caller's send buffer into its receive buffer when they differ. A zero-count
+/// operation may pass null buffers, which memcpy must never see.
+void copy_in_place(const OpArgs& a, std::size_t elt) {
+  if (a.send != a.recv && a.count != 0) std::memcpy(a.recv, a.send, a.count * elt);
+}
+
 // One block per peer each way; a sending and a receiving coroutine per operation, chunk-major
 // over peers so no pair can starve another (every rank follows the same order).
 struct Block {
@@ -396,7 +402,7 @@ Task all_reduce_ring(Op& op) {
   neighbours[1] = left;
   co_await op.connect(neighbours);
   const std::size_t e = op.elt();
-  if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * e);
+  copy_in_place(a, e);
   for (int step = 0; step < 2 * (n - 1); ++step) {
     bool reducing = step < n - 1;
     int s = reducing ? step : step - (n - 1);
@@ -441,7 +447,7 @@ Task all_reduce_rd(Op& op) {
     for (int m = 1; m < pof2; m <<= 1) peers.push_back(r ^ m);
   }
   co_await op.connect(peers);
-  if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * e);
+  copy_in_place(a, e);
   const std::size_t k = op.per_chunk();
   const ReduceOp rop = base_op(a.op);
   for (std::size_t off = 0; off < a.count; off += k) {
@@ -554,7 +560,7 @@ Task broadcast_chain(Op& op) {
   if (next >= 0) co_await op.link(next);
   if (prev >= 0) co_await op.link(prev);
   if (n == 1 || (next < 0 && prev < 0)) {
-    if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * e);
+    copy_in_place(a, e);
     co_return;
   }
   const std::size_t k = op.per_chunk();
@@ -585,7 +591,7 @@ Task reduce_chain(Op& op) {
   if (toward_root >= 0) co_await op.link(toward_root);
   if (from_far >= 0) co_await op.link(from_far);
   if (n == 1) {
-    if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * e);
+    copy_in_place(a, e);
     finish_avg(op, bytes(a.recv), a.count);
     co_return;
   }
@@ -617,7 +623,7 @@ Task all_gather_direct(Op& op) {
   const int n = op.n(), r = op.rank();
   const std::size_t e = op.elt();
   std::byte* mine = bytes(a.recv) + r * a.count * e;
-  if (cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
+  if (a.count != 0 && cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
   std::vector<Block> sends, recvs;
   for (int i = 1; i < n; ++i) {
     int p = (r + i) % n;
@@ -694,7 +700,7 @@ Task all_gather_ring(Op& op) {
   std::vector<int> neighbours{right, left};
   co_await op.connect(std::move(neighbours));
   std::byte* mine = bytes(a.recv) + r * a.count * e;
-  if (cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
+  if (a.count != 0 && cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
   for (int s = 0; s + 1 < n; ++s) {
     const int out = (r - s + n) % n, in = (r - s - 1 + n) % n;
     std::vector<Block> sends, recvs;
@@ -766,7 +772,7 @@ Task gather_direct(Op& op) {
   std::vector<Block> sends, recvs;
   if (r == a.root) {
     std::byte* mine = bytes(a.recv) + r * a.count * e;
-    if (cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
+    if (a.count != 0 && cbytes(a.send) != mine) std::memmove(mine, a.send, a.count * e);
     for (int p = 0; p < n; ++p)
       if (p != r) recvs.push_back({p, bytes(a.recv) + p * a.count * e, a.count});
   } else {
@@ -782,7 +788,7 @@ Task scatter_direct(Op& op) {
   std::vector<Block> sends, recvs;
   if (r == a.root) {
     const std::byte* mine = cbytes(a.send) + r * a.count * e;
-    if (mine != a.recv) std::memmove(a.recv, mine, a.count * e);
+    if (a.count != 0 && mine != a.recv) std::memmove(a.recv, mine, a.count * e);
     for (int p = 0; p < n; ++p)
       if (p != r)
         sends.push_back({p, const_cast<std::byte*>(cbytes(a.send)) + p * a.count * e, a.count});
@@ -833,8 +839,9 @@ Task send_recv_group(Op& op) {
       (p.is_send ? sends : recvs)[p.peer].push_back(&p);
   }
   for (std::size_t i = 0; i < self_sends.size(); ++i)
-    std::memmove(self_recvs[i]->buffer, self_sends[i]->buffer,
-                 self_sends[i]->count * size_of(self_sends[i]->type));
+    if (self_sends[i]->count != 0)
+      std::memmove(self_recvs[i]->buffer, self_sends[i]->buffer,
+                   self_sends[i]->count * size_of(self_sends[i]->type));
   std::vector<Task> tasks;
   for (auto& [peer, list] : sends) tasks.push_back(p2p_sends(op, peer, list));
   for (auto& [peer, list] : recvs) tasks.push_back(p2p_recvs(op, peer, list));
@@ -910,7 +917,7 @@ asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
     case OpKind::all_reduce: {
       Op op(c, a);
       if (n == 1) {
-        if (a.send != a.recv) std::memcpy(a.recv, a.send, a.count * op.elt());
+        copy_in_place(a, op.elt());
         co_return;
       }
       std::string_view algo = choose_all_reduce(c, a.count * op.elt());
@@ -957,7 +964,7 @@ asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
     case OpKind::reduce_scatter: {
       Op op(c, a);
       if (n == 1) {
-        if (a.send != a.recv) std::memmove(a.recv, a.send, a.count * op.elt());
+        if (a.send != a.recv && a.count != 0) std::memmove(a.recv, a.send, a.count * op.elt());
         co_return;
       }
       const std::string_view algo = choose_reduce_scatter(c, n * a.count * op.elt());

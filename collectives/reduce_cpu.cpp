@@ -434,7 +434,7 @@ void reduce_n(void* dst, const void* const* srcs, int n, std::size_t count, Data
   assert(n >= 1);
   if (n == 1) {
     // Exact copy, also for NaN payloads, which a trip through float would canonicalize.
-    if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * size_of(t));
+    if (count != 0 && dst != srcs[0]) std::memcpy(dst, srcs[0], count * size_of(t));
     return;
   }
   with_type(t, [&](auto kind) {
