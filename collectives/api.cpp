@@ -1,6 +1,7 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <boost/asio/co_spawn.hpp>
 #include <coccl/coccl.hpp>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
 #include "transport/hmac.hpp"
+#include "transport/launcher.hpp"
 
 namespace coccl {
 
@@ -216,43 +218,102 @@ Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
   return std::move(result->comm);
 }
 
+namespace {
+
+// The key under which rank 0 publishes the n-th from_env() communicator of this job. Every rank
+// makes the same from_env() calls in the same order, so the n-th call names the same
+// communicator everywhere; the elastic run id and restart count keep a restarted job from
+// reading the id of an earlier attempt out of a store that outlived it.
+std::string launcher_key(int call) {
+  std::string key = "coccl/from_env";
+  for (const char* v : {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* x = std::getenv(v)) key += std::string("/") + x;
+  return key + "/" + std::to_string(call);
+}
+
+std::chrono::milliseconds launcher_timeout() {
+  const double s = params::timeout_s.get();
+  return std::chrono::milliseconds(s > 0 ? static_cast<std::int64_t>(s * 1000) : 300000);
+}
+
+}  // namespace
+
 Communicator Communicator::from_env() {
+  static std::atomic<int> calls{0};
+  const int call = calls++;
   int rank = env_int("RANK", env_int("OMPI_COMM_WORLD_RANK", env_int("SLURM_PROCID", -1)));
   int size = env_int("WORLD_SIZE", env_int("OMPI_COMM_WORLD_SIZE", env_int("SLURM_NTASKS", -1)));
-  if (rank < 0 || size <= 0)
-    invalid("no launcher environment: set RANK and WORLD_SIZE (torchrun), or run under mpirun "
-            "or srun");
-  std::string where = params::comm_id.get();
-  if (where.empty()) {
-    const char* addr = std::getenv("MASTER_ADDR");
-    const char* port = std::getenv("MASTER_PORT");
-    if (!addr || !port)
-      invalid("no rendezvous address: set COCCL_COMM_ID=host:port or MASTER_ADDR/MASTER_PORT");
-    where = std::string(addr) + ":" + port;
-  }
-  transport::RootAddress root;
-  root.endpoint = transport::parse_endpoint(where);
-  std::string secret_hex = params::secret.get();
-  if (!secret_hex.empty()) {
-    if (secret_hex.size() != 32) invalid("COCCL_SECRET must be 32 hex digits");
+  const std::string where = params::comm_id.get();
+  const char* master_addr = std::getenv("MASTER_ADDR");
+  const char* master_port = std::getenv("MASTER_PORT");
+
+  if (!where.empty()) {
+    // An agreed address: rank 0 hosts the root there. Nothing public may stand in for the
+    // secret, so it must be given.
+    if (rank < 0 || size <= 0)
+      invalid("COCCL_COMM_ID is set but the rank is unknown: set RANK and WORLD_SIZE, or run "
+              "under mpirun or srun");
+    const std::string secret_hex = params::secret.get();
+    if (secret_hex.size() != 32)
+      invalid("COCCL_COMM_ID needs COCCL_SECRET (32 random hex digits shared by every rank); "
+              "under torchrun, leave COCCL_COMM_ID unset and the launcher's store is used");
+    transport::RootAddress root;
+    root.endpoint = transport::parse_endpoint(where);
     auto id = UniqueId::from_string(secret_hex + std::string(224, '0'));
     std::memcpy(root.secret.data(), id.bytes.data(), root.secret.size());
-  } else {
-    std::string seed = "coccl-env|" + where;
-    for (const char* v : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"})
-      if (const char* x = std::getenv(v)) seed += std::string("|") + x;
-    auto d = detail::sha256(seed.data(), seed.size());
-    std::memcpy(root.secret.data(), d.data(), root.secret.size());
+    if (rank == 0) {
+      // Rank 0 hosts the root on the agreed port, on every interface.
+      asio::ip::tcp::endpoint any(root.endpoint.address().is_v4()
+                                      ? asio::ip::address(asio::ip::address_v4::any())
+                                      : asio::ip::address(asio::ip::address_v6::any()),
+                                  root.endpoint.port());
+      transport::start_root(engine()->thread(0), any, root.secret);
+    }
+    return create(transport::encode(root), rank, size);
   }
-  if (rank == 0) {
-    // Rank 0 hosts the root on the agreed port, on every interface.
-    asio::ip::tcp::endpoint any(root.endpoint.address().is_v4()
-                                    ? asio::ip::address(asio::ip::address_v4::any())
-                                    : asio::ip::address(asio::ip::address_v6::any()),
-                                root.endpoint.port());
-    transport::start_root(engine()->thread(0), any, root.secret);
+
+  if (master_addr && master_port) {
+    // torchrun: its TCPStore already listens on MASTER_PORT. Rank 0 publishes a fresh random id
+    // (root address and secret) there; the others read it.
+    if (rank < 0 || size <= 0) invalid("MASTER_ADDR is set but RANK or WORLD_SIZE is not");
+    const int port = env_int("MASTER_PORT", -1);
+    if (port <= 0 || port > 65535) invalid(std::string("MASTER_PORT is not a port: ") + master_port);
+    transport::TcpStoreClient store(master_addr, static_cast<std::uint16_t>(port),
+                                    launcher_timeout());
+    const std::string key = launcher_key(call);
+    UniqueId id;
+    if (rank == 0) {
+      id = UniqueId::create();
+      store.set(key, id.to_string());
+    } else {
+      id = UniqueId::from_string(store.get(key));
+    }
+    return create(id, rank, size);
   }
-  return create(transport::encode(root), rank, size);
+
+  // One PMIx client for the life of the process: a launcher counts a process that initialised
+  // PMIx but exits without finalising it as failed, and PMIx may not initialise twice.
+  static const std::unique_ptr<transport::PmixClient> pmix = transport::PmixClient::open();
+  if (pmix) {
+    // mpirun or srun with PMIx: the same exchange through the launcher's key-value space.
+    if (rank >= 0 && rank != pmix->rank())
+      invalid("the launcher's rank variables disagree with PMIx's rank");
+    rank = pmix->rank();
+    size = pmix->size();
+    const std::string key = launcher_key(call);
+    UniqueId id;
+    if (rank == 0) {
+      id = UniqueId::create();
+      pmix->put(key, id.to_string());
+    }
+    pmix->fence();
+    if (rank != 0) id = UniqueId::from_string(pmix->get(0, key));
+    return create(id, rank, size);
+  }
+
+  invalid("no launcher found: run under torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), "
+          "under mpirun or srun with PMIx, or set COCCL_COMM_ID=host:port and COCCL_SECRET with "
+          "RANK and WORLD_SIZE");
 }
 
 int Communicator::rank() const {

@@ -148,12 +148,18 @@ class Communicator {
         token, id, rank, nranks);
   }
 
-  /// Creates the communicator described by launcher environment variables: torchrun (RANK,
-  /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or Slurm
-  /// (SLURM_PROCID, SLURM_NTASKS). The rendezvous address comes from COCCL_COMM_ID (host:port) or
-  /// MASTER_ADDR:MASTER_PORT; rank 0 runs the bootstrap root there. The secret comes from
-  /// COCCL_SECRET (32 hex digits); without it it is derived from the address, which keeps
-  /// strangers out only by accident, so set COCCL_SECRET where the network is shared.
+  /// Creates a communicator of every process of a launched job, the rank and size coming from
+  /// the launcher. Rank 0 makes a fresh random UniqueId (root address and secret) and the others
+  /// receive it through the launcher, so no second port and no guessable secret is involved:
+  /// - torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): through the TCPStore that torchrun
+  ///   already serves on MASTER_PORT, spoken to in its own protocol;
+  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time);
+  /// - COCCL_COMM_ID=host:port with COCCL_SECRET (32 hex digits) and RANK/WORLD_SIZE (or Open
+  ///   MPI's / Slurm's variables): rank 0 runs the root on that port; without the secret the call
+  ///   is refused.
+  /// Every rank must make its from_env() calls in the same order: the n-th call of each rank forms
+  /// the same communicator. Waits up to COCCL_TIMEOUT for the launcher; throws std::system_error
+  /// (errc::invalid_argument without a launcher, errc::timed_out when it does not answer).
   static Communicator from_env();
 
   explicit operator bool() const noexcept { return impl_ != nullptr; }

@@ -93,8 +93,7 @@ double LaunchResult::seconds_after_signal(int rank, std::size_t action) const {
 }
 
 LaunchResult launch(const LaunchOptions& o) {
-  const UniqueId id = UniqueId::create();
-  const std::string hex = id.to_string();
+  const std::string hex = o.id_text.empty() ? UniqueId::create().to_string() : o.id_text;
 
   LaunchResult result;
   result.ranks.resize(o.nranks);

@@ -27,6 +27,9 @@ struct SignalAction {
 struct LaunchOptions {
   std::string scenario;
   int nranks = 2;
+  /// What the workers get in place of a UniqueId's text: "env" makes them call
+  /// Communicator::from_env(). Empty: the harness creates a UniqueId (its root runs here).
+  std::string id_text;
   /// Extra arguments after the id, the same for every rank.
   std::vector<std::string> args;
   /// "NAME=value" entries added to (or replacing in) the workers' environment.
@@ -64,7 +67,8 @@ struct LaunchResult {
   double seconds_after_signal(int rank, std::size_t action) const;
 };
 
-/// Creates a UniqueId in this process and runs the scenario on `nranks` worker processes.
+/// Creates a UniqueId in this process (unless `id_text` is given) and runs the scenario on
+/// `nranks` worker processes.
 LaunchResult launch(const LaunchOptions& options);
 
 }  // namespace coccl::test

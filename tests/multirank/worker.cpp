@@ -1,6 +1,7 @@
 // coccl_worker: one rank of a multi-rank test.
 //
 //   coccl_worker <scenario> <rank> <nranks> <unique-id-hex> [flags...]
+//   coccl_worker <scenario> <rank> <nranks> env [flags...]
 //
 // Flags: quick, nolarge (see correctness.cpp), cold (no warm-up operation before the scenario).
 //
@@ -109,7 +110,19 @@ int main(int argc, char** argv) {
       {"split_members", run_split_members},
   };
   try {
-    w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
+    const bool from_env = std::string(argv[4]) == "env";
+    if (from_env) {
+      // The launcher's way: rank and size come from the environment (or PMIx); a rank of -1 on
+      // the command line leaves them to it.
+      w.comm = coccl::Communicator::from_env();
+      if ((w.rank >= 0 && w.comm.rank() != w.rank) || w.comm.size() != w.n)
+        w.fail("from_env", "rank " + std::to_string(w.comm.rank()) + " of " +
+                               std::to_string(w.comm.size()) + ", expected " +
+                               std::to_string(w.rank) + " of " + std::to_string(w.n));
+      w.rank = w.comm.rank();
+    } else {
+      w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
+    }
     if (!w.has("cold")) {
       // Links to peers are made lazily by the first operation that needs them. reduce_scatter
       // links every peer up front (up to COCCL_DIRECT_MAX_RANKS ranks; above, the O(log n) peers
@@ -135,6 +148,15 @@ int main(int argc, char** argv) {
     }
     if (code != exit_ok) return code;
     if (w.comm) w.comm.destroy();
+    if (from_env) {
+      // A second communicator from the same launcher must be a new one, not the first's id.
+      auto again = coccl::Communicator::from_env();
+      std::int64_t mine = again.rank() + 1, sum = 0;
+      again.all_reduce(&mine, &sum, 1, coccl::DataType::int64, coccl::ReduceOp::sum);
+      if (sum != static_cast<std::int64_t>(w.n) * (w.n + 1) / 2)
+        w.fail("from_env (second)", "all_reduce sum " + std::to_string(sum));
+      again.destroy();
+    }
     if (w.failures) {
       std::printf("rank %d: %d checks failed\n", w.rank, w.failures);
       return exit_check_failed;

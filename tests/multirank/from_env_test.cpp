@@ -1,0 +1,108 @@
+// Communicator::from_env() under each launcher it supports, with real processes: torchrun's
+// TCPStore (served here by a fake store speaking its protocol), mpirun's PMIx, and an explicit
+// COCCL_COMM_ID, which needs a secret. Each worker joins from the environment, checks every result
+// of its scenario, and then forms a second communicator the same way.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include "tests/multirank/harness.hpp"
+#include "tests/support/fake_store.hpp"
+
+namespace coccl::test {
+namespace {
+
+LaunchOptions torchrun_like(const FakeStore& store, int nranks) {
+  LaunchOptions o;
+  o.scenario = "all_reduce";
+  o.nranks = nranks;
+  o.id_text = "env";
+  o.args = {"quick", "nolarge"};
+  o.env = {"COCCL_TIMEOUT=60", "MASTER_ADDR=127.0.0.1",
+           "MASTER_PORT=" + std::to_string(store.port()), "WORLD_SIZE=" + std::to_string(nranks),
+           "COCCL_COMM_ID=", "COCCL_SECRET="};
+  for (int r = 0; r < nranks; ++r) o.rank_env.push_back({"RANK=" + std::to_string(r)});
+  return o;
+}
+
+bool is_hex(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+}
+
+TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRank) {
+  std::vector<std::string> ids;
+  for (int run = 0; run < 2; ++run) {
+    FakeStore store;
+    const LaunchResult r = launch(torchrun_like(store, 4));
+    ASSERT_TRUE(r.all_passed()) << r.describe();
+    // Every rank spoke the store's protocol; rank 0 published one id per from_env() call.
+    EXPECT_EQ(store.validated_clients(), 8);
+    const auto kv = store.contents();
+    ASSERT_EQ(kv.size(), 2u);
+    for (const auto& [key, value] : kv) {
+      EXPECT_TRUE(key.starts_with("coccl/from_env/")) << key;
+      EXPECT_EQ(value.size(), 256u);
+      EXPECT_TRUE(is_hex(value)) << value;
+      ids.push_back(value);
+    }
+  }
+  // Random ids: the two communicators of one run and those of a second run all differ, so no
+  // secret follows from the address or the job.
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
+}
+
+TEST(FromEnv, CommIdWithoutASecretIsRefusedOnEveryRank) {
+  LaunchOptions o;
+  o.scenario = "all_reduce";
+  o.nranks = 2;
+  o.id_text = "env";
+  o.env = {"COCCL_TIMEOUT=10", "COCCL_COMM_ID=127.0.0.1:1", "COCCL_SECRET=", "WORLD_SIZE=2"};
+  o.rank_env = {{"RANK=0"}, {"RANK=1"}};
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  for (const auto& rank : r.ranks) {
+    EXPECT_NE(rank.exit_code, 0) << r.describe();
+    EXPECT_NE(rank.output.find("COCCL_SECRET"), std::string::npos) << rank.output;
+  }
+}
+
+// Runs `command` through the shell, returning its exit status and merged output.
+std::pair<int, std::string> shell(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::array<char, 4096> buf;
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(FromEnv, MpirunPassesTheIdThroughPmix) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/mpirun";
+  // Rank -1: the worker takes its rank from the launcher. MASTER_ADDR and COCCL_COMM_ID are
+  // cleared so that PMIx is the only way the ranks can meet.
+  const std::string cmd =
+      "env -u MASTER_ADDR -u MASTER_PORT -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 "
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+      "timeout 120 /usr/bin/mpirun -n 3 " COCCL_WORKER " all_reduce -1 3 env quick nolarge";
+  const auto [code, out] = shell(cmd);
+  EXPECT_EQ(code, 0) << out;
+  std::size_t passed = 0;
+  for (auto at = out.find("all checks passed"); at != std::string::npos;
+       at = out.find("all checks passed", at + 1))
+    ++passed;
+  EXPECT_EQ(passed, 3u) << out;
+}
+
+}  // namespace
+}  // namespace coccl::test

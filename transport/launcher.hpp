@@ -1,0 +1,73 @@
+// Launcher key-value stores that carry a UniqueId from rank 0 to the other ranks of a job, so that
+// Communicator::from_env() needs neither a second port nor a secret anyone could guess:
+// - the TCPStore that torchrun (and torch.distributed) already serves on MASTER_ADDR:MASTER_PORT,
+//   spoken to as a client in its own wire protocol;
+// - PMIx, which mpirun (Open MPI, PRRTE) and srun --mpi=pmix offer to the processes they start,
+//   loaded at run time so that coccl has no link-time dependency on it.
+// Both are blocking and bounded by a deadline: they run once per communicator, before any proxy
+// work exists.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace coccl::transport {
+
+/// A client of a torch.distributed TCPStore server. Throws std::system_error: errc::timed_out
+/// when the store cannot be reached or a key does not appear before the deadline,
+/// errc::bad_message when the server's answers do not follow the protocol, errc::peer_lost when
+/// it closes the connection. After an error the connection is closed and every later call fails.
+class TcpStoreClient {
+ public:
+  /// Connects (retrying refused connections until `timeout`), then validates the connection and
+  /// pings the server as torch's own client does, so that a port that is not a TCPStore fails
+  /// here with a clear error.
+  TcpStoreClient(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout);
+  ~TcpStoreClient();
+  TcpStoreClient(const TcpStoreClient&) = delete;
+  TcpStoreClient& operator=(const TcpStoreClient&) = delete;
+
+  /// Sets `key` to `value` (overwriting).
+  void set(std::string_view key, std::string_view value);
+  /// Waits until `key` exists (up to the timeout given at construction), then returns its value.
+  std::string get(std::string_view key);
+  /// Adds `delta` to the integer stored at `key` (0 when absent) and returns the new value.
+  std::int64_t add(std::string_view key, std::int64_t delta);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+/// The PMIx client of the process, when the process was started by a PMIx server (mpirun, srun
+/// --mpi=pmix) and libpmix can be loaded. Its rank and size come from PMIx itself.
+class PmixClient {
+ public:
+  /// Null when the process was not started under PMIx (no PMIX_RANK / PMIX_NAMESPACE in the
+  /// environment) or no libpmix.so.2 / libpmix.so can be loaded. Throws std::system_error when
+  /// PMIx is present but refuses to initialise.
+  static std::unique_ptr<PmixClient> open();
+  ~PmixClient();
+  PmixClient(const PmixClient&) = delete;
+  PmixClient& operator=(const PmixClient&) = delete;
+
+  int rank() const noexcept;
+  /// Number of processes in the job's namespace.
+  int size() const noexcept;
+  /// Publishes `value` under `key` for every process of the job (put + commit).
+  void put(std::string_view key, std::string_view value);
+  /// Waits until every process of the job has called fence() (collecting what they put).
+  void fence();
+  /// Reads what process `rank` put under `key` (after a fence()).
+  std::string get(int rank, std::string_view key);
+
+ private:
+  struct Api;
+  explicit PmixClient(std::unique_ptr<Api> api);
+  std::unique_ptr<Api> api_;
+};
+
+}  // namespace coccl::transport

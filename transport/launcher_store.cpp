@@ -1,0 +1,200 @@
+// TcpStoreClient: torch.distributed's TCPStore wire protocol, client side.
+//
+// Every request is one byte of query type followed by its arguments; strings and byte vectors
+// travel as a 64-bit length and the bytes, integers in the host's byte order (the store and its
+// clients run on the same architecture, and torch makes the same assumption). A connection starts
+// with VALIDATE (a fixed magic number) and a PING whose nonce the server echoes. GET is preceded
+// by WAIT on the key, which the server answers once the key exists. A deadline closes the
+// connection (the server drops a closed client's pending WAIT), so a client that timed out stays
+// failed.
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <coccl/error.hpp>
+#include <cstring>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "transport/launcher.hpp"
+
+namespace coccl::transport {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+enum class Query : std::uint8_t {
+  validate = 0,
+  set = 1,
+  get = 3,
+  add = 4,
+  wait = 6,
+  ping = 13,
+};
+enum class WaitReply : std::uint8_t { stop_waiting = 0 };
+constexpr std::uint32_t validation_magic = 0x3C85F7CE;
+// A UniqueId's text is 256 bytes; anything far larger is not an answer to our queries.
+constexpr std::uint64_t max_value_bytes = 1 << 20;
+
+[[noreturn]] void fail(errc e, const std::string& what) {
+  throw std::system_error(make_error_code(e), what);
+}
+
+class Request {
+ public:
+  explicit Request(Query q) { bytes_.push_back(static_cast<std::uint8_t>(q)); }
+  template <typename T>
+  Request& value(T v) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+    bytes_.insert(bytes_.end(), p, p + sizeof v);
+    return *this;
+  }
+  Request& text(std::string_view s) {
+    value<std::uint64_t>(s.size());
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+    return *this;
+  }
+  const std::vector<std::uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<std::uint8_t> bytes_;
+};
+
+}  // namespace
+
+struct TcpStoreClient::State {
+  asio::io_context io;
+  tcp::socket sock{io};
+  std::string where;
+  std::chrono::milliseconds timeout;
+
+  // Runs the io_context until `done` or the deadline; on the deadline the socket is closed, which
+  // completes the pending operation with operation_aborted. Returns false on the deadline.
+  bool run_until(const bool& done, std::chrono::steady_clock::time_point deadline) {
+    io.restart();
+    while (!done) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        boost::system::error_code ignored;
+        sock.close(ignored);
+        io.restart();
+        io.run();
+        return false;
+      }
+      io.run_one_for(deadline - now);
+    }
+    return true;
+  }
+
+  void send(const Request& r, std::chrono::steady_clock::time_point deadline) {
+    bool done = false;
+    boost::system::error_code ec;
+    asio::async_write(sock, asio::buffer(r.bytes()), [&](boost::system::error_code e, std::size_t) {
+      ec = e;
+      done = true;
+    });
+    if (!run_until(done, deadline)) fail(errc::timed_out, "TCPStore at " + where + ": send timed out");
+    if (ec) fail(errc::peer_lost, "TCPStore at " + where + ": " + ec.message());
+  }
+
+  // Reads exactly `n` bytes. Returns false when the deadline passed first.
+  bool recv(void* p, std::size_t n, std::chrono::steady_clock::time_point deadline) {
+    bool done = false;
+    boost::system::error_code ec;
+    asio::async_read(sock, asio::buffer(p, n), [&](boost::system::error_code e, std::size_t) {
+      ec = e;
+      done = true;
+    });
+    if (!run_until(done, deadline)) return false;
+    if (ec == asio::error::eof || ec == asio::error::connection_reset)
+      fail(errc::peer_lost, "TCPStore at " + where + " closed the connection");
+    if (ec) fail(errc::peer_lost, "TCPStore at " + where + ": " + ec.message());
+    return true;
+  }
+
+  template <typename T>
+  T recv_value(std::chrono::steady_clock::time_point deadline, const char* what) {
+    T v{};
+    if (!recv(&v, sizeof v, deadline))
+      fail(errc::timed_out, "TCPStore at " + where + ": no answer to " + what);
+    return v;
+  }
+
+  std::chrono::steady_clock::time_point deadline() const {
+    return std::chrono::steady_clock::now() + timeout;
+  }
+};
+
+TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port,
+                               std::chrono::milliseconds timeout)
+    : s_(std::make_unique<State>()) {
+  s_->where = host + ":" + std::to_string(port);
+  s_->timeout = timeout;
+  const auto until = s_->deadline();
+  tcp::resolver resolver(s_->io);
+  boost::system::error_code ec;
+  auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+  if (ec) fail(errc::invalid_argument, "TCPStore address " + s_->where + ": " + ec.message());
+  // The launcher may start its store a moment after its workers: retry refused connections.
+  auto pause = std::chrono::milliseconds(10);
+  for (;;) {
+    bool done = false;
+    asio::async_connect(s_->sock, endpoints, [&](boost::system::error_code e, const tcp::endpoint&) {
+      ec = e;
+      done = true;
+    });
+    if (!s_->run_until(done, until))
+      fail(errc::timed_out, "TCPStore at " + s_->where + " did not accept a connection in time");
+    if (!ec) break;
+    if (std::chrono::steady_clock::now() + pause >= until)
+      fail(errc::timed_out, "TCPStore at " + s_->where + ": " + ec.message());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
+    s_->sock = tcp::socket(s_->io);
+  }
+  s_->sock.set_option(tcp::no_delay(true), ec);
+  s_->send(Request(Query::validate).value(validation_magic), until);
+  const std::uint32_t nonce = static_cast<std::uint32_t>(::getpid()) ^ 0x636f63u;
+  s_->send(Request(Query::ping).value(nonce), until);
+  if (s_->recv_value<std::uint32_t>(until, "PING") != nonce)
+    fail(errc::bad_message, s_->where + " is not a TCPStore (wrong PING answer)");
+}
+
+TcpStoreClient::~TcpStoreClient() = default;
+
+void TcpStoreClient::set(std::string_view key, std::string_view value) {
+  s_->send(Request(Query::set).text(key).text(value), s_->deadline());
+}
+
+std::string TcpStoreClient::get(std::string_view key) {
+  const auto until = s_->deadline();
+  s_->send(Request(Query::wait).value<std::uint64_t>(1).text(key), until);
+  WaitReply r{};
+  if (!s_->recv(&r, sizeof r, until))
+    fail(errc::timed_out, "TCPStore at " + s_->where + ": key '" + std::string(key) +
+                              "' did not appear within " + std::to_string(s_->timeout.count()) +
+                              " ms");
+  if (r != WaitReply::stop_waiting) fail(errc::bad_message, "TCPStore at " + s_->where + ": bad WAIT answer");
+  s_->send(Request(Query::get).text(key), until);
+  const auto n = s_->recv_value<std::uint64_t>(until, "GET");
+  if (n > max_value_bytes)
+    fail(errc::bad_message, "TCPStore at " + s_->where + ": value of '" + std::string(key) +
+                                "' is " + std::to_string(n) + " bytes");
+  std::string value(n, '\0');
+  if (n && !s_->recv(value.data(), n, until))
+    fail(errc::timed_out, "TCPStore at " + s_->where + ": GET answer cut short");
+  return value;
+}
+
+std::int64_t TcpStoreClient::add(std::string_view key, std::int64_t delta) {
+  const auto until = s_->deadline();
+  s_->send(Request(Query::add).text(key).value(delta), until);
+  return s_->recv_value<std::int64_t>(until, "ADD");
+}
+
+}  // namespace coccl::transport
