@@ -2,7 +2,9 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
 #include <coccl/coccl.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -89,7 +91,46 @@ void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handle
   impl->submit(std::move(args), std::move(handler));
 }
 
+std::shared_ptr<OpControl> new_op_control() { return std::make_shared<OpControl>(); }
+
+void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpControl>& op,
+               asio::cancellation_type type) {
+  auto comm = impl.lock();
+  if (!comm) return;
+  asio::post(comm->executor(), [comm, op, type] {
+    if (auto o = op.lock()) comm->cancel(o, type);
+  });
+}
+
+void cancel_create(const std::weak_ptr<OpControl>& op, asio::cancellation_type type) {
+  auto o = op.lock();
+  if (!o || !o->ex) return;
+  // Only terminal cancellation stops a join: the other ranks' joins fail with it.
+  if ((type & asio::cancellation_type::terminal) == asio::cancellation_type::none) return;
+  asio::post(o->ex, [o, type] {
+    o->cancelled = true;
+    o->signal.emit(type);
+  });
+}
+
+namespace {
+
+const char* const blocking_on_proxy =
+    "a blocking coccl call on a proxy thread (a coroutine on the communicator's executor) would "
+    "wait for the loop it blocks; co_await the async_ form there";
+
+}  // namespace
+
+void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
+  if (ec == std::errc::resource_deadlock_would_occur) throw std::system_error(ec, blocking_on_proxy);
+  throw std::system_error(ec, impl ? impl->last_error() : std::string("empty communicator"));
+}
+
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
+  if (runtime::on_proxy_thread()) {
+    ec = std::make_error_code(std::errc::resource_deadlock_would_occur);
+    return;
+  }
   struct Result {
     std::atomic<int> done{0};
     std::error_code ec;
@@ -150,7 +191,8 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
   return ec ? nullptr : impl;
 }
 
-void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {
+void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
+                   std::shared_ptr<OpControl> control) {
   auto e = engine();
   auto fallback = e->thread(0).executor();
   auto finish = [&handler, fallback](std::error_code ec, Communicator c) {
@@ -172,10 +214,20 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {
   }
   auto ex = impl->executor();
   auto boxed = std::make_unique<CreateHandler>(std::move(handler));
+  asio::cancellation_slot slot;
+  if (control) {
+    control->ex = ex;
+    slot = control->signal.slot();
+  }
   asio::co_spawn(ex, create_on_proxy(impl, root),
-                 [impl, h = std::move(boxed), fallback](std::exception_ptr ep) mutable {
+                 asio::bind_cancellation_slot(slot, [impl, h = std::move(boxed), fallback,
+                                                     control](std::exception_ptr ep) mutable {
                    std::error_code ec;
-                   if (ep) {
+                   if (ep && control && control->cancelled) {
+                     ec = std::make_error_code(std::errc::operation_canceled);
+                     impl->fail(make_error_code(errc::aborted), "creation cancelled by the caller");
+                     COCCL_INFO(init, impl->rank(), "communicator creation cancelled");
+                   } else if (ep) {
                      try {
                        std::rethrow_exception(ep);
                      } catch (const std::system_error& err) {
@@ -193,12 +245,15 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler) {
                    }
                    Communicator c = ec ? Communicator() : Communicator(impl);
                    runtime::complete_later(fallback, std::move(*h), ec, std::move(c));
-                 });
+                 }));
 }
 
 }  // namespace detail
 
 Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
+  if (runtime::on_proxy_thread())
+    throw std::system_error(std::make_error_code(std::errc::resource_deadlock_would_occur),
+                            detail::blocking_on_proxy);
   struct Result {
     std::atomic<int> done{0};
     std::error_code ec;

@@ -141,11 +141,7 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
       runtime::complete_later(ex_, std::move(handler), make_error_code(errc::aborted));
       return;
     }
-    queue_.push_back(Queued{std::move(args), std::move(handler)});
-    if (!draining_) {
-      draining_ = true;
-      asio::co_spawn(ex_, drain(), asio::detached);
-    }
+    enqueue(std::move(args), std::move(handler));
     return;
   }
   auto boxed = std::make_unique<OpHandler>(std::move(handler));
@@ -155,12 +151,47 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
       self->complete(*h, make_error_code(errc::aborted));
       return;
     }
-    self->queue_.push_back(Queued{std::move(args), std::move(*h)});
-    if (!self->draining_) {
-      self->draining_ = true;
-      asio::co_spawn(self->ex_, self->drain(), asio::detached);
-    }
+    self->enqueue(std::move(args), std::move(*h));
   });
+}
+
+void CommImpl::enqueue(OpArgs args, OpHandler handler) {
+  if (args.control && args.control->cancelled) {
+    args.control->state = OpControl::State::done;
+    runtime::complete_later(ex_, std::move(handler),
+                            std::make_error_code(std::errc::operation_canceled));
+    return;
+  }
+  queue_.push_back(Queued{std::move(args), std::move(handler)});
+  if (!draining_) {
+    draining_ = true;
+    asio::co_spawn(ex_, drain(), asio::detached);
+  }
+}
+
+void CommImpl::cancel(const std::shared_ptr<OpControl>& op, asio::cancellation_type type) {
+  if (op->state == OpControl::State::done) return;
+  if (op->state == OpControl::State::queued) {
+    op->cancelled = true;
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [&](const Queued& q) { return q.args.control == op; });
+    if (it == queue_.end()) return;  // still on its way to the queue: enqueue() drops it
+    OpHandler h = std::move(it->handler);
+    queue_.erase(it);
+    op->state = OpControl::State::done;
+    COCCL_INFO(coll, rank_, "an operation cancelled before it started was removed");
+    runtime::complete_later(ex_, std::move(h), std::make_error_code(std::errc::operation_canceled));
+    return;
+  }
+  // In flight: its data may be partly delivered, so only terminal cancellation acts, by
+  // aborting the communicator; every rank's operation then fails.
+  if ((type & asio::cancellation_type::terminal) == asio::cancellation_type::none) return;
+  closed_ = true;
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "%s #%llu cancelled by the caller (terminal cancellation); communicator aborted",
+                op_name_, static_cast<unsigned long long>(seq_));
+  fail(make_error_code(errc::aborted), text);
 }
 
 void CommImpl::complete(OpHandler& h, std::error_code ec) {
@@ -185,9 +216,11 @@ asio::awaitable<void> CommImpl::drain() {
     Queued q = std::move(queue_.front());
     queue_.pop_front();
     if (auto ec = error()) {
+      if (q.args.control) q.args.control->state = OpControl::State::done;
       complete(q.handler, ec);
       continue;
     }
+    if (q.args.control) q.args.control->state = OpControl::State::running;
     ++seq_;
     fingerprint_ = fingerprint_of(q.args);
     op_name_ = name_of(q.args.kind);
@@ -204,6 +237,7 @@ asio::awaitable<void> CommImpl::drain() {
       ec = error();
     }
     trace_.end(seq_, !ec);
+    if (q.args.control) q.args.control->state = OpControl::State::done;
     complete(q.handler, ec);
   }
   draining_ = false;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/communicator.hpp>
 #include <coccl/device.hpp>
@@ -26,6 +27,18 @@ namespace asio = boost::asio;
 /// Thrown inside algorithms once the communicator has failed; carries its error.
 using transport::LinkError;
 
+/// An operation whose caller can cancel it. Fields are used on the proxy thread only.
+struct OpControl {
+  enum class State { queued, running, done };
+  State state = State::queued;
+  /// Cancellation arrived before the operation started (it may arrive before the operation
+  /// reaches the queue).
+  bool cancelled = false;
+  /// async_create: stops the joining coroutine, emitted on `ex`.
+  asio::cancellation_signal signal;
+  asio::any_io_executor ex;
+};
+
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
  public:
   CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret, int rank,
@@ -44,6 +57,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   /// Any thread: validates and queues an operation.
   void submit(OpArgs args, OpHandler handler);
+  /// Proxy thread: the caller cancelled `op`: removed if it has not started; a terminal
+  /// cancellation of it in flight aborts the communicator.
+  void cancel(const std::shared_ptr<OpControl>& op, asio::cancellation_type type);
 
   /// Proxy thread: fails the communicator (idempotent). `notify` tells connected peers.
   void fail(std::error_code ec, const std::string& why, bool notify = true);
@@ -103,6 +119,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   // Any thread: records a failure the device kernels reported, if any.
   void take_device_failure();
   void complete(OpHandler& h, std::error_code ec);
+  // Proxy thread: queues an operation that passed validation and starts the drain.
+  void enqueue(OpArgs args, OpHandler handler);
 
   std::shared_ptr<runtime::Engine> engine_;
   runtime::ProxyThread& thread_;

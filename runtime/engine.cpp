@@ -10,6 +10,12 @@
 
 namespace coccl::runtime {
 
+namespace {
+thread_local bool is_proxy_thread = false;
+}
+
+bool on_proxy_thread() noexcept { return is_proxy_thread; }
+
 ProxyThread::ProxyThread(int index)
     : index_(index), guard_(asio::make_work_guard(ctx_)), thread_([this] { run(); }) {}
 
@@ -34,6 +40,7 @@ bool ProxyThread::poll_pollers() {
 }
 
 void ProxyThread::run() {
+  is_proxy_thread = true;
   using clock = std::chrono::steady_clock;
   const auto spin = std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()));
   COCCL_INFO(proxy, -1, "proxy thread %d started (spin %lld us)", index_,

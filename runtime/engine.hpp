@@ -31,6 +31,10 @@ class Poller {
   virtual bool waiting() const = 0;
 };
 
+/// True when called from any proxy thread of this process: a blocking call there would stall the
+/// loop that has to complete it.
+bool on_proxy_thread() noexcept;
+
 /// One proxy thread and its io_context.
 class ProxyThread {
  public:

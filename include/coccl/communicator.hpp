@@ -3,7 +3,13 @@
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_allocator.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/cancellation_type.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/prefer.hpp>
 #include <coccl/error.hpp>
 #include <coccl/types.hpp>
 #include <coccl/unique_id.hpp>
@@ -50,6 +56,9 @@ struct P2POp {
   int peer;
 };
 
+/// The proxy's record of one operation whose caller can cancel it (defined by the library).
+struct OpControl;
+
 /// The arguments of one operation, as submitted.
 struct OpArgs {
   OpKind kind;
@@ -61,12 +70,73 @@ struct OpArgs {
   int root = 0;
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
   std::vector<P2POp> p2p;
+  /// Set when the caller's handler has a cancellation slot.
+  std::shared_ptr<OpControl> control;
 };
 
 using OpHandler = boost::asio::any_completion_handler<void(std::error_code)>;
 using CreateHandler = boost::asio::any_completion_handler<void(std::error_code, Communicator)>;
 
 void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler);
+std::shared_ptr<OpControl> new_op_control();
+/// From a cancellation slot (any thread): cancels the operation on its proxy thread.
+void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpControl>& op,
+               boost::asio::cancellation_type type);
+/// Throws the error of a failed blocking operation, with the communicator's description.
+[[noreturn]] void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec);
+
+/// A caller's completion handler as an operation keeps it: the operation holds outstanding work
+/// on the handler's associated executor until the handler has run (so `io.run()` does not return
+/// before), and the handler's cancellation slot is cleared, on the handler's own executor, before
+/// the handler runs.
+template <typename Handler>
+class Tracked {
+ public:
+  using executor_type = boost::asio::associated_executor_t<Handler>;
+  using allocator_type = boost::asio::associated_allocator_t<Handler>;
+
+  explicit Tracked(Handler h)
+      : work_(boost::asio::prefer(boost::asio::get_associated_executor(h),
+                                  boost::asio::execution::outstanding_work.tracked)),
+        handler_(std::move(h)) {}
+
+  executor_type get_executor() const noexcept {
+    return boost::asio::get_associated_executor(handler_);
+  }
+  allocator_type get_allocator() const noexcept {
+    return boost::asio::get_associated_allocator(handler_);
+  }
+
+  template <typename... Args>
+  void operator()(Args&&... args) {
+    auto slot = boost::asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.clear();
+    // Released once the handler has returned.
+    [[maybe_unused]] auto work = std::move(work_);
+    std::move(handler_)(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::decay_t<decltype(boost::asio::prefer(std::declval<executor_type>(),
+                                            boost::asio::execution::outstanding_work.tracked))>
+      work_;
+  Handler handler_;
+};
+
+/// Wraps a caller's handler for submit(): tracked work, and the handler's cancellation slot (if
+/// any) wired to the operation described by `args`.
+template <typename Handler>
+OpHandler track(Handler handler, const std::shared_ptr<CommImpl>& impl, OpArgs& args) {
+  auto slot = boost::asio::get_associated_cancellation_slot(handler);
+  if (slot.is_connected() && impl) {
+    args.control = new_op_control();
+    slot.assign([op = std::weak_ptr<OpControl>(args.control),
+                 comm = std::weak_ptr<CommImpl>(impl)](boost::asio::cancellation_type type) {
+      cancel_op(comm, op, type);
+    });
+  }
+  return OpHandler(Tracked<Handler>(std::move(handler)));
+}
 /// Enqueues a device operation on `stream` from the calling thread; returns the error (nothing
 /// enqueued) or success.
 std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs& args,
@@ -75,7 +145,11 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
 /// finished (the proxy thread polls a CUDA event; no host callback).
 void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
                       std::error_code failed, OpHandler handler);
-void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler);
+/// `control`, when set, lets the caller's cancellation slot stop the joining (cancel_create).
+void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
+                   std::shared_ptr<OpControl> control = nullptr);
+/// From a cancellation slot (any thread): stops a create in progress.
+void cancel_create(const std::weak_ptr<OpControl>& op, boost::asio::cancellation_type type);
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
 /// The library's own view of a communicator (null for an empty one); for coccl's other parts.
 std::shared_ptr<CommImpl> impl_of(const Communicator& comm);
@@ -119,12 +193,20 @@ class BufferRegistration {
 ///
 /// Each operation has two forms:
 ///  - `async_x(..., token)`: an Asio asynchronous operation with completion signature
-///    `void(std::error_code)`. It never completes inside the initiating call. With
-///    `asio::use_awaitable`, `co_await` yields the std::error_code. The buffers must stay valid
-///    until completion. Cancelling an operation (through its cancellation slot, type terminal) is
-///    not supported per operation: call abort() to stop a communicator.
+///    `void(std::error_code)`. It never completes inside the initiating call, and it holds
+///    outstanding work on the handler's associated executor until the handler has run (so
+///    `io.run()` returns only after it). With `asio::use_awaitable`, `co_await` yields the
+///    std::error_code. The buffers must stay valid until completion. The handler's cancellation
+///    slot is honoured: an operation that has not started yet is removed and completes with
+///    std::errc::operation_canceled (any cancellation type); terminal cancellation of an operation
+///    in flight aborts the communicator (every rank's operation fails, errc::aborted here and
+///    errc::remote_error on the peers, naming this rank); partial and total cancellation of an
+///    operation in flight are ignored, as its data may already be partly delivered.
+///    Communicator::async_create honours terminal cancellation too.
 ///  - `x(...)`: blocks the calling thread; throws std::system_error on failure, or, with a trailing
-///    `std::error_code&`, reports the error there.
+///    `std::error_code&`, reports the error there. Called on a proxy thread (from a coroutine on
+///    get_executor()) it would wait for the loop it blocks: it fails at once with
+///    std::errc::resource_deadlock_would_occur instead.
 ///
 /// Failures are terminal: after a peer is lost, times out (COCCL_TIMEOUT) or a mismatch is found,
 /// the operation in flight and every later one fail with the same error, and last_error() names
@@ -143,7 +225,16 @@ class Communicator {
   static auto async_create(const UniqueId& id, int rank, int nranks, Token&& token) {
     return boost::asio::async_initiate<Token, void(std::error_code, Communicator)>(
         [](auto handler, UniqueId id, int rank, int nranks) {
-          detail::submit_create(id, rank, nranks, detail::CreateHandler(std::move(handler)));
+          std::shared_ptr<detail::OpControl> control;
+          auto slot = boost::asio::get_associated_cancellation_slot(handler);
+          if (slot.is_connected()) {
+            control = detail::new_op_control();
+            slot.assign([op = std::weak_ptr<detail::OpControl>(control)](
+                            boost::asio::cancellation_type type) { detail::cancel_create(op, type); });
+          }
+          detail::submit_create(id, rank, nranks,
+                                detail::CreateHandler(detail::Tracked(std::move(handler))),
+                                std::move(control));
         },
         token, id, rank, nranks);
   }
@@ -170,6 +261,10 @@ class Communicator {
   /// The executor of this communicator's proxy thread. Coroutines that await collectives there
   /// resume without crossing threads (the lowest latency).
   boost::asio::any_io_executor executor() const;
+  /// The executor type and executor of the communicator, as for any Asio I/O object: the
+  /// executor() above.
+  using executor_type = boost::asio::any_io_executor;
+  executor_type get_executor() const { return executor(); }
   /// Description of the first error (empty if none), naming the peer rank and the operation.
   std::string last_error() const;
   /// The first error that failed this communicator (empty if none); any thread. It includes
@@ -219,6 +314,10 @@ class Communicator {
   void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
     block(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root));
   }
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 std::error_code& ec) {
+    block(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), ec);
+  }
 
   /// root's recv[i] = op over all ranks of send[i]; `recv` is used on root only.
   template <typename Token>
@@ -230,6 +329,11 @@ class Communicator {
               int root) {
     block(make(detail::OpKind::reduce, send, recv, count, type, op, root));
   }
+  void reduce(const void* send, void* recv, std::size_t count, DataType type,
+              ReduceOp op,
+              int root, std::error_code& ec) {
+    block(make(detail::OpKind::reduce, send, recv, count, type, op, root), ec);
+  }
 
   /// recv[r*count .. (r+1)*count) = rank r's send[0 .. count). In place when
   /// send == recv + rank*count.
@@ -240,6 +344,10 @@ class Communicator {
   }
   void all_gather(const void* send, void* recv, std::size_t count, DataType type) {
     block(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0));
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type,
+                  std::error_code& ec) {
+    block(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), ec);
   }
 
   /// recv[0 .. count) = op over ranks of their send[rank*count .. (rank+1)*count). `send` holds
@@ -253,6 +361,11 @@ class Communicator {
                       ReduceOp op) {
     block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
   }
+  void reduce_scatter(const void* send, void* recv, std::size_t count,
+                      DataType type,
+                      ReduceOp op, std::error_code& ec) {
+    block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), ec);
+  }
 
   /// Rank r's recv[p*count ..] = rank p's send[r*count ..], `count` elements per peer.
   template <typename Token>
@@ -262,6 +375,10 @@ class Communicator {
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
     block(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0));
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
+                  std::error_code& ec) {
+    block(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), ec);
   }
 
   /// All-to-all with per-peer counts and displacements (elements); each vector has size()
@@ -282,6 +399,14 @@ class Communicator {
     block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
                  std::move(recv_counts), std::move(recv_displs), type));
   }
+  void all_to_allv(const void* send,
+                   std::vector<std::size_t> send_counts,
+                   std::vector<std::size_t> send_displs, void* recv,
+                   std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                   DataType type, std::error_code& ec) {
+    block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                 std::move(recv_counts), std::move(recv_displs), type), ec);
+  }
 
   /// root's recv[r*count ..] = rank r's send[0 .. count); `recv` is used on root only.
   template <typename Token>
@@ -292,6 +417,10 @@ class Communicator {
   void gather(const void* send, void* recv, std::size_t count, DataType type, int root) {
     block(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root));
   }
+  void gather(const void* send, void* recv, std::size_t count, DataType type, int root,
+              std::error_code& ec) {
+    block(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), ec);
+  }
 
   /// Rank r's recv[0 .. count) = root's send[r*count ..]; `send` is used on root only.
   template <typename Token>
@@ -301,6 +430,10 @@ class Communicator {
   }
   void scatter(const void* send, void* recv, std::size_t count, DataType type, int root) {
     block(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root));
+  }
+  void scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
+               std::error_code& ec) {
+    block(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), ec);
   }
 
   // ---- Device memory, stream-ordered (needs a build with CUDA). ----
@@ -490,6 +623,9 @@ class Communicator {
   void barrier() {
     block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0));
   }
+  void barrier(std::error_code& ec) {
+    block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0), ec);
+  }
 
   /// A group of sends and receives that progress together, so any exchange pattern is free of
   /// deadlock (like ncclGroupStart/End around ncclSend/ncclRecv). Transfers between one pair of
@@ -508,6 +644,12 @@ class Communicator {
     a.p2p = std::move(ops);
     block(std::move(a));
   }
+  void send_recv(std::vector<detail::P2POp> ops, std::error_code& ec) {
+    detail::OpArgs a;
+    a.kind = detail::OpKind::p2p;
+    a.p2p = std::move(ops);
+    block(std::move(a), ec);
+  }
   /// A send of `count` elements to `peer` (for send_recv groups).
   static detail::P2POp send_op(const void* buf, std::size_t count, DataType type, int peer) {
     return {true, const_cast<void*>(buf), count, type, peer};
@@ -517,11 +659,27 @@ class Communicator {
     return {false, buf, count, type, peer};
   }
   /// Single send and receive (a group of one).
+  template <typename Token>
+  auto async_send(const void* buf, std::size_t count, DataType type, int peer, Token&& token) {
+    return async_send_recv(std::vector<detail::P2POp>{send_op(buf, count, type, peer)},
+                           std::forward<Token>(token));
+  }
+  template <typename Token>
+  auto async_recv(void* buf, std::size_t count, DataType type, int peer, Token&& token) {
+    return async_send_recv(std::vector<detail::P2POp>{recv_op(buf, count, type, peer)},
+                           std::forward<Token>(token));
+  }
   void send(const void* buf, std::size_t count, DataType type, int peer) {
     send_recv({send_op(buf, count, type, peer)});
   }
+  void send(const void* buf, std::size_t count, DataType type, int peer, std::error_code& ec) {
+    send_recv({send_op(buf, count, type, peer)}, ec);
+  }
   void recv(void* buf, std::size_t count, DataType type, int peer) {
     send_recv({recv_op(buf, count, type, peer)});
+  }
+  void recv(void* buf, std::size_t count, DataType type, int peer, std::error_code& ec) {
+    send_recv({recv_op(buf, count, type, peer)}, ec);
   }
 
   /// Collective over this communicator: ranks passing the same `color` (>= 0) form a new
@@ -549,7 +707,8 @@ class Communicator {
 
  private:
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
-  friend void detail::submit_create(UniqueId, int, int, detail::CreateHandler);
+  friend void detail::submit_create(UniqueId, int, int, detail::CreateHandler,
+                                    std::shared_ptr<detail::OpControl>);
   friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator&);
   friend class detail::CommImpl;
 
@@ -580,7 +739,8 @@ class Communicator {
   auto run(detail::OpArgs args, Token& token) {
     return boost::asio::async_initiate<Token, void(std::error_code)>(
         [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args) {
-          detail::submit(impl, std::move(args), detail::OpHandler(std::move(handler)));
+          detail::OpHandler h = detail::track(std::move(handler), impl, args);
+          detail::submit(impl, std::move(args), std::move(h));
         },
         token, impl_, std::move(args));
   }
@@ -593,14 +753,16 @@ class Communicator {
         [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args,
            cuda_stream stream) {
           std::error_code ec = detail::enqueue_device(impl, args, stream);
-          detail::notify_when_done(impl, stream, ec, detail::OpHandler(std::move(handler)));
+          // Enqueued work cannot be withdrawn from the stream: only the handler is tracked.
+          detail::notify_when_done(impl, stream, ec,
+                                   detail::OpHandler(detail::Tracked(std::move(handler))));
         },
         token, impl_, std::move(args), stream);
   }
   void block(detail::OpArgs args) {
     std::error_code ec;
     block(std::move(args), ec);
-    if (ec) throw std::system_error(ec, last_error());
+    if (ec) detail::throw_op_error(impl_, ec);
   }
   void block(detail::OpArgs args, std::error_code& ec) {
     detail::run_blocking(impl_, std::move(args), ec);

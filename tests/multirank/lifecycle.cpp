@@ -1,10 +1,12 @@
 // Scenarios beyond plain correctness: failures (loop, mismatch, abort), split and the
 // asynchronous interface.
 #include <algorithm>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <chrono>
@@ -341,9 +343,13 @@ int run_async(Worker& w) {
                                 ++completed;
                               }));
     }
-    // The completion handlers run on io through their associated executor.
-    auto work = asio::make_work_guard(io);
-    while (completed < ops) io.run_one();
+    // The completion handlers run on io through their associated executor, and every
+    // operation holds work there until its handler has run: run() returns after the last.
+    io.run();
+    if (completed != ops)
+      w.fail("async_all_reduce (back to back)",
+             "io.run() returned after " + std::to_string(completed) + " of " +
+                 std::to_string(ops) + " handlers");
     for (int i = 0; i < ops; ++i) {
       check_ec(w, "all_reduce (back to back)", ecs[i]);
       const Bytes want = reduce_reference(DataType::int64, ReduceOp::sum, w.n, 300 + i, 0, count);
@@ -353,6 +359,69 @@ int run_async(Worker& w) {
     }
   }
   return w.failures ? exit_check_failed : exit_ok;
+}
+
+int run_cancel(Worker& w) {
+  // 1. An operation that has not started is removed by any cancellation. Rank 1 joins
+  //    all_reduce A late, so rank 0's A is still in flight when it cancels B, queued behind it;
+  //    rank 1 never calls B. Then both run C on the same communicator.
+  std::int64_t one = w.rank + 1, sum = 0;
+  const std::int64_t want = static_cast<std::int64_t>(w.n) * (w.n + 1) / 2;
+  if (w.rank == 0) {
+    asio::io_context io;
+    asio::cancellation_signal sig;
+    std::error_code a_ec = make_error_code(errc::internal), b_ec;
+    std::int64_t b_in = 5, b_out = 0;
+    w.comm.async_all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum,
+                            asio::bind_executor(io, [&](std::error_code ec) { a_ec = ec; }));
+    w.comm.async_all_reduce(
+        &b_in, &b_out, 1, DataType::int64, ReduceOp::sum,
+        asio::bind_cancellation_slot(sig.slot(),
+                                     asio::bind_executor(io, [&](std::error_code ec) { b_ec = ec; })));
+    sig.emit(asio::cancellation_type::partial);
+    io.run();
+    check_ec(w, "all_reduce A (before a cancelled one)", a_ec);
+    if (sum != want) w.fail("all_reduce A", "sum " + std::to_string(sum));
+    if (b_ec != std::errc::operation_canceled)
+      w.fail("all_reduce B (cancelled before it started)", "got '" + b_ec.message() + "'");
+    if (b_out != 0) w.fail("all_reduce B (cancelled before it started)", "it wrote its output");
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    w.comm.all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum);
+    if (sum != want) w.fail("all_reduce A", "sum " + std::to_string(sum));
+  }
+  sum = 0;
+  w.comm.all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum);
+  if (sum != want) w.fail("all_reduce C (after the cancellation)", "sum " + std::to_string(sum));
+
+  // 2. Terminal cancellation of an operation in flight aborts the communicator on every rank.
+  //    Rank 0 cancels its all_reduce D while rank 1 has not joined it.
+  const auto start = std::chrono::steady_clock::now();
+  if (w.rank == 0) {
+    asio::io_context io;
+    asio::cancellation_signal sig;
+    std::error_code d_ec;
+    w.comm.async_all_reduce(
+        &one, &sum, 1, DataType::int64, ReduceOp::sum,
+        asio::bind_cancellation_slot(sig.slot(),
+                                     asio::bind_executor(io, [&](std::error_code ec) { d_ec = ec; })));
+    asio::steady_timer t(io, std::chrono::milliseconds(200));
+    t.async_wait([&](boost::system::error_code) { sig.emit(asio::cancellation_type::terminal); });
+    io.run();
+    if (d_ec != make_error_code(errc::aborted))
+      w.fail("all_reduce D (terminal cancellation in flight)", "got '" + d_ec.message() + "'");
+    if (w.comm.last_error().find("cancelled by the caller") == std::string::npos)
+      w.fail("all_reduce D", "last_error '" + w.comm.last_error() + "'");
+    return w.failures ? exit_check_failed : exit_ok;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  try {
+    w.comm.all_reduce(&one, &sum, 1, DataType::int64, ReduceOp::sum);
+  } catch (const std::system_error& e) {
+    return report_error(w, e, since(start));
+  }
+  std::printf("all_reduce completed although rank 0 cancelled it\n");
+  return exit_unexpected_success;
 }
 
 }  // namespace coccl::test

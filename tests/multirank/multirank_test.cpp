@@ -409,6 +409,26 @@ TEST(Mismatch, AllReduceAgainstBroadcastFailsEveryRankAndOneSeesMismatch) {
   EXPECT_TRUE(seen) << r.describe();
 }
 
+TEST(Cancellation, QueuedOperationIsRemovedAndTerminalCancellationInFlightAbortsEveryRank) {
+  LaunchOptions o;
+  o.scenario = "cancel";
+  o.nranks = 2;
+  o.env = {"COCCL_TIMEOUT=60"};
+  o.deadline = seconds(90);
+  const LaunchResult r = launch(o);
+  print_errors(r);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(r.ranks[0].exit_code, 0) << r.describe();
+  // Rank 1 learns of the abort from rank 0, long before COCCL_TIMEOUT.
+  EXPECT_TRUE(r.ranks[1].exit_code == coccl_exit(errc::remote_error) ||
+              r.ranks[1].exit_code == coccl_exit(errc::peer_lost) ||
+              r.ranks[1].exit_code == coccl_exit(errc::aborted))
+      << r.describe();
+  EXPECT_NE(r.ranks[1].output.find("rank 0"), std::string::npos) << r.describe();
+  EXPECT_LE(std::chrono::duration<double>(r.ranks[1].ended - r.started).count(), 30.0)
+      << r.describe();
+}
+
 TEST(Abort, PeersInsideACollectiveFailPromptly) {
   LaunchOptions o;
   o.scenario = "abort";

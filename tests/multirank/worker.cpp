@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::function<int(Worker&)>> others{
       {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
       {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
-      {"split_members", run_split_members},
+      {"split_members", run_split_members}, {"cancel", run_cancel},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";

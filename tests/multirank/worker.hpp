@@ -65,6 +65,7 @@ void run_registered(Worker& w);
 int run_loop(Worker& w);
 int run_mismatch(Worker& w);
 int run_abort(Worker& w);
+int run_cancel(Worker& w);
 int run_split(Worker& w);
 int run_split_members(Worker& w);
 int run_async(Worker& w);
