@@ -22,27 +22,37 @@ std::chrono::steady_clock::duration default_timeout();
 
 /// Closes an I/O object (socket, acceptor) if it is still open when `limit` passes, so a silent or
 /// half-open peer fails the pending operation instead of holding it forever.
+/// Call and destroy it on the I/O object's executor (single-threaded): the object may be freed as
+/// soon as the CloseAfter is gone, even if the timer already fired and its handler is queued.
 template <typename IoObject>
 class CloseAfter {
  public:
   CloseAfter(IoObject& io, std::chrono::steady_clock::duration limit)
-      : timer_(io.get_executor(), limit), fired_(std::make_shared<bool>(false)) {
-    timer_.async_wait([&io, fired = fired_](boost::system::error_code ec) {
-      if (ec) return;
-      *fired = true;
+      : timer_(io.get_executor(), limit), state_(std::make_shared<State>(State{&io, false})) {
+    timer_.async_wait([state = state_](boost::system::error_code ec) {
+      // A handler already queued when the guard went away must not touch the object.
+      if (ec || state->io == nullptr) return;
+      state->fired = true;
       boost::system::error_code ignored;
-      io.close(ignored);
+      state->io->close(ignored);
     });
   }
-  ~CloseAfter() { timer_.cancel(); }
+  ~CloseAfter() {
+    state_->io = nullptr;
+    timer_.cancel();
+  }
   CloseAfter(const CloseAfter&) = delete;
   CloseAfter& operator=(const CloseAfter&) = delete;
   /// True if the deadline passed and the object was closed.
-  bool fired() const noexcept { return *fired_; }
+  bool fired() const noexcept { return state_->fired; }
 
  private:
+  struct State {
+    IoObject* io;
+    bool fired;
+  };
   asio::steady_timer timer_;
-  std::shared_ptr<bool> fired_;
+  std::shared_ptr<State> state_;
 };
 
 /// A single-threaded queue of values with one waiter at a time and a deadline per wait. Values

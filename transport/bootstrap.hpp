@@ -14,6 +14,7 @@
 #include <coccl/unique_id.hpp>
 #include <cstdint>
 #include <map>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,12 @@ UniqueId encode(const RootAddress& root);
 /// endpoint it listens on. The root serves one communicator.
 asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret);
+
+/// Connects to `ep`, retrying refused connections until `until` (launchers start ranks in any
+/// order); throws std::system_error(errc::timed_out) naming the address once it passes.
+asio::awaitable<std::shared_ptr<asio::ip::tcp::socket>> dial(
+    asio::any_io_executor ex, asio::ip::tcp::endpoint ep,
+    std::chrono::steady_clock::time_point until);
 
 /// This host's identity: hash of host name and boot id.
 std::uint64_t host_hash();
