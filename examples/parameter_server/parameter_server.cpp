@@ -178,8 +178,7 @@ asio::awaitable<void> worker_loop(Communicator comm, Options o) {
   }
 }
 
-// The first worker reads every server's status line over TCP, while the servers wait in the
-// final barrier.
+// Reads every server's status line over TCP.
 asio::awaitable<void> read_statuses(std::vector<int> ports) {
   auto ex = co_await asio::this_coro::executor;
   for (std::size_t s = 0; s < ports.size(); ++s) {
@@ -229,10 +228,13 @@ asio::awaitable<void> run_role(Communicator comm, Options o, ServerState* state,
     co_await server_loop(comm, o, state);
   } else {
     co_await worker_loop(comm, o);
-    if (comm.rank() == o.servers) {
-      ports.resize(static_cast<std::size_t>(o.servers));
-      co_await read_statuses(ports);
-    }
+  }
+  // Every server has applied the last push; the first worker reads their status lines while they
+  // wait in the second barrier, their endpoints still serving.
+  check(co_await comm.async_barrier(asio::use_awaitable), comm);
+  if (comm.rank() == o.servers) {
+    ports.resize(static_cast<std::size_t>(o.servers));
+    co_await read_statuses(ports);
   }
   check(co_await comm.async_barrier(asio::use_awaitable), comm);
 }
