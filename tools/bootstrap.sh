@@ -13,10 +13,11 @@ shift || true
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
 
-# qemu-system-x86 and xz-utils: the rdma_guest test boots a Soft-RoCE guest (tests/rdma).
+# qemu-system-x86 and xz-utils: the rdma_guest test boots a Soft-RoCE guest (tests/rdma);
+# gnuplot-nox draws coccl-perf --plot.
 packages=(cmake ninja-build g++ pkg-config libboost1.81-dev liburing-dev libibverbs-dev rdma-core
   googletest libgtest-dev libbenchmark-dev libgloo-dev libopenmpi-dev openmpi-bin
-  qemu-system-x86 xz-utils)
+  qemu-system-x86 xz-utils gnuplot-nox)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

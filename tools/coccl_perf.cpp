@@ -28,6 +28,8 @@
 
 #include "perf_data.hpp"
 #include "perf_device.hpp"
+#include "perf_plot.hpp"
+#include "perf_progress.hpp"
 
 namespace asio = boost::asio;
 using coccl::DataType;
@@ -51,6 +53,8 @@ const std::vector<std::string> all_colls{"allreduce", "allgather", "broadcast", 
                "scatter|all]\n"
                "  [--ranks N] [--baseline gloo|mpi|nccl]... [--json FILE] [--device host|cuda]"
                " [-G 0|1] [--register 0|1]\n"
+               "  [--plot FILE.svg|FILE.png]  (busbw and time against size, every library of the\n"
+               "               run one series; needs gnuplot)\n"
                "  [--hosts H]  (the ranks act as H hosts: rank r on host r*H/N, so ranks of\n"
                "               different hosts take the network path, NCCL's too)\n",
                why.c_str());
@@ -96,6 +100,12 @@ Options parse(int argc, char** argv) {
     else if (a == "-G") o.graph = std::atoi(val().c_str()) != 0;
     else if (a == "--register") o.register_buffers = std::atoi(val().c_str()) != 0;
     else if (a == "--hosts") o.hosts = std::atoi(val().c_str());
+    else if (a == "--plot") {
+      o.plot = val();
+      const std::size_t dot = o.plot.rfind('.');
+      const std::string ext = dot == std::string::npos ? "" : o.plot.substr(dot);
+      if (ext != ".svg" && ext != ".png") usage("--plot writes a .svg or .png file");
+    }
     else if (a == "-d") {
       auto t = coccl::parse_data_type(val());
       if (!t) usage("unknown type");
@@ -201,6 +211,7 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
       std::size_t bytes = static_cast<std::size_t>(b);
       Shape s = shape_of(coll, bytes, elt, n);
       if (s.count == 0) continue;
+      if (rank == 0) perf::progress(coll + " " + std::to_string(bytes) + " B");
       Row row{coll, s.send_elems > s.recv_elems ? s.send_elems * elt : s.recv_elems * elt,
               s.count, {0, 0}, {0, 0}};
       if (coll == "allreduce" || coll == "broadcast" || coll == "reduce") row.bytes = s.count * elt;
@@ -262,6 +273,7 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
       rows->push_back(row);
     }
   }
+  if (rank == 0) perf::progress_done();
 }
 
 double bus_factor(const std::string& coll, int n) { return shape_of(coll, 1 << 20, 4, n).bus_factor; }
@@ -422,6 +434,7 @@ std::map<std::pair<std::string, std::size_t>, PeerRow> run_baseline(const Option
   dir = dir.substr(0, dir.rfind('/') + 1);
   for (const std::string& coll : o.colls) {
     std::string text;
+    perf::progress(coll + ", the " + peer + " baseline's sweep");
     if (peer == "mpi") {
       std::vector<std::string> args{COCCL_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
                                     "--bind-to", "none", "-np", std::to_string(o.ranks),
@@ -462,6 +475,7 @@ std::map<std::pair<std::string, std::size_t>, PeerRow> run_baseline(const Option
         out[{coll, bytes}] = {us, wrong, algo};
     }
   }
+  perf::progress_done();
   return out;
 }
 
@@ -509,6 +523,48 @@ void write_json(const std::string& path, const Options& o, const std::vector<Row
   f << "]}\n";
 }
 
+// --plot: coccl and every baseline of the run, one series per library (and collective, when the
+// run has several). A missing gnuplot leaves a one-line note; the run's status is unchanged.
+void plot_results(const Options& o, const std::vector<Row>& rows,
+                  const std::map<std::string, std::map<std::pair<std::string, std::size_t>,
+                                                       PeerRow>>& peers) {
+  const bool several = o.colls.size() > 1;
+  const bool one_rank = bus_factor("allreduce", o.ranks) == 0;
+  std::vector<perf::PlotSeries> series;
+  for (const std::string& coll : o.colls) {
+    // With one rank the bus bandwidth is 0 everywhere: the algorithm bandwidth is drawn instead.
+    const double f = one_rank ? 1 : bus_factor(coll, o.ranks);
+    const std::string tail = several ? " " + coll : "";
+    perf::PlotSeries mine{"coccl" + tail, {}};
+    for (const Row& r : rows)
+      if (r.coll == coll && r.time_us[0] > 0)
+        mine.points.push_back({static_cast<double>(r.bytes), r.time_us[0],
+                               r.bytes / r.time_us[0] / 1e3 * f});
+    if (!mine.points.empty()) series.push_back(std::move(mine));
+    for (const auto& [peer, results] : peers) {
+      perf::PlotSeries theirs{peer + tail, {}};
+      for (const auto& [key, p] : results)
+        if (key.first == coll && p.time_us > 0)
+          theirs.points.push_back({static_cast<double>(key.second), p.time_us,
+                                   key.second / p.time_us / 1e3 * f});
+      if (!theirs.points.empty()) series.push_back(std::move(theirs));
+    }
+  }
+  if (series.empty()) {
+    std::fprintf(stderr, "coccl-perf: no results to plot; %s not written\n", o.plot.c_str());
+    return;
+  }
+  std::string colls;
+  for (const std::string& c : o.colls) colls += (colls.empty() ? "" : ", ") + c;
+  const std::string title = "coccl-perf: " + colls + ", " + std::to_string(o.ranks) + " ranks, " +
+                            (o.device == "cuda" ? "device" : "host") + " memory, " +
+                            std::string(coccl::to_string(o.type));
+  const std::string why =
+      perf::plot(o.plot, title,
+                 one_rank ? "algorithm bandwidth (GB/s)" : "bus bandwidth (GB/s)", series);
+  if (!why.empty()) std::fprintf(stderr, "coccl-perf: %s\n", why.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -550,9 +606,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "coccl-perf: rank %d exited with %d\n", r, rcs[r]);
       status = 1;
     }
-  std::vector<Row> rows = read_results(results);
-  ::unlink(results);
+  std::vector<Row> rows;
   std::map<std::string, std::map<std::pair<std::string, std::size_t>, PeerRow>> peers;
+  // A device run's rank 0 also reports NCCL's results, as rows of collective "nccl/COLL".
+  for (Row& r : read_results(results)) {
+    if (r.coll.rfind("nccl/", 0) == 0)
+      peers["nccl"][{r.coll.substr(5), r.bytes}] = {r.time_us[0], r.wrong[0], "nccl"};
+    else
+      rows.push_back(std::move(r));
+  }
+  ::unlink(results);
   for (const std::string& b : o.baselines) {
     if (b == "nccl") continue;  // measured inside the ranks
     if ((b == "gloo" && !COCCL_HAVE_GLOO) || (b == "mpi" && !COCCL_HAVE_MPI)) {
@@ -565,6 +628,7 @@ int main(int argc, char** argv) {
     for (auto& [k, v] : peers[b])
       if (v.wrong) status = 1;
   }
+  if (!o.plot.empty()) plot_results(o, rows, peers);
   if (!o.json.empty()) write_json(o.json, o, rows, peers);
   return status;
 }

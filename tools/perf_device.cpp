@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "nccl_runtime.hpp"
+#include "perf_progress.hpp"
 
 namespace perf {
 namespace {
@@ -224,6 +227,11 @@ int run_device(coccl::Communicator comm, const Options& o) {
           std::string(coccl::to_string(o.op)).c_str(), o.iters, o.warmup, o.repeat,
           with_nccl ? (", NCCL " + std::to_string(nccl_version) + " in the same run").c_str() : "");
     }
+    // For --plot and --json in the process that started the ranks: coccl's rows, and NCCL's as
+    // collective "nccl/COLL".
+    const char* results_path = std::getenv("COCCL_PERF_RESULTS");
+    std::ofstream results;
+    if (rank == 0 && results_path) results.open(results_path);
     double bus_sum = 0;
     int bus_n = 0;
     for (const std::string& c : o.colls) {
@@ -242,11 +250,13 @@ int run_device(coccl::Communicator comm, const Options& o) {
            b = std::max(b * o.factor, b + 1)) {
         Shape s = shape(c, static_cast<std::size_t>(b), elt, n);
         if (s.count == 0) continue;
+        if (rank == 0) progress(c + " " + std::to_string(s.bytes) + " B");
         Result mine = measure(0, c, o, s, send, recv, comm, nccl, nc, st);
         Result theirs;
         if (with_nccl) theirs = measure(1, c, o, s, send, recv, comm, nccl, nc, st);
         status |= (mine.wrong || theirs.wrong) ? 1 : 0;
         if (rank == 0) {
+          progress_done();
           double algbw = s.bytes / mine.us / 1e3, busbw = algbw * s.bus;
           bus_sum += busbw;
           ++bus_n;
@@ -257,9 +267,15 @@ int run_device(coccl::Communicator comm, const Options& o) {
                         theirs.wrong, theirs.us / mine.us);
           std::printf("\n");
           std::fflush(stdout);
+          results << c << ' ' << s.bytes << ' ' << s.count << ' ' << mine.us << " 0 " << mine.wrong
+                  << " 0\n";
+          if (with_nccl)
+            results << "nccl/" << c << ' ' << s.bytes << ' ' << s.count << ' ' << theirs.us << " 0 "
+                    << theirs.wrong << " 0\n";
         }
       }
     }
+    if (rank == 0) progress_done();
     if (rank == 0) std::printf("# Avg bus bandwidth    : %g\n#\n", bus_n ? bus_sum / bus_n : 0.0);
     if (nc) nccl.destroy(nc);
     cudaFree(send);
