@@ -21,28 +21,37 @@ namespace asio = boost::asio;
 std::chrono::steady_clock::duration default_timeout();
 
 /// Closes an I/O object (socket, acceptor) if it is still open when `limit` passes, so a silent or
-/// half-open peer fails the pending operation instead of holding it forever.
+/// half-open peer fails the pending operation instead of holding it forever. The object may be
+/// destroyed as soon as the guard is: a deadline that expired just before the guard went away
+/// (its handler already queued, where cancel() no longer reaches it) does not touch the object.
 template <typename IoObject>
 class CloseAfter {
  public:
   CloseAfter(IoObject& io, std::chrono::steady_clock::duration limit)
-      : timer_(io.get_executor(), limit), fired_(std::make_shared<bool>(false)) {
-    timer_.async_wait([&io, fired = fired_](boost::system::error_code ec) {
-      if (ec) return;
-      *fired = true;
+      : timer_(io.get_executor(), limit), state_(std::make_shared<State>()) {
+    timer_.async_wait([&io, state = state_](boost::system::error_code ec) {
+      if (ec || !state->armed) return;
+      state->fired = true;
       boost::system::error_code ignored;
       io.close(ignored);
     });
   }
-  ~CloseAfter() { timer_.cancel(); }
+  ~CloseAfter() {
+    state_->armed = false;
+    timer_.cancel();
+  }
   CloseAfter(const CloseAfter&) = delete;
   CloseAfter& operator=(const CloseAfter&) = delete;
   /// True if the deadline passed and the object was closed.
-  bool fired() const noexcept { return *fired_; }
+  bool fired() const noexcept { return state_->fired; }
 
  private:
+  struct State {
+    bool armed = true;
+    bool fired = false;
+  };
   asio::steady_timer timer_;
-  std::shared_ptr<bool> fired_;
+  std::shared_ptr<State> state_;
 };
 
 /// A single-threaded queue of values with one waiter at a time and a deadline per wait. Values
