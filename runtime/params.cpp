@@ -76,6 +76,14 @@ config::Param<std::string> comm_id{
 config::Param<std::string> secret{
     "COCCL_SECRET", "",
     "32 hex digits: bootstrap secret for communicators made from the environment"};
+config::Param<std::int64_t> bootstrap_pending_max{
+    "COCCL_BOOTSTRAP_PENDING_MAX", 64,
+    "connections a bootstrap root or rank listener holds before they authenticate; a newer one "
+    "closes the oldest, so strangers cost bounded memory and descriptors"};
+config::Param<double> bootstrap_auth_timeout{
+    "COCCL_BOOTSTRAP_AUTH_TIMEOUT", 10.0,
+    "seconds a new connection to a bootstrap root or rank listener has to authenticate before it "
+    "is closed (at most COCCL_TIMEOUT)"};
 config::Param<std::int64_t> colltrace_size{"COCCL_COLLTRACE_SIZE", 64,
                                            "operations kept per communicator by CollTrace"};
 config::Param<std::string> ib_hca{

@@ -28,6 +28,8 @@ extern config::Param<std::int64_t> net_slot_bytes;        // COCCL_NET_SLOT_BYTE
 extern config::Param<std::int64_t> net_lanes;             // COCCL_NET_LANES
 extern config::Param<std::string> comm_id;          // COCCL_COMM_ID
 extern config::Param<std::string> secret;           // COCCL_SECRET
+extern config::Param<std::int64_t> bootstrap_pending_max;  // COCCL_BOOTSTRAP_PENDING_MAX
+extern config::Param<double> bootstrap_auth_timeout;        // COCCL_BOOTSTRAP_AUTH_TIMEOUT
 extern config::Param<std::int64_t> colltrace_size;  // COCCL_COLLTRACE_SIZE
 extern config::Param<std::string> ib_hca;           // COCCL_IB_HCA
 extern config::Param<std::int64_t> ib_gid_index;    // COCCL_IB_GID_INDEX

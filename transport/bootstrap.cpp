@@ -4,14 +4,18 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/error.hpp>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
+#include "transport/admission.hpp"
 #include "transport/hmac.hpp"
 #include "transport/tcp.hpp"
 
@@ -37,6 +41,13 @@ std::size_t ib_block_min() {
 }
 #endif
 
+// Why a connection was dropped, without Boost's source locations.
+std::string reason(const std::exception& e) {
+  if (auto* b = dynamic_cast<const boost::system::system_error*>(&e))
+    return "connection ended before it authenticated (" + b->code().message() + ")";
+  return e.what();
+}
+
 [[noreturn]] void bad(const std::string& what) {
   throw std::system_error(make_error_code(errc::bad_message), what);
 }
@@ -58,23 +69,35 @@ std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nr
   return t;
 }
 
+std::string text_of(const tcp::endpoint& ep) {
+  std::ostringstream out;
+  out << ep;
+  return out.str();
+}
+
 struct Root : std::enable_shared_from_this<Root> {
-  Root(asio::any_io_executor ex, const Secret& s) : acceptor(ex), secret(s), deadline(ex) {}
+  Root(asio::any_io_executor ex, const Secret& s)
+      : acceptor(ex), secret(s), deadline(ex), retry(ex), drops(-1, "bootstrap root") {}
   tcp::acceptor acceptor;
   Secret secret;
   asio::steady_timer deadline;
+  asio::steady_timer retry;  // pause after an accept error
+  Admission admission;
+  DropLog drops;
   int nranks = -1;
   int arrived = 0;
   bool done = false;
   std::vector<PeerInfo> table;
   std::vector<bool> seen;
   std::shared_ptr<tcp::socket> rank0;
+  std::optional<Channel> rank0_channel;
 
   void finish() {
     done = true;
     boost::system::error_code ignored;
     acceptor.close(ignored);
     deadline.cancel();
+    retry.cancel();
   }
 };
 
@@ -83,7 +106,7 @@ asio::awaitable<void> root_distribute(std::shared_ptr<Root> root) {
   auto sock = root->rank0;
   try {
     runtime::CloseAfter guard(*sock, runtime::default_timeout());
-    co_await write_frame(*sock, root->secret, FrameType::table, payload);
+    co_await write_frame(*sock, *root->rank0_channel, FrameType::table, payload);
   } catch (const std::exception& e) {
     COCCL_WARN(boot, -1, "bootstrap root: sending the table to rank 0 failed: %s", e.what());
   }
@@ -92,9 +115,12 @@ asio::awaitable<void> root_distribute(std::shared_ptr<Root> root) {
 asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock) {
   int rank = -1, nranks = -1;
   PeerInfo info{};
+  std::optional<Channel> channel;
   try {
-    runtime::CloseAfter guard(*sock, runtime::default_timeout());
-    Frame f = co_await read_frame(*sock, root->secret, max_small_frame);
+    auto ticket = root->admission.admit(sock);
+    runtime::CloseAfter guard(*sock, auth_timeout());
+    channel.emplace(co_await Channel::respond(*sock, root->secret));
+    Frame f = co_await read_frame(*sock, *channel, max_small_frame);
     if (f.type != FrameType::hello) bad("expected a hello");
     Reader r(f.payload);
     if (r.get<std::uint32_t>() != hello_magic) bad("bad hello");
@@ -103,8 +129,9 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
     info = r.get<PeerInfo>();
     if (!r.done()) bad("trailing bytes in hello");
   } catch (const std::exception& e) {
-    // Wrong secret, garbage, or a connection that never spoke: drop it, keep serving the rest.
-    COCCL_WARN(boot, -1, "bootstrap root: dropped a connection: %s", e.what());
+    // Wrong secret, garbage, a replayed frame, or a connection that never spoke (or was evicted
+    // by newer ones): drop it, keep serving the rest.
+    if (!root->done) root->drops.dropped(reason(e));
     co_return;
   }
   if (root->done) co_return;
@@ -124,7 +151,10 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
   }
   root->seen[rank] = true;
   root->table[rank] = info;
-  if (rank == 0) root->rank0 = sock;
+  if (rank == 0) {
+    root->rank0 = sock;
+    root->rank0_channel = std::move(channel);
+  }
   if (++root->arrived == root->nranks) {
     root->finish();
     co_await root_distribute(root);
@@ -135,16 +165,20 @@ asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
   while (!root->done) {
     auto sock = std::make_shared<tcp::socket>(root->acceptor.get_executor());
     boost::system::error_code ec;
-    try {
-      co_await root->acceptor.async_accept(*sock, asio::use_awaitable);
-    } catch (const boost::system::system_error& e) {
-      ec = e.code();
+    co_await root->acceptor.async_accept(*sock, asio::redirect_error(asio::use_awaitable, ec));
+    if (root->done) co_return;
+    if (!ec) {
+      asio::co_spawn(root->acceptor.get_executor(), root_handle(root, sock), asio::detached);
+      continue;
     }
-    if (ec) {
-      if (!root->done) COCCL_WARN(boot, -1, "bootstrap root stopped: %s", ec.message().c_str());
-      co_return;
-    }
-    asio::co_spawn(root->acceptor.get_executor(), root_handle(root, sock), asio::detached);
+    // An accept error ends nothing: ranks may still be on their way.
+    auto delay = accept_retry_delay(ec);
+    if (delay.count() == 0) co_return;
+    root->drops.dropped("accept failed: " + ec.message());
+    // Out of descriptors: a stranger still waiting to authenticate is the one to give up.
+    if (out_of_resources(ec)) root->admission.evict_oldest();
+    root->retry.expires_after(delay);
+    co_await root->retry.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
 }
 
@@ -158,18 +192,19 @@ asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp
     boost::system::error_code ec;
     {
       runtime::CloseAfter guard(*sock, until - std::chrono::steady_clock::now());
-      try {
-        co_await sock->async_connect(ep, asio::use_awaitable);
-      } catch (const boost::system::system_error& e) {
-        ec = e.code();
-      }
+      co_await sock->async_connect(ep, asio::redirect_error(asio::use_awaitable, ec));
       if (guard.fired()) ec = asio::error::timed_out;
     }
     if (!ec) co_return sock;
+    if (out_of_resources(ec))
+      throw std::system_error(std::error_code(ec.value(), std::system_category()),
+                              "cannot connect to " + text_of(ep) +
+                                  ": this process is out of file descriptors or socket memory "
+                                  "(raise ulimit -n)");
     if (std::chrono::steady_clock::now() >= until || ec == asio::error::timed_out)
       throw std::system_error(make_error_code(errc::timed_out),
-                              "cannot connect to " + ep.address().to_string() + ":" +
-                                  std::to_string(ep.port()) + ": " + ec.message());
+                              "cannot connect to " + text_of(ep) + " within COCCL_TIMEOUT (" +
+                                  ec.message() + ")");
     asio::steady_timer t(ex, std::chrono::milliseconds(20));
     co_await t.async_wait(asio::use_awaitable);
   }
@@ -251,11 +286,20 @@ std::uint64_t host_hash() {
 asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret) {
   auto root = std::make_shared<Root>(thread.executor(), secret);
-  root->acceptor.open(endpoint.protocol());
-  root->acceptor.set_option(tcp::acceptor::reuse_address(true));
-  root->acceptor.bind(endpoint);
-  root->acceptor.listen(asio::socket_base::max_listen_connections);
-  auto bound = root->acceptor.local_endpoint();
+  boost::system::error_code ec;
+  root->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) root->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) root->acceptor.bind(endpoint, ec);
+  if (!ec) root->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  tcp::endpoint bound;
+  if (!ec) bound = root->acceptor.local_endpoint(ec);
+  if (ec)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "bootstrap root cannot listen on " + text_of(endpoint) + ": " +
+                                ec.message() +
+                                (ec == asio::error::address_in_use
+                                     ? " (another process, or an earlier job, holds the port)"
+                                     : ""));
   // Nobody completed the rendezvous in time: stop serving (ranks fail with their own deadline).
   root->deadline.expires_after(runtime::default_timeout());
   root->deadline.async_wait([root](boost::system::error_code ec) {
@@ -279,6 +323,8 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       options_(std::move(options)),
       on_failure_(std::move(on_failure)),
       acceptor_(ex_),
+      drops_(rank, "listener"),
+      accept_retry_(ex_),
       table_box_(ex_),
       table_ready_(ex_, runtime::default_timeout()),
       by_peer_(nranks, nullptr),
@@ -341,24 +387,53 @@ PeerInfo Peers::self_info() const {
 void Peers::accept_loop() {
   auto sock = std::make_shared<tcp::socket>(ex_);
   acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
-    if (!*alive || ec) return;
+    if (!*alive || shut_) return;
+    if (ec) {
+      accept_failed(ec);
+      return;
+    }
     asio::co_spawn(ex_, handle_incoming(sock), asio::detached);
     accept_loop();
+  });
+}
+
+void Peers::accept_failed(boost::system::error_code ec) {
+  // An accept error ends nothing: peers still have to reach this rank.
+  auto delay = accept_retry_delay(ec);
+  if (delay.count() == 0) return;
+  drops_.dropped("accept failed: " + ec.message());
+  // Out of descriptors: a stranger still waiting to authenticate is the one to give up.
+  if (out_of_resources(ec)) admission_.evict_oldest();
+  accept_retry_.expires_after(delay);
+  accept_retry_.async_wait([this, alive = alive_](boost::system::error_code e) {
+    if (!e && *alive && !shut_) accept_loop();
   });
 }
 
 asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   auto alive = alive_;
   Frame f;
+  std::shared_ptr<Channel> channel;
   try {
-    runtime::CloseAfter guard(*s, runtime::default_timeout());
-    f = co_await read_frame(*s, secret_, max_table_frame);
+    // Until its first frame authenticates, the connection holds a place in admission_ (bounded
+    // in number) and has auth_timeout() to earn it.
+    auto ticket = admission_.admit(s);
+    runtime::CloseAfter guard(*s, auth_timeout());
+    channel = std::make_shared<Channel>(co_await Channel::respond(*s, secret_));
+    f = co_await read_frame(*s, *channel, max_table_frame);
   } catch (const std::exception& e) {
-    if (*alive) COCCL_WARN(boot, rank_, "dropped an incoming connection: %s", e.what());
+    if (*alive && !shut_) drops_.dropped(reason(e));
     co_return;
   }
   if (!*alive || shut_) co_return;
   if (f.type == FrameType::table) {
+    // The one table this rank needs; an extra one (a confused or hostile peer holding the
+    // secret) is not queued.
+    if (table_received_) {
+      drops_.dropped("a second address table");
+      co_return;
+    }
+    table_received_ = true;
     table_box_.push(std::move(f.payload));
     co_return;
   }
@@ -369,44 +444,51 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     from = r.get<std::int32_t>();
     int to = r.get<std::int32_t>();
     if (to != rank_ || from < 0 || from >= rank_) bad("connection request for the wrong rank");
-    if (by_peer_[from]) bad("a second connection request from rank " + std::to_string(from));
+    if (by_peer_[from] || dialing_[from])
+      bad("a second connection request from rank " + std::to_string(from));
   } catch (const std::exception& e) {
-    COCCL_WARN(boot, rank_, "dropped an incoming connection: %s", e.what());
+    drops_.dropped(e.what());
     co_return;
   }
+  dialing_[from] = true;
   try {
-    co_await answer(from, s, std::move(f.payload));
+    co_await answer(from, s, channel, std::move(f.payload));
   } catch (const std::exception& e) {
     if (!*alive) co_return;
     failed_[from] = e.what();
     COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
   }
-  if (*alive) announce(from);
+  if (!*alive) co_return;
+  dialing_[from] = false;
+  announce(from);
 }
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
   auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
   auto sock = co_await transport::dial(ex_, table_[child].endpoint(), until);
   runtime::CloseAfter guard(*sock, runtime::default_timeout());
-  co_await write_frame(*sock, secret_, FrameType::table, payload);
+  Channel channel = co_await Channel::initiate(*sock, secret_);
+  co_await write_frame(*sock, channel, FrameType::table, payload);
 }
 
 asio::awaitable<void> Peers::rendezvous(RootAddress root) {
   auto limit = runtime::default_timeout();
   auto until = std::chrono::steady_clock::now() + limit;
   auto sock = co_await transport::dial(ex_, root.endpoint, until);
+  std::optional<Channel> channel;
   {
     Writer w;
     w.put(hello_magic).put<std::int32_t>(rank_).put<std::int32_t>(nranks_).put(self_info());
     runtime::CloseAfter guard(*sock, limit);
-    co_await write_frame(*sock, secret_, FrameType::hello, w.bytes());
+    channel.emplace(co_await Channel::initiate(*sock, root.secret));
+    co_await write_frame(*sock, *channel, FrameType::hello, w.bytes());
   }
   std::vector<std::uint8_t> payload;
   if (rank_ == 0) {
     runtime::CloseAfter guard(*sock, limit);
     Frame f;
     try {
-      f = co_await read_frame(*sock, secret_, max_table_frame);
+      f = co_await read_frame(*sock, *channel, max_table_frame);
     } catch (const boost::system::system_error& e) {
       throw std::system_error(make_error_code(errc::timed_out),
                               "bootstrap: no address table from the root (" +
@@ -464,6 +546,16 @@ asio::awaitable<Connection*> Peers::get(int peer) {
       dialing_[peer] = false;
       announce(peer);
       throw;
+    } catch (const std::system_error& e) {
+      dialing_[peer] = false;
+      announce(peer);
+      // Out of descriptors or memory here is this rank's problem, not the peer's.
+      const bool local = e.code().category() == std::system_category() &&
+                         out_of_resources(boost::system::error_code(
+                             e.code().value(), boost::system::system_category()));
+      throw LinkError(local ? e.code() : make_error_code(errc::peer_lost),
+                      "rank " + std::to_string(rank_) + " cannot connect to rank " +
+                          std::to_string(peer) + ": " + e.what());
     } catch (const std::exception& e) {
       dialing_[peer] = false;
       announce(peer);
@@ -520,8 +612,9 @@ asio::awaitable<void> Peers::dial(int peer) {
     std::string name = made.own ? made.own->name() : "";
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
     w.put_bytes(address);
-    co_await write_frame(*sock, secret_, FrameType::connect, w.bytes());
-    Frame f = co_await read_frame(*sock, secret_, max_small_frame);
+    Channel channel = co_await Channel::initiate(*sock, secret_);
+    co_await write_frame(*sock, channel, FrameType::connect, w.bytes());
+    Frame f = co_await read_frame(*sock, channel, max_small_frame);
     if (f.type != FrameType::accept) bad("expected accept");
     Reader r(f.payload);
     auto their_name = r.get_bytes();
@@ -535,7 +628,7 @@ asio::awaitable<void> Peers::dial(int peer) {
       made.link->connect(ib::LinkAddress::decode(their_address));
       // The peer may write only once our queue pairs are ready to receive.
       const std::vector<std::uint8_t> ready;
-      co_await write_frame(*sock, secret_, FrameType::accept, ready);
+      co_await write_frame(*sock, channel, FrameType::accept, ready);
     }
 #endif
   }
@@ -544,10 +637,11 @@ asio::awaitable<void> Peers::dial(int peer) {
 }
 
 asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
+                                    std::shared_ptr<Channel> channel,
                                     std::vector<std::uint8_t> payload) {
   auto limit = runtime::default_timeout();
+  auto alive = alive_;
   if (table_.empty()) {
-    auto alive = alive_;
     try {
       co_await table_ready_.async_wait(asio::use_awaitable);
     } catch (const boost::system::system_error&) {
@@ -590,16 +684,17 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     std::string name = made.own ? made.own->name() : "";
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
     w.put_bytes(address);
-    co_await write_frame(*sock, secret_, FrameType::accept, w.bytes());
+    co_await write_frame(*sock, *channel, FrameType::accept, w.bytes());
 #if COCCL_HAVE_IB
     if (made.link) {
-      Frame ready = co_await read_frame(*sock, secret_, max_small_frame);
+      Frame ready = co_await read_frame(*sock, *channel, max_small_frame);
       if (ready.type != FrameType::accept || !ready.payload.empty())
         bad("rank " + std::to_string(peer) + " did not confirm the ib link");
     }
 #endif
   }
-  if (shut_) co_return;
+  // The communicator may have been destroyed while this coroutine (detached) waited.
+  if (!*alive || shut_) co_return;
   add_made(peer, std::move(*sock), std::move(made));
 }
 

@@ -12,15 +12,16 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/unique_id.hpp>
+#include <chrono>
 #include <cstdint>
 #include <map>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/deadline.hpp"
 #include "runtime/engine.hpp"
+#include "transport/admission.hpp"
 #include "transport/connection.hpp"
 #include "transport/shm.hpp"
 #if COCCL_HAVE_IB
@@ -56,12 +57,14 @@ RootAddress decode(const UniqueId& id);
 UniqueId encode(const RootAddress& root);
 
 /// Starts a bootstrap root on `thread`, listening on `endpoint` (port 0 picks one). Returns the
-/// endpoint it listens on. The root serves one communicator.
+/// endpoint it listens on. The root serves one communicator. Throws std::system_error with
+/// errc::invalid_argument naming the address when it cannot listen there (port in use).
 asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret);
 
-/// Connects to `ep`, retrying refused connections until `until` (launchers start ranks in any
-/// order); throws std::system_error(errc::timed_out) naming the address once it passes.
+/// Connects to `ep`, retrying refusals (the listener may not be up yet) until `until`. Throws
+/// std::system_error: errc::timed_out naming `ep` when the deadline passes, or a system error
+/// (EMFILE...) when this process is out of descriptors or socket memory.
 asio::awaitable<std::shared_ptr<asio::ip::tcp::socket>> dial(
     asio::any_io_executor ex, asio::ip::tcp::endpoint ep,
     std::chrono::steady_clock::time_point until);
@@ -110,13 +113,14 @@ class Peers {
 
  private:
   void accept_loop();
+  void accept_failed(boost::system::error_code ec);
   asio::awaitable<void> handle_incoming(std::shared_ptr<asio::ip::tcp::socket> s);
   // Lower rank: dial the peer and make the link.
   asio::awaitable<void> dial(int peer);
   // Higher rank: answer a connection request at once, whatever this rank is doing, so link
   // setup never waits on the accepting rank's own progress (that could form a cycle).
   asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
-                               std::vector<std::uint8_t> payload);
+                               std::shared_ptr<Channel> channel, std::vector<std::uint8_t> payload);
   void add(int peer, std::unique_ptr<SocketConnection> c);
   // What link setup made besides the socket: the shared segments (shm) or the RDMA link (ib).
   struct Made {
@@ -142,6 +146,10 @@ class Peers {
   LinkOptions options_;
   FailureHandler on_failure_;
   asio::ip::tcp::acceptor acceptor_;
+  Admission admission_;        // connections that have not authenticated yet
+  DropLog drops_;
+  asio::steady_timer accept_retry_;  // pause after an accept error
+  bool table_received_ = false;      // only the first table frame counts
   std::vector<PeerInfo> table_;
   runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
   // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
@@ -158,6 +166,7 @@ class Peers {
   // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
   // link is ready or failed; its expiry is the deadline).
   std::vector<std::shared_ptr<asio::steady_timer>> pending_;
+  // A link to the peer is being made: dialled by this rank (higher peers) or answered (lower).
   std::vector<bool> dialing_;
   std::vector<std::string> failed_;  // why the link to a peer could not be made
   bool shut_ = false;

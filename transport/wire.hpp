@@ -1,9 +1,17 @@
 // Authenticated framed messages over a TCP socket, used by the bootstrap and connection setup.
 //
-// A frame is a 16-byte header (magic, type, payload length), the payload, and an HMAC-SHA256 tag
-// over header and payload keyed with the communicator's secret. A frame whose magic, length bound
-// or tag is wrong is rejected with errc::bad_message and the caller drops the connection: a stray
-// or hostile peer can cost a socket, never a wrong message.
+// Every connection starts with a nonce exchange: the dialler sends a fresh random nonce, the
+// listener answers with its own nonce and a proof (an HMAC under the connection key). The
+// connection key is HMAC-SHA256(secret, label | dialler nonce | listener nonce), so it is new for
+// every connection even when a secret is reused across runs. Each frame then carries a 24-byte
+// header (magic, type, payload length, per-direction counter), an HMAC of the header, the payload
+// and an HMAC of header and payload, both under the connection key and the direction.
+//
+// Consequences: a frame captured on one connection (or in an earlier run) fails authentication on
+// any other; a frame replayed or reordered on its own connection has the wrong counter; and the
+// payload is allocated only after its header authenticated, so a peer without the secret costs a
+// fixed few hundred bytes, never the length it announces. A bad frame is rejected with
+// errc::bad_message and the caller drops the connection.
 #pragma once
 
 #include <array>
@@ -34,14 +42,48 @@ struct Frame {
   std::vector<std::uint8_t> payload;
 };
 
-/// Writes one frame. Throws boost::system::system_error on socket errors.
-asio::awaitable<void> write_frame(asio::ip::tcp::socket& socket, const Secret& secret,
-                                  FrameType type, std::span<const std::uint8_t> payload);
+/// One side of an authenticated connection: the connection key and the frame counters of both
+/// directions. Made by the handshake (initiate/respond); not thread-safe.
+class Channel {
+ public:
+  /// Length of each side's nonce.
+  static constexpr std::size_t nonce_size = 16;
+  /// Bytes each side sends in the handshake before any frame.
+  static constexpr std::size_t dialler_hello_size = 8 + nonce_size;
+  static constexpr std::size_t listener_hello_size = 8 + nonce_size + 32;
 
-/// Reads one frame of at most `max_payload` bytes and checks its tag. Throws
-/// std::system_error(errc::bad_message) on a malformed or unauthenticated frame and
-/// boost::system::system_error on socket errors.
-asio::awaitable<Frame> read_frame(asio::ip::tcp::socket& socket, const Secret& secret,
+  /// The dialler's side: sends its nonce, reads the listener's and checks the listener's proof.
+  /// Throws std::system_error(errc::bad_message) when the listener does not know the secret, and
+  /// boost::system::system_error on socket errors.
+  static asio::awaitable<Channel> initiate(asio::ip::tcp::socket& socket, const Secret& secret);
+  /// The listener's side: reads the dialler's nonce (a fixed, small number of bytes), answers with
+  /// its own nonce and proof. The dialler has proved nothing yet: the first frame read on the
+  /// channel authenticates it.
+  static asio::awaitable<Channel> respond(asio::ip::tcp::socket& socket, const Secret& secret);
+
+  /// The bytes of the next outgoing frame (advances the send counter).
+  std::vector<std::uint8_t> seal(FrameType type, std::span<const std::uint8_t> payload);
+  /// True once a frame from the peer has authenticated.
+  bool peer_authenticated() const noexcept { return received_ > 0; }
+
+ private:
+  friend asio::awaitable<Frame> read_frame(asio::ip::tcp::socket&, Channel&, std::size_t);
+  Channel(const std::array<std::uint8_t, 32>& key, bool dialler) : key_(key), dialler_(dialler) {}
+  std::array<std::uint8_t, 32> key_;
+  bool dialler_;
+  std::uint64_t sent_ = 0;
+  std::uint64_t received_ = 0;
+};
+
+/// Writes one frame. Throws boost::system::system_error on socket errors.
+asio::awaitable<void> write_frame(asio::ip::tcp::socket& socket, Channel& channel, FrameType type,
+                                  std::span<const std::uint8_t> payload);
+
+/// Reads the next frame of at most `max_payload` bytes. The header is authenticated (key,
+/// direction, counter) before the payload is allocated. Throws std::system_error(errc::bad_message)
+/// on a malformed, unauthenticated, replayed or reordered frame and boost::system::system_error on
+/// socket errors.
+asio::awaitable<Frame> read_frame(asio::ip::tcp::socket& socket, Channel& channel,
                                   std::size_t max_payload);
 
 /// Little helpers to build and parse payloads field by field.

@@ -1,0 +1,86 @@
+// What strangers may cost a listener (the bootstrap root and each rank's peer listener).
+//
+// Anyone who can reach the port can connect. Until a connection has authenticated it is held in
+// an Admission: at most COCCL_BOOTSTRAP_PENDING_MAX at once (a newer one closes the oldest, so
+// honest peers, which authenticate within a round trip, still get in while a flood goes on), each
+// for at most COCCL_BOOTSTRAP_AUTH_TIMEOUT. DropLog keeps the warnings about dropped connections
+// from flooding the log, and accept_retry_delay lets an accept loop ride out errors such as
+// running out of descriptors instead of ending.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+
+namespace coccl::transport {
+
+namespace asio = boost::asio;
+
+/// How long a new connection has to authenticate: COCCL_BOOTSTRAP_AUTH_TIMEOUT, at most
+/// COCCL_TIMEOUT.
+std::chrono::steady_clock::duration auth_timeout();
+
+/// The unauthenticated connections of one listener, oldest first. Single-threaded (the
+/// listener's proxy thread).
+class Admission {
+ public:
+  /// Holds `max` connections at most (COCCL_BOOTSTRAP_PENDING_MAX when 0).
+  explicit Admission(std::size_t max = 0);
+
+  /// A connection's place in the queue; leaving it (authenticated or dropped) is destruction or
+  /// release().
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(Ticket&&) noexcept = default;
+    Ticket& operator=(Ticket&&) noexcept;
+    ~Ticket() { release(); }
+    void release() noexcept;
+
+   private:
+    friend class Admission;
+    struct Entry;
+    std::shared_ptr<Entry> entry_;
+  };
+
+  /// Admits a freshly accepted socket. When `max` are already waiting the oldest is closed
+  /// first (its reader fails and drops it).
+  Ticket admit(const std::shared_ptr<asio::ip::tcp::socket>& socket);
+  /// Closes the oldest waiting connection, freeing its descriptor; false when none waits.
+  bool evict_oldest();
+  /// Connections waiting now.
+  std::size_t waiting() const noexcept;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+/// Rate-limited warnings about dropped connections: the first few of each interval are written
+/// whole, the rest only counted and summarised in one line when the next interval starts.
+class DropLog {
+ public:
+  /// `who` starts every line ("bootstrap root", "listener").
+  DropLog(int rank, std::string who) : rank_(rank), who_(std::move(who)) {}
+  void dropped(const std::string& why);
+
+ private:
+  int rank_;
+  std::string who_;
+  std::chrono::steady_clock::time_point window_start_{};
+  int written_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
+
+/// After an accept error: how long to wait before accepting again, or nullopt-like zero when the
+/// acceptor was closed and the loop should end. Out of descriptors (EMFILE, ENFILE) or memory
+/// waits longer, giving running operations time to release some.
+std::chrono::milliseconds accept_retry_delay(const boost::system::error_code& ec);
+
+/// True for the errors of a process (or system) that ran out of descriptors or socket memory.
+bool out_of_resources(const boost::system::error_code& ec);
+
+}  // namespace coccl::transport
