@@ -104,9 +104,14 @@ int main(int argc, char** argv) {
     return exit_ok;
   };
   const std::map<std::string, std::function<int(Worker&)>> others{
-      {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
-      {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
+      {"loop", run_loop},
+      {"mismatch", run_mismatch},
+      {"abort", run_abort},
+      {"split", run_split},
+      {"async", run_async},
+      {"log_peers", log_peers},
       {"split_members", run_split_members},
+      {"op_mismatch", run_op_mismatch},
   };
   try {
     w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
