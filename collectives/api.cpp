@@ -87,6 +87,16 @@ void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handle
   impl->submit(std::move(args), std::move(handler));
 }
 
+std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
+  // Taken, so that a later error of another kind never shows a stale reason.
+  if (ec == errc::invalid_argument && !argument_error().empty()) {
+    std::string why;
+    why.swap(argument_error());
+    return why;
+  }
+  return impl ? impl->last_error() : "empty communicator";
+}
+
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
   struct Result {
     std::atomic<int> done{0};

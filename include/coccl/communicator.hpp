@@ -77,6 +77,10 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
                       std::error_code failed, OpHandler handler);
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler);
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
+/// The text of `ec` from an operation this thread just started on `impl`: for
+/// errc::invalid_argument the reason the arguments were refused, else the communicator's
+/// last_error().
+std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec);
 /// The library's own view of a communicator (null for an empty one); for coccl's other parts.
 std::shared_ptr<CommImpl> impl_of(const Communicator& comm);
 
@@ -579,7 +583,8 @@ class Communicator {
         token, impl_, std::move(args));
   }
   void device(const detail::OpArgs& args, cuda_stream stream) {
-    if (auto ec = detail::enqueue_device(impl_, args, stream)) throw std::system_error(ec, last_error());
+    if (auto ec = detail::enqueue_device(impl_, args, stream))
+      throw std::system_error(ec, detail::describe_error(impl_, ec));
   }
   template <typename Token>
   auto async_device(detail::OpArgs args, cuda_stream stream, Token& token) {
@@ -594,7 +599,7 @@ class Communicator {
   void block(detail::OpArgs args) {
     std::error_code ec;
     block(std::move(args), ec);
-    if (ec) throw std::system_error(ec, last_error());
+    if (ec) throw std::system_error(ec, detail::describe_error(impl_, ec));
   }
   void block(detail::OpArgs args, std::error_code& ec) {
     detail::run_blocking(impl_, std::move(args), ec);
