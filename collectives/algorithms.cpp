@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "collectives/comm.hpp"
+#include "collectives/op_check.hpp"
 #include "collectives/reduce_cpu.hpp"
 #include "runtime/log.hpp"
 
@@ -54,11 +55,14 @@ class Op {
     return per_chunk_;
   }
 
+  // The link to `peer`; the first call of an operation sends the peer this rank's header
+  // (op_check.hpp) ahead of any data. Algorithms link their peers before they start concurrent
+  // coroutines, so that put never overlaps another on the same link.
   asio::awaitable<Connection*> link(int peer) {
+    Connection* l = nullptr;
     try {
-      Connection* l = co_await c_.peers().get(peer);
+      l = co_await c_.peers().get(peer);
       slot_bytes_ = l->slot_bytes();
-      co_return l;
     } catch (const LinkError&) {
       throw;
     } catch (const std::system_error& e) {
@@ -66,6 +70,29 @@ class Op {
     } catch (const boost::system::system_error& e) {
       raise(make_error_code(errc::peer_lost), e.what());
     }
+    if (std::optional<OpHeader> h = c_.checks().to_send(peer))
+      co_await l->put(&*h, sizeof *h, op_header_fingerprint);
+    co_return l;
+  }
+
+  // Takes `peer`'s header, once per operation and before any of its data, and fails the
+  // operation (errc::mismatch) unless it describes the same operation as this rank's.
+  Task take_header(Connection* l, int peer) {
+    if (!c_.checks().to_take(peer)) co_return;
+    Chunk ch = co_await l->wait();
+    const OpHeader& mine = c_.checks().sent(peer);
+    OpHeader theirs{};
+    if (ch.fingerprint == op_header_fingerprint && ch.size == sizeof theirs)
+      std::memcpy(&theirs, ch.data, sizeof theirs);
+    l->release();
+    std::string why = compare_op_headers(mine, theirs, r_, peer);
+    if (!why.empty()) raise(make_error_code(errc::mismatch), why);
+  }
+
+  // Confirms every peer linked in this operation: a rank that only sent to a peer learns here
+  // that the peer expected exactly that.
+  Task settle() {
+    for (int peer : c_.checks().untaken()) co_await take_header(co_await link(peer), peer);
   }
 
   // Resolves every peer link up front so per_chunk() is known before chunking starts.
@@ -89,6 +116,7 @@ class Op {
   // the expected size.
   asio::awaitable<Chunk> take(int peer, std::size_t expect_bytes) {
     Connection* l = co_await link(peer);
+    co_await take_header(l, peer);
     Chunk ch = co_await l->wait();
     if (ch.fingerprint != fp_ || ch.size != expect_bytes) {
       char buf[256];
@@ -911,7 +939,9 @@ const char* choose_rooted(CommImpl& c) {
   return few_ranks(c) ? "chain" : "tree";
 }
 
-asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
+namespace {
+
+Task run_algorithm(CommImpl& c, const OpArgs& a) {
   const int n = c.size();
   switch (a.kind) {
     case OpKind::all_reduce: {
@@ -1010,6 +1040,25 @@ asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
       co_return;
     }
   }
+}
+
+}  // namespace
+
+asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
+  Op op(c, a);
+  // Every collective checks its ring neighbours whatever its algorithm, so ranks whose views of
+  // the operation (root, count, kind) give them different peers still meet one that sees the
+  // difference: some neighbouring pair differs. Its failure reaches the others as an abort.
+  // all_to_allv checks every pair, zero counts included: a rank expecting nothing from a peer
+  // must still hear that the peer sends it nothing.
+  if (a.kind == OpKind::all_to_allv) {
+    co_await op.connect_all();
+  } else if (a.kind != OpKind::p2p && c.size() > 1) {
+    std::vector<int> neighbours{(c.rank() + 1) % c.size(), (c.rank() + c.size() - 1) % c.size()};
+    co_await op.connect(std::move(neighbours));
+  }
+  co_await run_algorithm(c, a);
+  co_await op.settle();
 }
 
 }  // namespace coccl::detail

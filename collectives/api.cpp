@@ -91,6 +91,16 @@ void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handle
   impl->submit(std::move(args), std::move(handler));
 }
 
+std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
+  // Taken, so that a later error of another kind never shows a stale reason.
+  if (ec == errc::invalid_argument && !argument_error().empty()) {
+    std::string why;
+    why.swap(argument_error());
+    return why;
+  }
+  return impl ? impl->last_error() : "empty communicator";
+}
+
 std::shared_ptr<OpControl> new_op_control() { return std::make_shared<OpControl>(); }
 
 void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpControl>& op,
@@ -123,7 +133,7 @@ const char* const blocking_on_proxy =
 
 void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
   if (ec == std::errc::resource_deadlock_would_occur) throw std::system_error(ec, blocking_on_proxy);
-  throw std::system_error(ec, impl ? impl->last_error() : std::string("empty communicator"));
+  throw std::system_error(ec, describe_error(impl, ec));
 }
 
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {

@@ -125,9 +125,15 @@ void CommImpl::arm_watchdog() {
   });
 }
 
+std::string& argument_error() noexcept {
+  thread_local std::string text;
+  return text;
+}
+
 void CommImpl::submit(OpArgs args, OpHandler handler) {
   if (std::string why = validate(args, rank_, size_); !why.empty()) {
     COCCL_WARN(coll, rank_, "%s: %s", name_of(args.kind), why.c_str());
+    argument_error() = std::string(name_of(args.kind)) + ": " + why;
     // Nothing was sent; the handler still runs outside this call, on its own executor.
     runtime::complete_later(ex_, std::move(handler), make_error_code(errc::invalid_argument));
     return;
@@ -223,6 +229,7 @@ asio::awaitable<void> CommImpl::drain() {
     if (q.args.control) q.args.control->state = OpControl::State::running;
     ++seq_;
     fingerprint_ = fingerprint_of(q.args);
+    checks_.begin(q.args, seq_);
     op_name_ = name_of(q.args.kind);
     trace_.begin(seq_, op_name_, q.args.count, static_cast<int>(q.args.type), q.args.root);
     std::error_code ec;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "collectives/colltrace.hpp"
+#include "collectives/op_check.hpp"
 #include "kernels/net.hpp"
 #include "runtime/engine.hpp"
 #include "transport/bootstrap.hpp"
@@ -86,6 +87,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::uint64_t seq() const noexcept { return seq_; }
   std::uint32_t fingerprint() const noexcept { return fingerprint_; }
   const char* op_name() const noexcept { return op_name_; }
+  /// Proxy thread: the cross-rank checks of the running operation (op_check.hpp).
+  OpChecks& checks() noexcept { return checks_; }
 
   /// The device side (collectives/device.cpp): state made on the first device operation, under
   /// device_mutex(); the poller of CUDA events, made and used on the proxy thread.
@@ -135,6 +138,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::uint64_t seq_ = 0;
   std::uint32_t fingerprint_ = 0;
   const char* op_name_ = "";
+  OpChecks checks_;
   asio::steady_timer watchdog_;
   CollTrace trace_;
   std::string algo_;
@@ -179,7 +183,12 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& engine
 /// are valid, else the reason.
 std::string validate(const OpArgs& a, int rank, int nranks);
 
-/// Fingerprint of an operation (kind, type, op, count, root) that every rank must agree on.
+/// The calling thread's text of its latest operation refused with errc::invalid_argument
+/// (submit() and enqueue_device() set it, on the thread that called them).
+std::string& argument_error() noexcept;
+
+/// Fingerprint of an operation (kind, type, op, count, root) that every rank must agree on; its
+/// data chunks carry it. The full check is the header exchange of op_check.hpp.
 std::uint32_t fingerprint_of(const OpArgs& a);
 
 /// Name of an operation kind ("all_reduce", ...).

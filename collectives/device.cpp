@@ -556,6 +556,7 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   if (auto ec = c.error()) return ec;
   if (std::string why = validate(a, c.rank(), c.size()); !why.empty()) {
     COCCL_WARN(coll, c.rank(), "%s on device: %s", name_of(a.kind), why.c_str());
+    argument_error() = std::string(name_of(a.kind)) + " on device: " + why;
     return make_error_code(errc::invalid_argument);
   }
   if (a.kind == OpKind::barrier) {

@@ -26,6 +26,10 @@ config::Param<std::string> transport{
     "verbs)"};
 config::Param<bool> shm_disable{"COCCL_SHM_DISABLE", false,
                                 "never use the shared-memory transport", "NCCL_SHM_DISABLE"};
+config::Param<std::string> shm_dir{
+    "COCCL_SHM_DIR", "",
+    "directory for the shm transport's segments (files there instead of POSIX shared memory in "
+    "/dev/shm); every rank of a host must see the same one"};
 config::Param<std::int64_t> proxy_threads{
     "COCCL_PROXY_THREADS", 1, "proxy threads of the process engine (communicators are spread)"};
 config::Param<std::int64_t> spin_us{

@@ -14,6 +14,7 @@ extern config::Param<std::string> algo;             // COCCL_ALGO
 extern config::Param<std::string> proto;            // COCCL_PROTO
 extern config::Param<std::string> transport;        // COCCL_TRANSPORT
 extern config::Param<bool> shm_disable;             // COCCL_SHM_DISABLE
+extern config::Param<std::string> shm_dir;          // COCCL_SHM_DIR
 extern config::Param<std::int64_t> proxy_threads;   // COCCL_PROXY_THREADS
 extern config::Param<std::int64_t> spin_us;         // COCCL_SPIN_US
 extern config::Param<std::int64_t> slot_bytes;      // COCCL_SLOT_BYTES

@@ -9,6 +9,7 @@
 #include <coccl/error.hpp>
 #include <cstring>
 
+#include "runtime/params.hpp"
 #include "transport/hmac.hpp"
 
 namespace coccl::transport {
@@ -37,6 +38,26 @@ std::system_error sys_error(const std::string& what) {
   return std::system_error(errno, std::system_category(), what);
 }
 
+// Segments are POSIX shared memory (/dev/shm), or files under COCCL_SHM_DIR when it is set.
+int open_segment(const std::string& name, int flags, mode_t mode) {
+  const std::string dir = params::shm_dir.get();
+  if (dir.empty()) return ::shm_open(name.c_str(), flags, mode);
+  return ::open((dir + name).c_str(), flags | O_CLOEXEC, mode);
+}
+
+void unlink_segment(const std::string& name) {
+  const std::string dir = params::shm_dir.get();
+  if (dir.empty())
+    ::shm_unlink(name.c_str());
+  else
+    ::unlink((dir + name).c_str());
+}
+
+std::string where() {
+  const std::string dir = params::shm_dir.get();
+  return dir.empty() ? "/dev/shm" : dir;
+}
+
 }  // namespace
 
 std::unique_ptr<ShmSegment> ShmSegment::create(std::size_t bytes) {
@@ -45,19 +66,25 @@ std::unique_ptr<ShmSegment> ShmSegment::create(std::size_t bytes) {
   char name[64];
   std::snprintf(name, sizeof name, "/coccl-%d-%02x%02x%02x%02x%02x%02x%02x%02x", ::getpid(),
                 rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-  int fd = ::shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) throw sys_error(std::string("shm_open ") + name);
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    auto e = sys_error("ftruncate shm segment");
+  int fd = open_segment(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throw sys_error(std::string("shm_open ") + name + " in " + where());
+  // The pages are reserved now: a segment only sized (sparse) would fault with SIGBUS on first
+  // touch once its filesystem (a small /dev/shm, as in containers) ran out of space.
+  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
     ::close(fd);
-    ::shm_unlink(name);
-    throw e;
+    unlink_segment(name);
+    throw std::system_error(err, std::system_category(),
+                            "cannot reserve " + std::to_string(bytes) +
+                                " bytes of shared memory in " + where() +
+                                " for a shm link (enlarge it, e.g. docker --shm-size, or set "
+                                "COCCL_SHM_DISABLE=1 to link over tcp)");
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
     auto e = sys_error("mmap shm segment");
-    ::shm_unlink(name);
+    unlink_segment(name);
     throw e;
   }
   return std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, true));
@@ -67,7 +94,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, std::size_
   if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
       name.rfind("/coccl-", 0) != 0)
     throw std::system_error(make_error_code(errc::bad_message), "bad shm segment name");
-  int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  int fd = open_segment(name, O_RDWR, 0);
   if (fd < 0) throw sys_error("shm_open " + name);
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
@@ -84,7 +111,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, std::size_
 }
 
 void ShmSegment::unlink() noexcept {
-  if (linked_) ::shm_unlink(name_.c_str());
+  if (linked_) unlink_segment(name_);
   linked_ = false;
 }
 

@@ -80,6 +80,26 @@ ncclResult_t fail(ncclResult_t code, std::string text) {
   return code;
 }
 
+ncclResult_t fail_current_exception(const char* call) noexcept {
+  ncclResult_t code = ncclInternalError;
+  try {
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      code = ncclSystemError;
+      return fail(code, std::string(call) + ": out of memory");
+    } catch (const std::exception& e) {
+      return fail(code, std::string(call) + ": " + e.what());
+    } catch (...) {
+      return fail(code, std::string(call) + ": unknown exception");
+    }
+  } catch (...) {
+    // No memory even for the message: the code alone.
+    last_error_text.clear();
+    return code;
+  }
+}
+
 ncclResult_t fail_comm(ncclComm* c, ncclResult_t code, std::string text) {
   {
     std::lock_guard lock(c->mutex);
@@ -191,234 +211,259 @@ using namespace coccl::nccl;
 extern "C" {
 
 ncclResult_t pncclGetVersion(int* version) {
-  if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
-  *version = NCCL_VERSION_CODE;
-  return ncclSuccess;
+  return guarded("ncclGetVersion", [&]() -> ncclResult_t {
+    if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclGetUniqueId(ncclUniqueId* out) {
-  if (!out) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
-  try {
-    UniqueId id = UniqueId::create();
-    std::memcpy(out->internal, id.bytes.data(), id.bytes.size());
-    return ncclSuccess;
-  } catch (const std::system_error& e) {
-    return fail(ncclSystemError, std::string("ncclGetUniqueId: ") + e.what());
-  }
+  return guarded("ncclGetUniqueId", [&]() -> ncclResult_t {
+    if (!out) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    try {
+      UniqueId id = UniqueId::create();
+      std::memcpy(out->internal, id.bytes.data(), id.bytes.size());
+      return ncclSuccess;
+    } catch (const std::system_error& e) {
+      return fail(ncclSystemError, std::string("ncclGetUniqueId: ") + e.what());
+    }
+  });
 }
 
 ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                      ncclConfig_t* config) {
-  return init_rank(comm, nranks, commId, rank, config, current_device());
+  return guarded("ncclCommInitRankConfig", [&]() -> ncclResult_t {
+    return init_rank(comm, nranks, commId, rank, config, current_device());
+  });
 }
 
 ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return init_rank(comm, nranks, commId, rank, nullptr, current_device());
+  return guarded("ncclCommInitRank", [&]() -> ncclResult_t {
+    return init_rank(comm, nranks, commId, rank, nullptr, current_device());
+  });
 }
 
 ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                        ncclUniqueId* commIds, ncclConfig_t* config) {
-  if (nId < 1 || !commIds)
-    return fail(ncclInvalidArgument, "ncclCommInitRankScalable: needs at least one id");
-  return init_rank(newcomm, nranks, commIds[0], myrank, config, current_device());
+  return guarded("ncclCommInitRankScalable", [&]() -> ncclResult_t {
+    if (nId < 1 || !commIds)
+      return fail(ncclInvalidArgument, "ncclCommInitRankScalable: needs at least one id");
+    return init_rank(newcomm, nranks, commIds[0], myrank, config, current_device());
+  });
 }
 
 ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
-  if (!comms) return fail(ncclInvalidArgument, "ncclCommInitAll: comm is NULL");
-  if (ndev < 1)
-    return fail(ncclInvalidArgument,
-                "ncclCommInitAll: ndev must be positive, got " + std::to_string(ndev));
-  const int gpus = gpu_count();
-  for (int i = 0; i < ndev; ++i) {
-    int d = devlist ? devlist[i] : i;
-    if (d < 0 || (gpus > 0 && d >= gpus))
-      return fail(ncclInvalidArgument, "ncclCommInitAll: no GPU " + std::to_string(d) + " (" +
-                                           std::to_string(gpus) + " present)");
-  }
-  ncclUniqueId id;
-  if (auto r = pncclGetUniqueId(&id)) return r;
-  // One group: the ranks join together (each on its own thread), then ncclGroupEnd waits.
-  // Without GPUs the device numbers are only recorded (host-memory communicators).
-  pncclGroupStart();
-  ncclResult_t first = ncclSuccess;
-  for (int i = 0; i < ndev; ++i) {
-    ncclResult_t r = init_rank(comms + i, ndev, id, i, nullptr, devlist ? devlist[i] : i);
-    if (r != ncclSuccess && first == ncclSuccess) first = r;
-  }
-  ncclResult_t r = pncclGroupEnd();
-  return first != ncclSuccess ? first : r;
+  return guarded("ncclCommInitAll", [&]() -> ncclResult_t {
+    if (!comms) return fail(ncclInvalidArgument, "ncclCommInitAll: comm is NULL");
+    if (ndev < 1)
+      return fail(ncclInvalidArgument,
+                  "ncclCommInitAll: ndev must be positive, got " + std::to_string(ndev));
+    const int gpus = gpu_count();
+    for (int i = 0; i < ndev; ++i) {
+      int d = devlist ? devlist[i] : i;
+      if (d < 0 || (gpus > 0 && d >= gpus))
+        return fail(ncclInvalidArgument, "ncclCommInitAll: no GPU " + std::to_string(d) + " (" +
+                                             std::to_string(gpus) + " present)");
+    }
+    ncclUniqueId id;
+    if (auto r = pncclGetUniqueId(&id)) return r;
+    // One group: the ranks join together (each on its own thread), then ncclGroupEnd waits.
+    // Without GPUs the device numbers are only recorded (host-memory communicators).
+    pncclGroupStart();
+    ncclResult_t first = ncclSuccess;
+    for (int i = 0; i < ndev; ++i) {
+      ncclResult_t r = init_rank(comms + i, ndev, id, i, nullptr, devlist ? devlist[i] : i);
+      if (r != ncclSuccess && first == ncclSuccess) first = r;
+    }
+    ncclResult_t r = pncclGroupEnd();
+    return first != ncclSuccess ? first : r;
+  });
 }
 
 ncclResult_t pncclCommFinalize(ncclComm_t comm) {
-  if (auto r = check_comm(comm, "ncclCommFinalize")) return r;
-  if (auto r = wait_ready(comm)) return r;
-  {
-    std::lock_guard lock(comm->mutex);
-    if (comm->finalized) return ncclSuccess;
-    comm->finalized = true;
-  }
-  try {
-    comm->comm.destroy();
-  } catch (const std::system_error& e) {
-    return fail_comm(comm, to_result(e.code()), std::string("ncclCommFinalize: ") + e.what());
-  }
-  return ncclSuccess;
+  return guarded("ncclCommFinalize", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommFinalize")) return r;
+    if (auto r = wait_ready(comm)) return r;
+    {
+      std::lock_guard lock(comm->mutex);
+      if (comm->finalized) return ncclSuccess;
+      comm->finalized = true;
+    }
+    try {
+      comm->comm.destroy();
+    } catch (const std::system_error& e) {
+      return fail_comm(comm, to_result(e.code()), std::string("ncclCommFinalize: ") + e.what());
+    }
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclCommDestroy(ncclComm_t comm) {
-  if (!comm) return ncclSuccess;
-  if (auto r = check_comm(comm, "ncclCommDestroy")) return r;
-  ncclResult_t r = ncclSuccess;
-  if (wait_ready(comm) == ncclSuccess) {
-    bool finalized;
-    {
-      std::lock_guard lock(comm->mutex);
-      finalized = comm->finalized;
-    }
-    if (!finalized) {
-      try {
-        comm->comm.destroy();
-      } catch (const std::system_error& e) {
-        r = fail(to_result(e.code()), std::string("ncclCommDestroy: ") + e.what());
+  return guarded("ncclCommDestroy", [&]() -> ncclResult_t {
+    if (!comm) return ncclSuccess;
+    if (auto r = check_comm(comm, "ncclCommDestroy")) return r;
+    ncclResult_t r = ncclSuccess;
+    if (wait_ready(comm) == ncclSuccess) {
+      bool finalized;
+      {
+        std::lock_guard lock(comm->mutex);
+        finalized = comm->finalized;
+      }
+      if (!finalized) {
+        try {
+          comm->comm.destroy();
+        } catch (const std::system_error& e) {
+          r = fail(to_result(e.code()), std::string("ncclCommDestroy: ") + e.what());
+        }
       }
     }
-  }
-  release(comm);
-  return r;
+    release(comm);
+    return r;
+  });
 }
 
 ncclResult_t pncclCommAbort(ncclComm_t comm) {
-  if (!comm) return ncclSuccess;
-  if (auto r = check_comm(comm, "ncclCommAbort")) return r;
-  {
-    std::lock_guard lock(comm->mutex);
-    if (comm->state.load(std::memory_order_acquire) == ncclInProgress && comm->setup.joinable()) {
-      // The join may be waiting for a peer that never comes: leave the job to clean up.
-      comm->abandoned = true;
-      comm->setup.detach();
-      return ncclSuccess;
+  return guarded("ncclCommAbort", [&]() -> ncclResult_t {
+    if (!comm) return ncclSuccess;
+    if (auto r = check_comm(comm, "ncclCommAbort")) return r;
+    {
+      std::lock_guard lock(comm->mutex);
+      if (comm->state.load(std::memory_order_acquire) == ncclInProgress && comm->setup.joinable()) {
+        // The join may be waiting for a peer that never comes: leave the job to clean up.
+        comm->abandoned = true;
+        comm->setup.detach();
+        return ncclSuccess;
+      }
     }
-  }
-  {
-    std::lock_guard lock(comm->join_mutex);
-    if (comm->setup.joinable()) comm->setup.join();
-  }
-  if (comm->comm) {
-    if (comm->device >= 0 && gpu_count() > 0) {
-      std::lock_guard lock(graveyard_mutex);
-      graveyard->push_back(comm->comm);
+    {
+      std::lock_guard lock(comm->join_mutex);
+      if (comm->setup.joinable()) comm->setup.join();
     }
-    comm->comm.abort();
-  }
-  release(comm);
-  return ncclSuccess;
+    if (comm->comm) {
+      if (comm->device >= 0 && gpu_count() > 0) {
+        std::lock_guard lock(graveyard_mutex);
+        graveyard->push_back(comm->comm);
+      }
+      comm->comm.abort();
+    }
+    release(comm);
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  if (auto r = check_comm(comm, "ncclCommRevoke")) return r;
-  (void)revokeFlags;
-  return fail(ncclInvalidUsage,
-              "ncclCommRevoke is not supported by coccl: use ncclCommAbort, then make a new "
-              "communicator");
+  return guarded("ncclCommRevoke", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommRevoke")) return r;
+    (void)revokeFlags;
+    return fail(ncclInvalidUsage,
+                "ncclCommRevoke is not supported by coccl: use ncclCommAbort, then make a new "
+                "communicator");
+  });
 }
 
 ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                             ncclConfig_t* config) {
-  if (auto r = check_comm(comm, "ncclCommSplit")) return r;
-  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
-  *newcomm = nullptr;
-  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
-    return fail(ncclInvalidArgument, "ncclCommSplit: color must be >= 0 or NCCL_SPLIT_NOCOLOR");
-  if (auto r = wait_ready(comm)) return r;
-  bool blocking = true;
-  if (auto r = read_config(config, comm->blocking, blocking)) return r;
-  if (color == NCCL_SPLIT_NOCOLOR) {
-    // This rank only takes part in the parent's exchanges.
-    Communicator parent = comm->comm;
-    auto job = [parent, key]() mutable {
-      try {
-        parent.split(NCCL_SPLIT_NOCOLOR, key);
-      } catch (const std::system_error&) {
-        // The members' split fails too and reports it; nothing waits for this rank's result.
+  return guarded("ncclCommSplit", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommSplit")) return r;
+    if (!newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+    *newcomm = nullptr;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+      return fail(ncclInvalidArgument, "ncclCommSplit: color must be >= 0 or NCCL_SPLIT_NOCOLOR");
+    if (auto r = wait_ready(comm)) return r;
+    bool blocking = true;
+    if (auto r = read_config(config, comm->blocking, blocking)) return r;
+    if (color == NCCL_SPLIT_NOCOLOR) {
+      // This rank only takes part in the parent's exchanges.
+      Communicator parent = comm->comm;
+      auto job = [parent, key]() mutable {
+        try {
+          parent.split(NCCL_SPLIT_NOCOLOR, key);
+        } catch (const std::system_error&) {
+          // The members' split fails too and reports it; nothing waits for this rank's result.
+        }
+      };
+      if (in_group()) {
+        run_at_group_end(std::thread(job));
+        return ncclSuccess;
       }
-    };
-    if (in_group()) {
-      run_at_group_end(std::thread(job));
+      try {
+        comm->comm.split(NCCL_SPLIT_NOCOLOR, key);
+      } catch (const std::system_error& e) {
+        return fail_comm(comm, to_result(e.code()), std::string("ncclCommSplit: ") + e.what());
+      }
       return ncclSuccess;
     }
-    try {
-      comm->comm.split(NCCL_SPLIT_NOCOLOR, key);
-    } catch (const std::system_error& e) {
-      return fail_comm(comm, to_result(e.code()), std::string("ncclCommSplit: ") + e.what());
-    }
-    return ncclSuccess;
-  }
-  auto* c = new ncclComm;
-  c->device = comm->device;
-  c->blocking = blocking;
-  *newcomm = c;
-  Communicator parent = comm->comm;
-  return start_setup(c, [c, parent, color, key]() mutable {
-    c->comm = parent.split(color, key);
-    c->rank = c->comm.rank();
-    c->nranks = c->comm.size();
-    prepare_device(c);
+    auto* c = new ncclComm;
+    c->device = comm->device;
+    c->blocking = blocking;
+    *newcomm = c;
+    Communicator parent = comm->comm;
+    return start_setup(c, [c, parent, color, key]() mutable {
+      c->comm = parent.split(color, key);
+      c->rank = c->comm.rank();
+      c->nranks = c->comm.size();
+      prepare_device(c);
+    });
   });
 }
 
 ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                              ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  if (auto r = check_comm(comm, "ncclCommShrink")) return r;
-  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommShrink: newcomm is NULL");
-  *newcomm = nullptr;
-  if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
-    return fail(ncclInvalidArgument, "ncclCommShrink: bad exclude list");
-  if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
-    return fail(ncclInvalidArgument, "ncclCommShrink: unknown flags");
-  if (auto r = wait_ready(comm)) return r;
-  if (!comm->comm.last_error().empty())
-    return fail(ncclInvalidUsage,
-                "ncclCommShrink: coccl cannot shrink a communicator that has "
-                "failed (" +
-                    comm->comm.last_error() + ")");
-  const int n = comm->nranks, me = comm->rank;
-  std::vector<char> excluded(n, 0);
-  for (int i = 0; i < excludeRanksCount; ++i) {
-    int x = excludeRanksList[i];
-    if (x < 0 || x >= n)
-      return fail(ncclInvalidArgument, "ncclCommShrink: rank " + std::to_string(x) +
-                                           " out of range [0, " + std::to_string(n) + ")");
-    excluded[x] = 1;
-  }
-  if (excluded[me]) return fail(ncclInvalidArgument, "ncclCommShrink: called by an excluded rank");
-  std::vector<int> members;
-  for (int r = 0; r < n; ++r)
-    if (!excluded[r]) members.push_back(r);
-  bool blocking = true;
-  if (auto r = read_config(config, comm->blocking, blocking)) return r;
-  auto* c = new ncclComm;
-  c->device = comm->device;
-  c->blocking = blocking;
-  c->nranks = static_cast<int>(members.size());
-  c->rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-  *newcomm = c;
-  Communicator parent = comm->comm;
-  // The excluded ranks take no part: the first member makes the new id and sends it to the
-  // others over the parent's point-to-point links.
-  return start_setup(c, [c, parent, members]() mutable {
-    UniqueId id;
-    if (c->rank == 0) {
-      id = UniqueId::create();
-      std::vector<detail::P2POp> sends;
-      for (std::size_t i = 1; i < members.size(); ++i)
-        sends.push_back(
-            Communicator::send_op(id.bytes.data(), id.bytes.size(), DataType::uint8, members[i]));
-      if (!sends.empty()) parent.send_recv(std::move(sends));
-    } else {
-      parent.recv(id.bytes.data(), id.bytes.size(), DataType::uint8, members[0]);
+  return guarded("ncclCommShrink", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommShrink")) return r;
+    if (!newcomm) return fail(ncclInvalidArgument, "ncclCommShrink: newcomm is NULL");
+    *newcomm = nullptr;
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
+      return fail(ncclInvalidArgument, "ncclCommShrink: bad exclude list");
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+      return fail(ncclInvalidArgument, "ncclCommShrink: unknown flags");
+    if (auto r = wait_ready(comm)) return r;
+    if (!comm->comm.last_error().empty())
+      return fail(ncclInvalidUsage,
+                  "ncclCommShrink: coccl cannot shrink a communicator that has "
+                  "failed (" +
+                      comm->comm.last_error() + ")");
+    const int n = comm->nranks, me = comm->rank;
+    std::vector<char> excluded(n, 0);
+    for (int i = 0; i < excludeRanksCount; ++i) {
+      int x = excludeRanksList[i];
+      if (x < 0 || x >= n)
+        return fail(ncclInvalidArgument, "ncclCommShrink: rank " + std::to_string(x) +
+                                             " out of range [0, " + std::to_string(n) + ")");
+      excluded[x] = 1;
     }
-    c->comm = Communicator::create(id, c->rank.load(), c->nranks.load());
-    prepare_device(c);
+    if (excluded[me])
+      return fail(ncclInvalidArgument, "ncclCommShrink: called by an excluded rank");
+    std::vector<int> members;
+    for (int r = 0; r < n; ++r)
+      if (!excluded[r]) members.push_back(r);
+    bool blocking = true;
+    if (auto r = read_config(config, comm->blocking, blocking)) return r;
+    auto* c = new ncclComm;
+    c->device = comm->device;
+    c->blocking = blocking;
+    c->nranks = static_cast<int>(members.size());
+    c->rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    *newcomm = c;
+    Communicator parent = comm->comm;
+    // The excluded ranks take no part: the first member makes the new id and sends it to the
+    // others over the parent's point-to-point links.
+    return start_setup(c, [c, parent, members]() mutable {
+      UniqueId id;
+      if (c->rank == 0) {
+        id = UniqueId::create();
+        std::vector<detail::P2POp> sends;
+        for (std::size_t i = 1; i < members.size(); ++i)
+          sends.push_back(
+              Communicator::send_op(id.bytes.data(), id.bytes.size(), DataType::uint8, members[i]));
+        if (!sends.empty()) parent.send_recv(std::move(sends));
+      } else {
+        parent.recv(id.bytes.data(), id.bytes.size(), DataType::uint8, members[0]);
+      }
+      c->comm = Communicator::create(id, c->rank.load(), c->nranks.load());
+      prepare_device(c);
+    });
   });
 }
 
@@ -447,57 +492,69 @@ const char* pncclGetErrorString(ncclResult_t result) {
 }
 
 const char* pncclGetLastError(ncclComm_t comm) {
-  if (last_error_text.empty() && comm && comm->magic == ncclComm::live &&
-      comm->state.load(std::memory_order_acquire) == ncclSuccess && comm->comm)
-    last_error_text = comm->comm.last_error();
+  try {
+    if (last_error_text.empty() && comm && comm->magic == ncclComm::live &&
+        comm->state.load(std::memory_order_acquire) == ncclSuccess && comm->comm)
+      last_error_text = comm->comm.last_error();
+  } catch (...) {
+    return "ncclGetLastError: out of memory";
+  }
   return last_error_text.c_str();
 }
 
 void pncclResetDebugInit(void) {}
 
 ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  if (auto r = check_comm(comm, "ncclCommGetAsyncError")) return r;
-  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
-  auto state = static_cast<ncclResult_t>(comm->state.load(std::memory_order_acquire));
-  if (state != ncclSuccess) {
-    *asyncError = state;
+  return guarded("ncclCommGetAsyncError", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommGetAsyncError")) return r;
+    if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+    auto state = static_cast<ncclResult_t>(comm->state.load(std::memory_order_acquire));
+    if (state != ncclSuccess) {
+      *asyncError = state;
+      return ncclSuccess;
+    }
+    std::lock_guard lock(comm->mutex);
+    if (comm->failure != ncclSuccess) {
+      *asyncError = comm->failure;
+    } else if (!comm->finalized && comm->comm && !comm->comm.last_error().empty()) {
+      // Failed with no call of this layer seeing it: a peer went away or aborted.
+      *asyncError = ncclRemoteError;
+    } else {
+      *asyncError = ncclSuccess;
+    }
     return ncclSuccess;
-  }
-  std::lock_guard lock(comm->mutex);
-  if (comm->failure != ncclSuccess) {
-    *asyncError = comm->failure;
-  } else if (!comm->finalized && comm->comm && !comm->comm.last_error().empty()) {
-    // Failed with no call of this layer seeing it: a peer went away or aborted.
-    *asyncError = ncclRemoteError;
-  } else {
-    *asyncError = ncclSuccess;
-  }
-  return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
-  if (auto r = check_comm(comm, "ncclCommCount")) return r;
-  if (!count) return fail(ncclInvalidArgument, "ncclCommCount: count is NULL");
-  int n = comm->nranks.load();
-  if (n == 0) return fail(ncclInProgress, "ncclCommCount: the communicator is being made");
-  *count = n;
-  return ncclSuccess;
+  return guarded("ncclCommCount", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommCount")) return r;
+    if (!count) return fail(ncclInvalidArgument, "ncclCommCount: count is NULL");
+    int n = comm->nranks.load();
+    if (n == 0) return fail(ncclInProgress, "ncclCommCount: the communicator is being made");
+    *count = n;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
-  if (auto r = check_comm(comm, "ncclCommCuDevice")) return r;
-  if (!device) return fail(ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
-  *device = comm->device;
-  return ncclSuccess;
+  return guarded("ncclCommCuDevice", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommCuDevice")) return r;
+    if (!device) return fail(ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
+    *device = comm->device;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (auto r = check_comm(comm, "ncclCommUserRank")) return r;
-  if (!rank) return fail(ncclInvalidArgument, "ncclCommUserRank: rank is NULL");
-  int me = comm->rank.load();
-  if (me < 0) return fail(ncclInProgress, "ncclCommUserRank: the communicator is being made");
-  *rank = me;
-  return ncclSuccess;
+  return guarded("ncclCommUserRank", [&]() -> ncclResult_t {
+    if (auto r = check_comm(comm, "ncclCommUserRank")) return r;
+    if (!rank) return fail(ncclInvalidArgument, "ncclCommUserRank: rank is NULL");
+    int me = comm->rank.load();
+    if (me < 0) return fail(ncclInProgress, "ncclCommUserRank: the communicator is being made");
+    *rank = me;
+    return ncclSuccess;
+  });
 }
 
 }  // extern "C"

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -69,7 +70,8 @@ class HostWaiter {
     done_.wait(lock, [this] { return pending_ == 0; });
     if (!first_) return ncclSuccess;
     return fail_comm(first_->comm, to_result(first_->ec),
-                     std::string(first_->what) + ": " + first_->comm->comm.last_error());
+                     std::string(first_->what) + ": " +
+                         detail::describe_error(detail::impl_of(first_->comm->comm), first_->ec));
   }
   /// Host copies that must live until the operations finish (pre-multiplied inputs).
   std::vector<std::vector<unsigned char>> scratch;
@@ -202,6 +204,18 @@ ncclResult_t check_call(Call& k) {
                 std::string(what) + ": unknown reduction operator " + std::to_string(k.op));
   }
   const int n = k.comm->nranks.load();
+  // Host copies of the input (PreMulSum, in-place all_to_all) are count * type size bytes, per
+  // rank where each rank has a block: refuse counts whose byte size does not fit a size_t.
+  const std::size_t elt = size_of(static_cast<DataType>(k.type));
+  const bool per_rank = k.kind == OpKind::all_gather || k.kind == OpKind::reduce_scatter ||
+                        k.kind == OpKind::all_to_all || k.kind == OpKind::gather ||
+                        k.kind == OpKind::scatter;
+  const std::size_t blocks = per_rank && n > 0 ? static_cast<std::size_t>(n) : 1;
+  if (k.count > std::numeric_limits<std::size_t>::max() / elt / blocks)
+    return fail(ncclInvalidArgument,
+                std::string(what) + ": count " + std::to_string(k.count) + " * type size " +
+                    std::to_string(elt) + (blocks > 1 ? " * " + std::to_string(n) + " ranks" : "") +
+                    " overflows");
   const bool rooted = k.kind == OpKind::broadcast || k.kind == OpKind::reduce ||
                       k.kind == OpKind::gather || k.kind == OpKind::scatter ||
                       k.kind == OpKind::p2p;
@@ -477,104 +491,132 @@ extern "C" {
 ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                             cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::all_reduce, sendbuff, recvbuff, count, raw_value(datatype), raw_value(op), 0, false, stream});
+  return guarded("ncclAllReduce", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::all_reduce, sendbuff, recvbuff, count, raw_value(datatype),
+                   raw_value(op), 0, false, stream});
+  });
 }
 
 ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, int root, ncclComm_t comm,
                             cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::broadcast, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root, false, stream});
+  return guarded("ncclBroadcast", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::broadcast, sendbuff, recvbuff, count, raw_value(datatype), ncclSum,
+                   root, false, stream});
+  });
 }
 
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
-  return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+  return guarded("ncclBcast", [&]() -> ncclResult_t {
+    return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+  });
 }
 
 ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                          cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::reduce, sendbuff, recvbuff, count, raw_value(datatype), raw_value(op), root, false, stream});
+  return guarded("ncclReduce", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::reduce, sendbuff, recvbuff, count, raw_value(datatype),
+                   raw_value(op), root, false, stream});
+  });
 }
 
 ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                             ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return submit({comm, OpKind::all_gather, sendbuff, recvbuff, sendcount, raw_value(datatype), ncclSum, 0,
-                 false, stream});
+  return guarded("ncclAllGather", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::all_gather, sendbuff, recvbuff, sendcount, raw_value(datatype),
+                   ncclSum, 0, false, stream});
+  });
 }
 
 ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream) {
-  return submit({comm, OpKind::reduce_scatter, sendbuff, recvbuff, recvcount, raw_value(datatype), raw_value(op), 0,
-                 false, stream});
+  return guarded("ncclReduceScatter", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::reduce_scatter, sendbuff, recvbuff, recvcount, raw_value(datatype),
+                   raw_value(op), 0, false, stream});
+  });
 }
 
 ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::all_to_all, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, 0, false, stream});
+  return guarded("ncclAlltoAll", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::all_to_all, sendbuff, recvbuff, count, raw_value(datatype),
+                   ncclSum, 0, false, stream});
+  });
 }
 
 ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::gather, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root, false, stream});
+  return guarded("ncclGather", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::gather, sendbuff, recvbuff, count, raw_value(datatype), ncclSum,
+                   root, false, stream});
+  });
 }
 
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::scatter, sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root, false, stream});
+  return guarded("ncclScatter", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::scatter, sendbuff, recvbuff, count, raw_value(datatype), ncclSum,
+                   root, false, stream});
+  });
 }
 
 ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::p2p, sendbuff, nullptr, count, raw_value(datatype), ncclSum, peer, true, stream});
+  return guarded("ncclSend", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::p2p, sendbuff, nullptr, count, raw_value(datatype), ncclSum, peer,
+                   true, stream});
+  });
 }
 
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream) {
-  return submit(
-      {comm, OpKind::p2p, nullptr, recvbuff, count, raw_value(datatype), ncclSum, peer, false, stream});
+  return guarded("ncclRecv", [&]() -> ncclResult_t {
+    return submit({comm, OpKind::p2p, nullptr, recvbuff, count, raw_value(datatype), ncclSum, peer,
+                   false, stream});
+  });
 }
 
 ncclResult_t pncclGroupStart(void) {
-  ++group.depth;
-  return ncclSuccess;
+  return guarded("ncclGroupStart", [&]() -> ncclResult_t {
+    ++group.depth;
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t pncclGroupEnd(void) {
-  if (group.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-  if (--group.depth > 0) return ncclSuccess;
-  Group g = std::move(group);
-  group = Group{};
-  ncclResult_t r = finish_setups(g);
-  if (g.error != ncclSuccess)
-    return fail(g.error, "a call of the group failed, so none ran: " + g.error_text);
-  if (r != ncclSuccess && r != ncclInProgress) return r;
-  ncclResult_t ran = run_calls(g.calls);
-  if (ran != ncclSuccess) return ran;
-  for (ncclComm* c : g.setups)
-    if (c->state.load(std::memory_order_acquire) == ncclInProgress) return ncclInProgress;
-  return r;
+  return guarded("ncclGroupEnd", [&]() -> ncclResult_t {
+    if (group.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--group.depth > 0) return ncclSuccess;
+    Group g = std::move(group);
+    group = Group{};
+    ncclResult_t r = finish_setups(g);
+    if (g.error != ncclSuccess)
+      return fail(g.error, "a call of the group failed, so none ran: " + g.error_text);
+    if (r != ncclSuccess && r != ncclInProgress) return r;
+    ncclResult_t ran = run_calls(g.calls);
+    if (ran != ncclSuccess) return ran;
+    for (ncclComm* c : g.setups)
+      if (c->state.load(std::memory_order_acquire) == ncclInProgress) return ncclInProgress;
+    return r;
+  });
 }
 
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  (void)simInfo;
-  if (group.depth == 0)
-    return fail(ncclInvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
-  if (--group.depth > 0) return ncclSuccess;
-  Group g = std::move(group);
-  group = Group{};
-  finish_setups(g);
-  return fail(ncclInvalidUsage,
-              "ncclGroupSimulateEnd is not supported by coccl (no cost model); the group's "
-              "operations were dropped");
+  return guarded("ncclGroupSimulateEnd", [&]() -> ncclResult_t {
+    (void)simInfo;
+    if (group.depth == 0)
+      return fail(ncclInvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
+    if (--group.depth > 0) return ncclSuccess;
+    Group g = std::move(group);
+    group = Group{};
+    finish_setups(g);
+    return fail(ncclInvalidUsage,
+                "ncclGroupSimulateEnd is not supported by coccl (no cost model); the group's "
+                "operations were dropped");
+  });
 }
 
 }  // extern "C"

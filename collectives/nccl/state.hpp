@@ -93,6 +93,20 @@ ncclResult_t fail(ncclResult_t code, std::string text);
 /// fail(), also remembering `code` as the communicator's failure (ncclCommGetAsyncError).
 ncclResult_t fail_comm(ncclComm* c, ncclResult_t code, std::string text);
 
+/// For a catch block: the result of the exception being handled (ncclSystemError for
+/// std::bad_alloc, ncclInternalError for anything else), with "<call>: <what>" as the last error.
+ncclResult_t fail_current_exception(const char* call) noexcept;
+
+/// Runs the body of the entry point `call`: no exception ever leaves the C API.
+template <class Body>
+auto guarded(const char* call, Body&& body) noexcept -> decltype(body()) {
+  try {
+    return body();
+  } catch (...) {
+    return fail_current_exception(call);
+  }
+}
+
 /// The NCCL result for an error of the C++ API.
 ncclResult_t to_result(std::error_code ec) noexcept;
 

@@ -151,6 +151,10 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
 /// From a cancellation slot (any thread): stops a create in progress.
 void cancel_create(const std::weak_ptr<OpControl>& op, boost::asio::cancellation_type type);
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
+/// The text of `ec` from an operation this thread just started on `impl`: for
+/// errc::invalid_argument the reason the arguments were refused, else the communicator's
+/// last_error().
+std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec);
 /// The library's own view of a communicator (null for an empty one); for coccl's other parts.
 std::shared_ptr<CommImpl> impl_of(const Communicator& comm);
 
@@ -745,7 +749,8 @@ class Communicator {
         token, impl_, std::move(args));
   }
   void device(const detail::OpArgs& args, cuda_stream stream) {
-    if (auto ec = detail::enqueue_device(impl_, args, stream)) throw std::system_error(ec, last_error());
+    if (auto ec = detail::enqueue_device(impl_, args, stream))
+      throw std::system_error(ec, detail::describe_error(impl_, ec));
   }
   template <typename Token>
   auto async_device(detail::OpArgs args, cuda_stream stream, Token& token) {

@@ -98,6 +98,70 @@ int run_mismatch(Worker& w) {
   return exit_unexpected_success;
 }
 
+namespace {
+
+// The mismatched operation of run_op_mismatch named by the worker's flag.
+void mismatched_op(Worker& w) {
+  const int r = w.rank, n = w.n;
+  if (w.has("send2recv1") || w.has("type")) {
+    // Ranks 0 and 1: rank 0 sends two float32, rank 1 receives one float32 ("send2recv1") or two
+    // int32 ("type").
+    std::vector<float> data{1.5f, 2.5f};
+    std::vector<std::int32_t> got(2, 0);
+    if (r == 0) w.comm.send(data.data(), 2, DataType::float32, 1);
+    if (r == 1 && w.has("type")) w.comm.recv(got.data(), 2, DataType::int32, 0);
+    if (r == 1 && w.has("send2recv1")) w.comm.recv(got.data(), 1, DataType::float32, 0);
+  } else if (w.has("a2av")) {
+    // One element between every pair, except that rank 0 sends 3 to rank 2, which expects none
+    // from rank 0 (two ranks that are not neighbours when n >= 4).
+    std::vector<std::size_t> sc(n, 1), rc(n, 1), sd(n), rd(n);
+    if (r == 0) sc[2] = 3;
+    if (r == 2) rc[0] = 0;
+    for (int p = 1; p < n; ++p) {
+      sd[p] = sd[p - 1] + sc[p - 1];
+      rd[p] = rd[p - 1] + rc[p - 1];
+    }
+    std::vector<float> send(sd[n - 1] + sc[n - 1], 1.0f), recv(rd[n - 1] + rc[n - 1]);
+    w.comm.all_to_allv(send.data(), sc, sd, recv.data(), rc, rd, DataType::float32);
+  } else if (w.has("root")) {
+    // The last rank takes itself for the root; the others take rank 0.
+    const int root = r == n - 1 ? n - 1 : 0;
+    std::vector<float> buf(4, static_cast<float>(r));
+    w.comm.broadcast(buf.data(), buf.data(), buf.size(), DataType::float32, root);
+  }
+}
+
+}  // namespace
+
+int run_op_mismatch(Worker& w) {
+  // Runs a mismatched operation (flag: send2recv1, type, a2av or root), then an all_reduce on
+  // the same communicator, which must be correct or fail: it never returns wrong data.
+  const auto start = std::chrono::steady_clock::now();
+  int code = exit_unexpected_success;
+  try {
+    mismatched_op(w);
+    std::printf("OP_RESULT ok\n");
+  } catch (const std::system_error& e) {
+    std::printf("OP_RESULT error\n");
+    code = report_error(w, e, since(start));
+  }
+  std::vector<std::int32_t> send{w.rank + 1, 7}, recv(2, -1);
+  try {
+    w.comm.all_reduce(send.data(), recv.data(), 2, DataType::int32, ReduceOp::sum);
+    const std::vector<std::int32_t> want{w.n * (w.n + 1) / 2, 7 * w.n};
+    if (!w.expect_equal("coll=all_reduce (after the mismatch)", DataType::int32, recv.data(),
+                        want.data(), 2))
+      return exit_check_failed;
+    std::printf("NEXT_RESULT ok\n");
+  } catch (const std::system_error& e) {
+    std::printf("NEXT_RESULT error\n");
+    const int next = report_error(w, e, since(start));
+    if (code == exit_unexpected_success) code = next;
+  }
+  std::fflush(stdout);
+  return code;
+}
+
 int run_abort(Worker& w) {
   // Rank 1 aborts while the others wait inside an all_reduce it never joins.
   constexpr std::size_t count = (1 << 20) / 4;

@@ -429,6 +429,55 @@ TEST(Cancellation, QueuedOperationIsRemovedAndTerminalCancellationInFlightAborts
       << r.describe();
 }
 
+// ---- Operation checks: ranks that disagree on an operation ----------------------------------
+
+// Runs the op_mismatch scenario with `flag`. The ranks in `involved` must fail that operation
+// with errc::mismatch and a message naming the operation and both ranks of a disagreeing pair;
+// every rank fails (the mismatch, or the operation after it) and none reads wrong data.
+void expect_op_mismatch(const std::string& flag, int nranks, const std::vector<int>& involved,
+                        const std::string& op_name) {
+  LaunchOptions o;
+  o.scenario = "op_mismatch";
+  o.nranks = nranks;
+  o.args = {flag};
+  o.env = {"COCCL_TIMEOUT=20"};
+  o.deadline = seconds(60);
+  const LaunchResult r = launch(o);
+  print_errors(r);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  for (int rank = 0; rank < nranks; ++rank) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(x.exit_code, coccl_exit(errc::mismatch)) << r.describe();
+    EXPECT_EQ(x.output.find("FAIL"), std::string::npos) << r.describe();
+    EXPECT_EQ(x.output.find("NEXT_RESULT ok"), std::string::npos) << r.describe();
+  }
+  for (int rank : involved) {
+    const RankResult& x = r.ranks[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_NE(x.output.find("OP_RESULT error"), std::string::npos) << r.describe();
+    const std::string line = last_error_line(x);
+    EXPECT_NE(line.find("operation mismatch between rank"), std::string::npos) << line;
+    EXPECT_NE(line.find(op_name), std::string::npos) << line;
+  }
+}
+
+TEST(OpMismatch, SendOfTwoAgainstReceiveOfOneFailsBothRanks) {
+  expect_op_mismatch("send2recv1", 2, {0, 1}, "send_recv");
+}
+
+TEST(OpMismatch, SendAndReceiveOfDifferentTypesFailBothRanks) {
+  expect_op_mismatch("type", 2, {0, 1}, "send_recv");
+}
+
+TEST(OpMismatch, AllToAllvCountsThatDisagreeFailTheRanksOfThatPair) {
+  expect_op_mismatch("a2av", 4, {0, 2}, "all_to_allv");
+}
+
+TEST(OpMismatch, BroadcastRootsThatDisagreeFailInsteadOfMovingNothing) {
+  expect_op_mismatch("root", 3, {0, 2}, "broadcast");
+}
+
 TEST(Abort, PeersInsideACollectiveFailPromptly) {
   LaunchOptions o;
   o.scenario = "abort";

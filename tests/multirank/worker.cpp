@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
       {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
       {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
       {"split_members", run_split_members}, {"cancel", run_cancel},
+      {"op_mismatch", run_op_mismatch},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";

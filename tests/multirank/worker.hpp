@@ -64,6 +64,7 @@ void run_registered(Worker& w);
 /// in an error return the process exit code; the others return exit_ok and count failures in w.
 int run_loop(Worker& w);
 int run_mismatch(Worker& w);
+int run_op_mismatch(Worker& w);
 int run_abort(Worker& w);
 int run_cancel(Worker& w);
 int run_split(Worker& w);

@@ -555,6 +555,35 @@ static void expect_message(const char* what) {
   CHECK(m && m[0] != '\0', "no ncclGetLastError message after %s", what);
 }
 
+/* The last error names the call and contains `needle` (the reason). */
+static void expect_message_has(const char* call, const char* needle) {
+  const char* m = ncclGetLastError(NULL);
+  CHECK(m && strstr(m, call) && strstr(m, needle),
+        "ncclGetLastError is \"%s\", expected %s with \"%s\"", m ? m : "(null)", call, needle);
+}
+
+/* Counts whose byte size overflows are refused before any buffer is sized from them: a
+   PreMulSum all_reduce and an in-place all_to_all stage a copy of the input. */
+static void test_count_overflow(ncclComm_t comm) {
+  void* b = buf_alloc(64);
+  float scalar = 2.0f;
+  ncclRedOp_t op;
+  MUST(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm));
+  EXPECT_RESULT(ncclAllReduce(b, b, SIZE_MAX, ncclFloat32, op, comm, stream_),
+                ncclInvalidArgument);
+  expect_message_has("ncclAllReduce", "overflows");
+  MUST(ncclRedOpDestroy(op, comm));
+  EXPECT_RESULT(ncclAlltoAll(b, b, SIZE_MAX, ncclFloat32, comm, stream_), ncclInvalidArgument);
+  expect_message_has("ncclAlltoAll", "overflows");
+  EXPECT_RESULT(ncclAllReduce(b, b, SIZE_MAX / 2, ncclFloat32, ncclSum, comm, stream_),
+                ncclInvalidArgument);
+  expect_message_has("ncclAllReduce", "overflows");
+  EXPECT_RESULT(ncclBroadcast(b, b, 4, ncclFloat, nranks_ + 5, comm, stream_),
+                ncclInvalidArgument);
+  expect_message_has("ncclBroadcast", "out of range");
+  buf_free(b);
+}
+
 static void test_errors(ncclComm_t comm) {
   void* b = buf_alloc(64);
   EXPECT_RESULT(ncclAllReduce(b, b, 4, (ncclDataType_t)99, ncclSum, comm, stream_),
@@ -827,6 +856,7 @@ static int rank_main(int rank, int nranks, int in_fd, const int* out_fds) {
   MUST(ncclCommInitRank(&comm, nranks, id, rank));
   test_queries(comm);
   test_errors(comm);
+  test_count_overflow(comm);
   test_collectives(comm);
   test_group_mix(comm);
   test_premulsum(comm);

@@ -324,6 +324,45 @@ TEST(BadArgsOneRank, InPlaceAllToAllIsAllowed) {
   c.destroy();
 }
 
+// ---- The reason reaches the caller ----
+
+// The text of the exception a throwing call raises (empty if it succeeds).
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::system_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(BadArgsReason, CountOverflowNamesTheCountInWhat) {
+  Communicator c = Communicator::create(UniqueId::create(), 0, 1);
+  const std::string what = what_of(
+      [&] { c.all_reduce(buf_a, buf_b, huge, DataType::float32, ReduceOp::sum); });
+  EXPECT_NE(what.find("all_reduce"), std::string::npos) << what;
+  EXPECT_NE(what.find("count " + std::to_string(huge) + " overflows"), std::string::npos) << what;
+  c.destroy();
+}
+
+TEST(BadArgsReason, RootOutOfRangeNamesTheRootInWhat) {
+  Communicator c = Communicator::create(UniqueId::create(), 0, 1);
+  const std::string what =
+      what_of([&] { c.broadcast(buf_a, buf_b, 4, DataType::float32, 7); });
+  EXPECT_NE(what.find("broadcast"), std::string::npos) << what;
+  EXPECT_NE(what.find("root 7 out of range [0, 1)"), std::string::npos) << what;
+  c.destroy();
+}
+
+// A refused call leaves no reason behind for a later error of another kind.
+TEST(BadArgsReason, LaterErrorOfAnotherKindShowsItsOwnText) {
+  Communicator c = Communicator::create(UniqueId::create(), 0, 1);
+  EXPECT_FALSE(what_of([&] { c.broadcast(buf_a, buf_b, 4, DataType::float32, 7); }).empty());
+  c.destroy();
+  const std::string what = what_of([&] { c.barrier(); });
+  EXPECT_EQ(what.find("root 7"), std::string::npos) << what;
+}
+
 // ---- Use after destroy ----
 
 TEST(UseAfterDestroy, OperationOnACopyFailsWithAborted) {

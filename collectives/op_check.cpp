@@ -1,0 +1,137 @@
+#include "collectives/op_check.hpp"
+
+#include <coccl/types.hpp>
+
+#include "collectives/comm.hpp"
+
+namespace coccl::detail {
+namespace {
+
+bool reduces(OpKind k) {
+  return k == OpKind::all_reduce || k == OpKind::reduce || k == OpKind::reduce_scatter;
+}
+
+bool rooted(OpKind k) {
+  return k == OpKind::broadcast || k == OpKind::reduce || k == OpKind::gather ||
+         k == OpKind::scatter;
+}
+
+// FNV-1a, 64-bit, over the transfers of one direction in order.
+struct Signature {
+  std::uint64_t hash = 14695981039346656037ull;
+  std::uint64_t bytes = 0;
+  void add(DataType t, std::size_t count) {
+    for (std::uint64_t f : {static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(count)})
+      for (int i = 0; i < 8; ++i) {
+        hash ^= static_cast<std::uint8_t>(f >> (8 * i));
+        hash *= 1099511628211ull;
+      }
+    bytes += count * size_of(t);
+  }
+};
+
+std::string view_of(const OpHeader& h) {
+  return std::string(name_of(static_cast<OpKind>(h.kind))) + " #" + std::to_string(h.op_seq);
+}
+
+std::string type_name(std::uint32_t t) { return std::string(to_string(static_cast<DataType>(t))); }
+
+}  // namespace
+
+OpHeader make_op_header(const OpArgs& a, std::uint64_t op_seq, std::uint64_t pair_seq, int peer) {
+  OpHeader h{};
+  h.magic = op_header_magic;
+  h.kind = static_cast<std::uint32_t>(a.kind);
+  h.pair_seq = pair_seq;
+  h.op_seq = op_seq;
+  Signature out, in;
+  switch (a.kind) {
+    case OpKind::barrier:
+      break;
+    case OpKind::p2p:
+      for (const P2POp& p : a.p2p)
+        if (p.peer == peer) (p.is_send ? out : in).add(p.type, p.count);
+      break;
+    case OpKind::all_to_allv:
+      h.type = static_cast<std::uint32_t>(a.type);
+      out.add(a.type, a.send_counts[static_cast<std::size_t>(peer)]);
+      in.add(a.type, a.recv_counts[static_cast<std::size_t>(peer)]);
+      break;
+    default:
+      h.type = static_cast<std::uint32_t>(a.type);
+      h.count = a.count;
+      if (rooted(a.kind)) h.root = a.root;
+      if (reduces(a.kind)) h.op = static_cast<std::uint32_t>(a.op);
+  }
+  h.send_sig = out.hash;
+  h.recv_sig = in.hash;
+  h.send_bytes = out.bytes;
+  h.recv_bytes = in.bytes;
+  return h;
+}
+
+void OpChecks::begin(const OpArgs& args, std::uint64_t op_seq) {
+  args_ = &args;
+  op_seq_ = op_seq;
+  peers_.clear();
+}
+
+std::optional<OpHeader> OpChecks::to_send(int peer) {
+  if (peers_.count(peer)) return std::nullopt;
+  OpHeader h = make_op_header(*args_, op_seq_, pair_seq_[peer]++, peer);
+  peers_.emplace(peer, Peer{h});
+  return h;
+}
+
+bool OpChecks::to_take(int peer) {
+  Peer& p = peers_.at(peer);
+  if (p.taken) return false;
+  p.taken = true;
+  return true;
+}
+
+std::vector<int> OpChecks::untaken() const {
+  std::vector<int> v;
+  for (const auto& [peer, p] : peers_)
+    if (!p.taken) v.push_back(peer);
+  return v;
+}
+
+std::string compare_op_headers(const OpHeader& mine, const OpHeader& theirs, int rank, int peer) {
+  const std::string r = "rank " + std::to_string(rank), p = "rank " + std::to_string(peer);
+  if (theirs.magic != op_header_magic)
+    return p + " sent data where " + r + " expected the header of its " + view_of(mine);
+  std::string why;
+  if (theirs.pair_seq != mine.pair_seq) {
+    why = p + " is at its operation " + std::to_string(theirs.pair_seq) + " with " + r + ", " + r +
+          " at " + std::to_string(mine.pair_seq) +
+          " (one of them skipped an operation or ran an extra one)";
+  } else if (theirs.kind != mine.kind) {
+    why = "they run different operations";
+  } else if (theirs.type != mine.type) {
+    why = p + " uses type " + type_name(theirs.type) + ", " + r + " type " + type_name(mine.type);
+  } else if (theirs.count != mine.count) {
+    why = p + " has count " + std::to_string(theirs.count) + ", " + r + " count " +
+          std::to_string(mine.count);
+  } else if (theirs.root != mine.root) {
+    why = p + " has root " + std::to_string(theirs.root) + ", " + r + " root " +
+          std::to_string(mine.root);
+  } else if (theirs.op != mine.op) {
+    why = p + " reduces with " + std::string(to_string(static_cast<ReduceOp>(theirs.op))) + ", " +
+          r + " with " + std::string(to_string(static_cast<ReduceOp>(mine.op)));
+  } else if (theirs.send_sig != mine.recv_sig) {
+    why = p + " sends " + std::to_string(theirs.send_bytes) + " bytes to " + r +
+          ", which expects " + std::to_string(mine.recv_bytes) + " bytes" +
+          (theirs.send_bytes == mine.recv_bytes ? " (of other types or counts)" : "");
+  } else if (theirs.recv_sig != mine.send_sig) {
+    why = r + " sends " + std::to_string(mine.send_bytes) + " bytes to " + p + ", which expects " +
+          std::to_string(theirs.recv_bytes) + " bytes" +
+          (theirs.recv_bytes == mine.send_bytes ? " (of other types or counts)" : "");
+  } else {
+    return {};
+  }
+  return "operation mismatch between " + r + " (" + view_of(mine) + ") and " + p + " (" +
+         view_of(theirs) + "): " + why;
+}
+
+}  // namespace coccl::detail

@@ -1,0 +1,79 @@
+// Cross-rank operation checks. In every host operation each pair of ranks that talk exchanges
+// one small header per direction, sent on the link ahead of the operation's data (no extra round
+// trip: neither side waits for the other's header before sending). It carries the sender's view
+// of the operation: kind, type, count, root, reduction, the pair's sequence number and what the
+// sender sends to and expects from the receiver. The receiver compares it with its own view
+// before it takes any data from that peer, and a rank finishes an operation only once every
+// peer it talked to has confirmed the same view, so a disagreement fails the operation on both
+// ranks of the pair (errc::mismatch) and is never a success.
+#pragma once
+
+#include <coccl/communicator.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace coccl::detail {
+
+/// One rank's view of an operation, as sent to one peer. Plain bytes on the link: both ends are
+/// builds of this library (the link handshake checked that).
+struct OpHeader {
+  std::uint32_t magic;
+  std::uint32_t kind;
+  /// Operations this pair has checked before this one (counted by the sender).
+  std::uint64_t pair_seq;
+  /// The sender's sequence number of the operation on the communicator (for messages only:
+  /// send/recv involve some ranks and not others, so ranks may count differently).
+  std::uint64_t op_seq;
+  std::uint64_t count;
+  /// Signatures (hash of type and count of every transfer, in order) of what the sender sends to
+  /// the receiver and expects from it; with their byte totals for messages.
+  std::uint64_t send_sig, recv_sig;
+  std::uint64_t send_bytes, recv_bytes;
+  std::int32_t root;
+  std::uint32_t type;
+  std::uint32_t op;
+  std::uint32_t reserved;
+};
+
+/// The chunk fingerprint that marks a header (data chunks carry fingerprint_of()).
+inline constexpr std::uint32_t op_header_fingerprint = 0x0C0C4EADu;
+inline constexpr std::uint32_t op_header_magic = 0x4F504843u;
+
+/// This rank's view of the operation `args` (sequence number `op_seq`) towards `peer`.
+OpHeader make_op_header(const OpArgs& args, std::uint64_t op_seq, std::uint64_t pair_seq, int peer);
+
+/// Compares `theirs` (received from `peer`) with `mine` (what this rank sent to it for the same
+/// operation). Returns an empty string when they agree, else what differs, naming both ranks.
+std::string compare_op_headers(const OpHeader& mine, const OpHeader& theirs, int rank, int peer);
+
+/// The checks of the running operation and the pairs' sequence numbers; proxy thread only.
+class OpChecks {
+ public:
+  /// Starts checking operation `args` (kept by reference until the next begin()).
+  void begin(const OpArgs& args, std::uint64_t op_seq);
+  /// The header to send to `peer` if none was sent in this operation yet (then counts one more
+  /// operation for the pair), else nothing.
+  std::optional<OpHeader> to_send(int peer);
+  /// True the first time in this operation that `peer`'s header is to be taken; it must have
+  /// been sent to first.
+  bool to_take(int peer);
+  /// What this rank sent `peer` in this operation.
+  const OpHeader& sent(int peer) const { return peers_.at(peer).sent; }
+  /// Peers sent a header in this operation whose own header has not been taken yet.
+  std::vector<int> untaken() const;
+
+ private:
+  struct Peer {
+    OpHeader sent;
+    bool taken = false;
+  };
+  const OpArgs* args_ = nullptr;
+  std::uint64_t op_seq_ = 0;
+  std::unordered_map<int, std::uint64_t> pair_seq_;
+  std::unordered_map<int, Peer> peers_;
+};
+
+}  // namespace coccl::detail
