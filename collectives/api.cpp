@@ -66,6 +66,18 @@ std::string UniqueId::to_string() const {
   return s;
 }
 
+UniqueId UniqueId::from_address(std::string_view host_port, std::string_view secret_hex) {
+  if (secret_hex.size() != 32)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "a secret is 32 hex digits, not " + std::to_string(secret_hex.size()) +
+                                " characters");
+  transport::RootAddress root;
+  root.endpoint = transport::parse_endpoint(std::string(host_port));
+  const UniqueId digits = from_string(std::string(secret_hex) + std::string(224, '0'));
+  std::memcpy(root.secret.data(), digits.bytes.data(), root.secret.size());
+  return transport::encode(root);
+}
+
 UniqueId UniqueId::from_string(std::string_view text) {
   UniqueId id;
   if (text.size() != id.bytes.size() * 2) invalid("UniqueId text must be 256 hex digits");
@@ -219,6 +231,7 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
     impl = std::make_shared<CommImpl>(e, root.secret, rank, nranks);
   } catch (const std::system_error& err) {
     COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
+    if (control) control->failure = err.what();
     finish(err.code(), Communicator());
     return;
   }
@@ -252,6 +265,7 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
                      }
                      COCCL_WARN(init, impl->rank(), "communicator creation failed: %s",
                                 impl->last_error().c_str());
+                     if (control) control->failure = impl->last_error();
                    }
                    Communicator c = ec ? Communicator() : Communicator(impl);
                    runtime::complete_later(fallback, std::move(*h), ec, std::move(c));
@@ -270,16 +284,24 @@ Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
     Communicator comm;
   };
   auto result = std::make_shared<Result>();
-  detail::submit_create(id, rank, nranks, [result](std::error_code ec, Communicator c) {
-    result->ec = ec;
-    result->comm = std::move(c);
-    result->done.store(1, std::memory_order_release);
-    result->done.notify_one();
-  });
+  // Carries the reason of a failure back (the completion has only the code).
+  auto control = detail::new_op_control();
+  detail::submit_create(
+      id, rank, nranks,
+      [result](std::error_code ec, Communicator c) {
+        result->ec = ec;
+        result->comm = std::move(c);
+        result->done.store(1, std::memory_order_release);
+        result->done.notify_one();
+      },
+      control);
   result->done.wait(0, std::memory_order_acquire);
   if (result->ec)
     throw std::system_error(result->ec, "coccl: rank " + std::to_string(rank) +
-                                            " could not join the communicator");
+                                            " could not join the communicator" +
+                                            (control->failure.empty()
+                                                 ? std::string()
+                                                 : " (" + control->failure + ")"));
   return std::move(result->comm);
 }
 
@@ -322,10 +344,8 @@ Communicator Communicator::from_env() {
     if (secret_hex.size() != 32)
       invalid("COCCL_COMM_ID needs COCCL_SECRET (32 random hex digits shared by every rank); "
               "under torchrun, leave COCCL_COMM_ID unset and the launcher's store is used");
-    transport::RootAddress root;
-    root.endpoint = transport::parse_endpoint(where);
-    auto id = UniqueId::from_string(secret_hex + std::string(224, '0'));
-    std::memcpy(root.secret.data(), id.bytes.data(), root.secret.size());
+    const UniqueId id = UniqueId::from_address(where, secret_hex);
+    const transport::RootAddress root = transport::decode(id);
     if (rank == 0) {
       // Rank 0 hosts the root on the agreed port, on every interface.
       asio::ip::tcp::endpoint any(root.endpoint.address().is_v4()
@@ -334,7 +354,7 @@ Communicator Communicator::from_env() {
                                   root.endpoint.port());
       transport::start_root(engine()->thread(0), any, root.secret);
     }
-    return create(transport::encode(root), rank, size);
+    return create(id, rank, size);
   }
 
   if (master_addr && master_port) {
@@ -411,6 +431,16 @@ std::uint64_t Communicator::zero_copy_bytes() const {
 }
 
 std::string Communicator::last_error() const { return impl_ ? impl_->last_error() : "empty communicator"; }
+
+CommStatus Communicator::status() const {
+  if (!impl_)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "status() of an empty communicator");
+  if (impl_->thread().in_thread()) return impl_->status();
+  std::promise<CommStatus> answer;
+  asio::post(impl_->executor(), [&answer, impl = impl_] { answer.set_value(impl->status()); });
+  return answer.get_future().get();
+}
 std::error_code Communicator::error() const {
   return impl_ ? impl_->error() : make_error_code(errc::aborted);
 }

@@ -41,4 +41,29 @@ std::string CollTrace::json(int rank) const {
   return out + "]}";
 }
 
+std::vector<TraceEntry> CollTrace::entries() const {
+  std::vector<TraceEntry> out;
+  const std::size_t n = recorded_ < ring_.size() ? recorded_ : ring_.size();
+  out.reserve(n);
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    const Entry& e = ring_[(recorded_ - n + i) % ring_.size()];
+    TraceEntry t;
+    t.seq = e.seq;
+    t.op = e.op;
+    t.count = e.count;
+    t.type = e.type;
+    t.root = e.root;
+    t.state = e.state == State::started ? TraceEntry::State::started
+              : e.state == State::done  ? TraceEntry::State::done
+              : e.state == State::failed ? TraceEntry::State::failed
+                                         : TraceEntry::State::enqueued;
+    const auto end = e.state == State::started ? now : e.ended;
+    t.us = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(end - e.started).count());
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace coccl::detail

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <coccl/status.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ class CollTrace {
   void end(std::uint64_t seq, bool ok);
   /// The ring as a JSON object: {"rank":R,"ops":[{"seq":..,"op":..,"state":..,"us":..},..]}.
   std::string json(int rank) const;
+  /// The ring, oldest first, as the public API shows it.
+  std::vector<TraceEntry> entries() const;
 
  private:
   std::vector<Entry> ring_;

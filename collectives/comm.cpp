@@ -9,8 +9,10 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cstdio>
 #include <future>
+#include <unistd.h>
 
 #include "collectives/algorithms.hpp"
+#include "collectives/status_codec.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
@@ -90,6 +92,25 @@ CommImpl::~CommImpl() {
 }
 
 asio::awaitable<void> CommImpl::rendezvous(transport::RootAddress root) {
+  peers_->set_status_source([w = weak_from_this()]() -> std::vector<std::uint8_t> {
+    auto self = w.lock();
+    // Nothing until the table is here: the asker reads that as "has not formed".
+    if (!self || self->peers().table().empty()) return {};
+    return encode_status(self->status());
+  });
+  peers_->set_status_reader([](std::span<const std::uint8_t> bytes) -> std::string {
+    try {
+      const CommStatus s = decode_status(bytes);
+      if (!s.error.empty()) return s.error;
+      if (s.started > s.finished)
+        return s.running_op + " #" + std::to_string(s.started) + " running" +
+               (s.waiting_for >= 0 ? ", waiting for rank " + std::to_string(s.waiting_for)
+                                   : std::string());
+      return "idle after operation #" + std::to_string(s.finished);
+    } catch (const std::exception& e) {
+      return std::string("an unreadable status (") + e.what() + ")";
+    }
+  });
   co_await peers_->rendezvous(root);
   learn_topology();
   arm_watchdog();
@@ -243,7 +264,10 @@ asio::awaitable<void> CommImpl::drain() {
       fail(make_error_code(errc::internal), e.what());
       ec = error();
     }
+    // The caller may exit on this error: let held-back abort notices reach the peers first.
+    if (ec && peers_) co_await peers_->flush_notices(std::chrono::seconds(1));
     trace_.end(seq_, !ec);
+    finished_ = seq_;
     if (q.args.control) q.args.control->state = OpControl::State::done;
     complete(q.handler, ec);
   }
@@ -318,6 +342,56 @@ void CommImpl::take_device_failure() {
   asio::post(ex_, [self = weak_from_this(), ec, full = *full] {
     if (auto c = self.lock()) c->after_failure(ec, full, true);
   });
+}
+
+CommStatus CommImpl::status() {
+  CommStatus s;
+  s.rank = rank_;
+  s.nranks = size_;
+  s.pid = static_cast<int>(::getpid());
+  s.error = last_error();
+  s.started = seq_;
+  s.finished = finished_;
+  s.queued = queue_.size();
+  s.trace = trace_.entries();
+  if (s.started > s.finished) {
+    s.running_op = op_name_;
+    if (!s.trace.empty() && s.trace.back().seq == seq_) s.running_us = s.trace.back().us;
+  }
+  if (peers_) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& c : peers_->connections()) {
+      const auto since = c->blocked_since();
+      if (!since) continue;
+      const auto us = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(now - *since).count());
+      if (s.waiting_for < 0 || us > s.waiting_us) {
+        s.waiting_for = c->peer();
+        s.waiting_us = us;
+      }
+    }
+    // No data awaited: the running operation may be waiting for a link to be made.
+    if (s.waiting_for < 0 && s.started > s.finished) {
+      s.waiting_for = peers_->linking_to();
+      if (s.waiting_for >= 0) s.waiting_us = s.running_us;
+    }
+  }
+  std::function<std::vector<TraceEntry>()> device;
+  {
+    std::lock_guard lock(device_trace_mutex_);
+    device = device_trace_;
+  }
+  if (device) {
+    auto d = device();
+    s.trace.insert(s.trace.end(), std::make_move_iterator(d.begin()),
+                   std::make_move_iterator(d.end()));
+  }
+  return s;
+}
+
+void CommImpl::set_device_trace(std::function<std::vector<TraceEntry>()> trace) {
+  std::lock_guard lock(device_trace_mutex_);
+  device_trace_ = std::move(trace);
 }
 
 void CommImpl::check() const {

@@ -38,6 +38,9 @@ struct OpControl {
   /// async_create: stops the joining coroutine, emitted on `ex`.
   asio::cancellation_signal signal;
   asio::any_io_executor ex;
+  /// Creation: why it failed (last_error() of the communicator that could not form), for the
+  /// blocking create's exception. Written before the handler runs.
+  std::string failure;
 };
 
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
@@ -77,6 +80,12 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// communicator raises the Status's abort flag so that its waiting kernels return.
   void set_device_status(device::Status* status,
                          std::function<const char*(std::uint64_t)> op_of_seq);
+
+  /// Proxy thread: what this rank is doing (Communicator::status, coccl-status).
+  CommStatus status();
+  /// Any thread, once: where status() takes the device operations' trace from
+  /// (collectives/device.cpp). It must not block on the proxy thread.
+  void set_device_trace(std::function<std::vector<TraceEntry>()> trace);
 
   /// Any thread: stop now (errc::aborted). Returns once the proxy thread has shut it down.
   void abort();
@@ -136,6 +145,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::function<void()> after_drain_;  // destroy()'s close, once the queue has drained
   bool closed_ = false;  // destroyed or aborted: no new operations
   std::uint64_t seq_ = 0;
+  std::uint64_t finished_ = 0;  // seq_ of the last operation that ended
   std::uint32_t fingerprint_ = 0;
   const char* op_name_ = "";
   OpChecks checks_;
@@ -152,6 +162,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::shared_ptr<void> device_state_;
   std::atomic<device::Status*> device_status_{nullptr};
   std::function<const char*(std::uint64_t)> op_of_seq_;  // set before device_status_
+  std::mutex device_trace_mutex_;  // not device_mutex_: that is held while peers are awaited
+  std::function<std::vector<TraceEntry>()> device_trace_;
   std::unique_ptr<runtime::Poller> event_poller_;
   std::unique_ptr<runtime::Poller> net_poller_;
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <boost/asio/post.hpp>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -70,7 +71,27 @@ struct DeviceState {
   // (read by any thread that asks for the communicator's error).
   std::array<std::atomic<OpKind>, 256> recent{};
 
+  // CollTrace of device operations (Communicator::status): a ring of recent launches, each eager
+  // one with an event recorded after it. The eager chain runs them one after another, so one whose
+  // predecessor's event has fired has started. Its own mutex: status() runs on the proxy thread,
+  // which a launch holding order_mutex may be waiting for.
+  struct Traced {
+    std::uint64_t seq = 0;
+    OpKind kind{};
+    std::uint64_t count = 0;
+    int type = 0, root = 0;
+    bool captured = false;
+    bool recorded = false;  // `done` was recorded for this launch
+    cudaEvent_t done = nullptr;
+    std::chrono::steady_clock::time_point at{};
+  };
+  std::mutex trace_mutex;
+  std::vector<Traced> traced;
+  std::uint64_t traced_count = 0;
+
   ~DeviceState() {
+    for (Traced& t : traced)
+      if (t.done) cudaEventDestroy(t.done);
     for (void* p : scratch) cudaFree(p);
     for (Chain* ch : {&eager, &captured})
       if (ch->done) cudaEventDestroy(ch->done);
@@ -90,6 +111,68 @@ struct Advert {
   std::uint64_t oneshot_max;  // shapes the workspace: must agree
   GpuShare share;             // for the block budget
 };
+
+// Adds a launch to the device trace; `s` is its stream (order_mutex held). A failure to record
+// only loses the entry's progress: the trace must never fail an operation.
+void trace_launch(DeviceState& d, OpKind kind, std::uint64_t count, DataType type, int root,
+                  cudaStream_t s, bool captured) {
+  std::lock_guard lock(d.trace_mutex);
+  if (d.traced.empty()) return;
+  DeviceState::Traced& t = d.traced[d.traced_count++ % d.traced.size()];
+  t.seq = d.ws.seq;
+  t.kind = kind;
+  t.count = count;
+  t.type = static_cast<int>(type);
+  t.root = root;
+  t.captured = captured;
+  t.at = std::chrono::steady_clock::now();
+  t.recorded = false;
+  if (captured) return;
+  if (!t.done && cudaEventCreateWithFlags(&t.done, cudaEventDisableTiming) != cudaSuccess) {
+    t.done = nullptr;
+    return;
+  }
+  t.recorded = cudaEventRecord(t.done, s) == cudaSuccess;
+}
+
+std::vector<TraceEntry> device_trace(DeviceState& d) {
+  std::lock_guard lock(d.trace_mutex);
+  const std::size_t n = std::min<std::uint64_t>(d.traced_count, d.traced.size());
+  // A kernel that gave up a wait reported its launch: that one and later ones did not complete.
+  const std::uint32_t why =
+      std::atomic_ref<std::uint32_t>(d.status->error).load(std::memory_order_acquire);
+  const std::uint64_t failed_from = why != 0 ? d.status->seq : ~0ull;
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<TraceEntry> out;
+  out.reserve(n);
+  bool before_done = true;  // the oldest entry's predecessor is out of the ring: long finished
+  for (std::size_t i = 0; i < n; ++i) {
+    const DeviceState::Traced& t = d.traced[(d.traced_count - n + i) % d.traced.size()];
+    TraceEntry e;
+    e.seq = t.seq;
+    e.device = true;
+    e.op = name_of(t.kind);
+    e.count = t.count;
+    e.type = t.type;
+    e.root = t.root;
+    e.us = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(now - t.at).count());
+    if (t.captured) {
+      e.state = TraceEntry::State::captured;
+    } else {
+      const bool done = t.recorded && cudaEventQuery(t.done) == cudaSuccess;
+      if (t.seq >= failed_from)
+        e.state = TraceEntry::State::failed;
+      else if (done)
+        e.state = TraceEntry::State::done;
+      else
+        e.state = before_done ? TraceEntry::State::started : TraceEntry::State::enqueued;
+      before_done = done;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
 
 std::error_code cuda_error(CommImpl& c, cudaError_t e, const std::string& what) {
   std::string text = what + ": " + cudaGetErrorString(e);
@@ -274,6 +357,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   st->ws.max_grid = block_budget(shares, static_cast<int>(params::device_comms.get()), dependent);
   kernels::set_dependent_launch(dependent);
   DeviceState* raw = st.get();
+  st->traced.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, params::colltrace_size.get())));
+  c.set_device_trace([raw] { return device_trace(*raw); });
   c.set_device_status(st->status, [raw](std::uint64_t seq) {
     // A sequence number older than the ring (a graph captured long ago) has no name here.
     if (seq == 0 || seq + raw->recent.size() <= raw->launches) return "";
@@ -607,6 +692,7 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
   if ((e = cudaEventRecord(chain->done, s))) return cuda_error(c, e, "cudaEventRecord");
   chain->any = true;
   chain->stream = s;
+  trace_launch(*d, a.kind, a.count, a.type, a.root, s, chain == &d->captured);
   return {};
 }
 
@@ -651,6 +737,7 @@ std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl,
   if ((e = cudaEventRecord(chain->done, s))) return cuda_error(c, e, "cudaEventRecord");
   chain->any = true;
   chain->stream = s;
+  trace_launch(*d, OpKind::all_to_allv, 0, DataType::uint8, 0, s, chain == &d->captured);
   return {};
 }
 

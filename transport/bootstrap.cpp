@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -28,6 +29,7 @@ constexpr std::uint32_t hello_magic = 0x4f4c4548u;
 // Hellos and connection requests are small; a table is 32 bytes a rank.
 constexpr std::size_t max_small_frame = 4096;
 constexpr std::size_t max_table_frame = 64u << 20;
+constexpr std::uint32_t root_view_magic = 0x52565743;  // "CWVR"
 
 using tcp = asio::ip::tcp;
 
@@ -69,6 +71,29 @@ std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nr
   return t;
 }
 
+constexpr std::uint32_t notice_magic = 0x4543544eu;  // "NTCE"
+
+std::vector<std::uint8_t> encode_notice(int from, const std::string& why) {
+  Writer w;
+  w.put(notice_magic).put<std::int32_t>(from);
+  const std::string text = why.substr(0, 2048);
+  w.put_bytes({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+  return std::move(w.bytes());
+}
+
+// The text a peer's notice carries, prefixed by nothing: it already names the peer.
+std::string decode_notice(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != notice_magic) bad("not a notice");
+  const int from = r.get<std::int32_t>();
+  auto text = r.get_bytes();
+  if (!r.done()) bad("trailing bytes after a notice");
+  std::string why(text.begin(), text.end());
+  for (char& c : why)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return "rank " + std::to_string(from) + " has failed: " + why;
+}
+
 std::string text_of(const tcp::endpoint& ep) {
   std::ostringstream out;
   out << ep;
@@ -86,7 +111,11 @@ struct Root : std::enable_shared_from_this<Root> {
   DropLog drops;
   int nranks = -1;
   int arrived = 0;
-  bool done = false;
+  bool formed = false;   // every hello arrived; the table went to rank 0
+  bool expired = false;  // COCCL_TIMEOUT passed first: no more hellos, status queries only
+  bool rank0_lost = false;  // everyone arrived, but the table could not be sent to rank 0
+  std::map<int, std::string> failures;  // ranks whose set-up failed, and why (their notices)
+  bool done = false;     // serving nothing more
   std::vector<PeerInfo> table;
   std::vector<bool> seen;
   std::shared_ptr<tcp::socket> rank0;
@@ -101,15 +130,89 @@ struct Root : std::enable_shared_from_this<Root> {
   }
 };
 
-asio::awaitable<void> root_distribute(std::shared_ptr<Root> root) {
+asio::awaitable<bool> root_distribute(std::shared_ptr<Root> root) {
   auto payload = encode_table(root->table);
   auto sock = root->rank0;
   try {
     runtime::CloseAfter guard(*sock, runtime::default_timeout());
     co_await write_frame(*sock, *root->rank0_channel, FrameType::table, payload);
+    co_return true;
   } catch (const std::exception& e) {
     COCCL_WARN(boot, -1, "bootstrap root: sending the table to rank 0 failed: %s", e.what());
   }
+  co_return false;
+}
+
+// The root's answer to a status query: how far the rendezvous got and who has arrived.
+std::vector<std::uint8_t> encode_root_view(const Root& root) {
+  Writer w;
+  const int n = std::max(root.nranks, 0);
+  w.put(root_view_magic).put<std::int32_t>(n).put<std::int32_t>(root.arrived);
+  w.put<std::uint8_t>(root.rank0_lost ? 1 : 0);
+  for (int r = 0; r < n; ++r) {
+    w.put<std::uint8_t>(root.seen[r] ? 1 : 0);
+    w.put(root.table[r]);
+  }
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(root.failures.size()));
+  for (const auto& [rank, why] : root.failures) {
+    w.put<std::int32_t>(rank);
+    w.put_bytes({reinterpret_cast<const std::uint8_t*>(why.data()), why.size()});
+  }
+  return std::move(w.bytes());
+}
+
+RootView decode_root_view(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != root_view_magic) bad("not a root's status answer");
+  RootView v;
+  v.nranks = r.get<std::int32_t>();
+  v.arrived = r.get<std::int32_t>();
+  v.rank0_lost = r.get<std::uint8_t>() != 0;
+  // Each rank takes 1 + sizeof(PeerInfo) bytes: a count the payload cannot hold is refused before
+  // anything is allocated for it.
+  const std::size_t per_rank = 1 + sizeof(PeerInfo);
+  if (v.nranks < 0 || v.arrived < 0 || v.arrived > v.nranks ||
+      static_cast<std::size_t>(v.nranks) > payload.size() / per_rank)
+    bad("root's status answer has an impossible size");
+  v.seen.resize(v.nranks);
+  v.table.resize(v.nranks);
+  for (int i = 0; i < v.nranks; ++i) {
+    v.seen[i] = r.get<std::uint8_t>() != 0;
+    v.table[i] = r.get<PeerInfo>();
+  }
+  v.failed.resize(v.nranks);
+  const auto failures = r.get<std::uint32_t>();
+  for (std::uint32_t i = 0; i < failures; ++i) {
+    const int rank = r.get<std::int32_t>();
+    auto text = r.get_bytes();
+    if (rank < 0 || rank >= v.nranks) bad("root's status answer names a rank out of range");
+    v.failed[rank].assign(text.begin(), text.end());
+  }
+  if (!r.done()) bad("trailing bytes after the root's status answer");
+  return v;
+}
+
+// Rank 0 acknowledges the table; a rank 0 that died after its hello does not (the write of the
+// table may still have succeeded into the socket's buffer).
+asio::awaitable<bool> root_table_taken(std::shared_ptr<Root> root) {
+  try {
+    runtime::CloseAfter guard(*root->rank0, runtime::default_timeout());
+    Frame f = co_await read_frame(*root->rank0, *root->rank0_channel, max_small_frame);
+    co_return f.type == FrameType::status && f.payload.empty();
+  } catch (const std::exception& e) {
+    COCCL_WARN(boot, -1, "bootstrap root: rank 0 did not take the table: %s", e.what());
+  }
+  co_return false;
+}
+
+// Once formed, the root serves status queries until rank 0 closes its connection (rank 0 holds
+// it for the life of its communicator, and never writes on it again).
+asio::awaitable<void> root_watch_rank0(std::shared_ptr<Root> root) {
+  std::uint8_t byte = 0;
+  boost::system::error_code ec;
+  co_await root->rank0->async_read_some(asio::buffer(&byte, 1),
+                                        asio::redirect_error(asio::use_awaitable, ec));
+  root->finish();
 }
 
 asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock) {
@@ -121,6 +224,21 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
     runtime::CloseAfter guard(*sock, auth_timeout());
     channel.emplace(co_await Channel::respond(*sock, root->secret));
     Frame f = co_await read_frame(*sock, *channel, max_small_frame);
+    if (f.type == FrameType::status_query) {
+      if (!f.payload.empty()) bad("a status query carries nothing");
+      auto view = encode_root_view(*root);
+      co_await write_frame(*sock, *channel, FrameType::status, view);
+      co_return;
+    }
+    if (f.type == FrameType::notice) {
+      // A rank whose set-up failed says why, for peers that find it gone (Peers::get).
+      Reader r(f.payload);
+      if (r.get<std::uint32_t>() != notice_magic) bad("not a notice");
+      const int from = r.get<std::int32_t>();
+      if (root->nranks > 0 && from >= 0 && from < root->nranks && root->failures.size() < 1024)
+        root->failures[from] = decode_notice(f.payload);
+      co_return;
+    }
     if (f.type != FrameType::hello) bad("expected a hello");
     Reader r(f.payload);
     if (r.get<std::uint32_t>() != hello_magic) bad("bad hello");
@@ -134,7 +252,7 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
     if (!root->done) root->drops.dropped(reason(e));
     co_return;
   }
-  if (root->done) co_return;
+  if (root->done || root->formed || root->expired) co_return;
   if (nranks <= 0 || rank < 0 || rank >= nranks || (root->nranks > 0 && nranks != root->nranks)) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped hello with rank %d of %d (expected size %d)",
                rank, nranks, root->nranks);
@@ -156,8 +274,19 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
     root->rank0_channel = std::move(channel);
   }
   if (++root->arrived == root->nranks) {
-    root->finish();
-    co_await root_distribute(root);
+    root->formed = true;
+    root->deadline.cancel();
+    if (co_await root_distribute(root) && co_await root_table_taken(root)) {
+      co_await root_watch_rank0(root);
+    } else {
+      // The others wait for a table that rank 0 will not pass on; they ask who is missing when
+      // they give up: answer for one more COCCL_TIMEOUT.
+      root->rank0_lost = true;
+      root->deadline.expires_after(runtime::default_timeout());
+      root->deadline.async_wait([root](boost::system::error_code e) {
+        if (!e) root->finish();
+      });
+    }
   }
 }
 
@@ -185,8 +314,10 @@ asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
 }  // namespace
 
 asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp::endpoint ep,
-                                                   std::chrono::steady_clock::time_point until) {
-  // The root or peer may not listen yet (launchers start ranks in any order): retry refusals.
+                                                   std::chrono::steady_clock::time_point until,
+                                                   bool listening) {
+  // The root may not listen yet (launchers start ranks in any order): retry refusals. A rank in
+  // the address table listened before it said hello, so its refusal means it has gone.
   for (;;) {
     auto sock = std::make_shared<tcp::socket>(ex);
     boost::system::error_code ec;
@@ -201,6 +332,9 @@ asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp
                               "cannot connect to " + text_of(ep) +
                                   ": this process is out of file descriptors or socket memory "
                                   "(raise ulimit -n)");
+    if (listening && ec == asio::error::connection_refused)
+      throw std::system_error(make_error_code(errc::peer_lost),
+                              text_of(ep) + " refused the connection: the process has gone");
     if (std::chrono::steady_clock::now() >= until || ec == asio::error::timed_out)
       throw std::system_error(make_error_code(errc::timed_out),
                               "cannot connect to " + text_of(ep) + " within COCCL_TIMEOUT (" +
@@ -303,11 +437,16 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
   // Nobody completed the rendezvous in time: stop serving (ranks fail with their own deadline).
   root->deadline.expires_after(runtime::default_timeout());
   root->deadline.async_wait([root](boost::system::error_code ec) {
-    if (!ec && !root->done) {
-      COCCL_WARN(boot, -1, "bootstrap root: %d of %d ranks arrived before COCCL_TIMEOUT",
-                 root->arrived, root->nranks);
-      root->finish();
-    }
+    if (ec || root->done || root->formed) return;
+    COCCL_WARN(boot, -1, "bootstrap root: %d of %d ranks arrived before COCCL_TIMEOUT",
+               root->arrived, root->nranks);
+    // The ranks that did arrive give up at about this time and ask who is missing (Peers::
+    // rendezvous): keep answering that for one more COCCL_TIMEOUT, then close.
+    root->expired = true;
+    root->deadline.expires_after(runtime::default_timeout());
+    root->deadline.async_wait([root](boost::system::error_code e) {
+      if (!e) root->finish();
+    });
   });
   asio::co_spawn(thread.executor(), root_accept(root), asio::detached);
   return bound;
@@ -386,8 +525,9 @@ PeerInfo Peers::self_info() const {
 
 void Peers::accept_loop() {
   auto sock = std::make_shared<tcp::socket>(ex_);
+  // The loop outlives shutdown(): status queries are still answered (handle_incoming).
   acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
-    if (!*alive || shut_) return;
+    if (!*alive) return;
     if (ec) {
       accept_failed(ec);
       return;
@@ -406,7 +546,7 @@ void Peers::accept_failed(boost::system::error_code ec) {
   if (out_of_resources(ec)) admission_.evict_oldest();
   accept_retry_.expires_after(delay);
   accept_retry_.async_wait([this, alive = alive_](boost::system::error_code e) {
-    if (!e && *alive && !shut_) accept_loop();
+    if (!e && *alive) accept_loop();
   });
 }
 
@@ -425,7 +565,41 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     if (*alive && !shut_) drops_.dropped(reason(e));
     co_return;
   }
-  if (!*alive || shut_) co_return;
+  if (!*alive) co_return;
+  if (f.type == FrameType::status_query) {
+    try {
+      if (!f.payload.empty()) bad("a status query carries nothing");
+      auto answer = status_source_ ? status_source_() : std::vector<std::uint8_t>{};
+      runtime::CloseAfter guard(*s, auth_timeout());
+      co_await write_frame(*s, *channel, FrameType::status, answer);
+    } catch (const std::exception& e) {
+      if (*alive && !shut_) drops_.dropped(reason(e));
+    }
+    co_return;
+  }
+  if (f.type == FrameType::notice) {
+    // A peer that failed before it could reach this rank through a link tells why.
+    try {
+      const std::string why = decode_notice(f.payload);
+      if (!shut_) on_failure_(-1, make_error_code(errc::remote_error), why);
+    } catch (const std::exception& e) {
+      if (*alive && !shut_) drops_.dropped(reason(e));
+    }
+    co_return;
+  }
+  // After shutdown the listener answers status queries, and a peer's connection request with why
+  // this rank has failed (the peer then fails naming the cause, at once rather than at its
+  // deadline).
+  if (shut_) {
+    if (f.type != FrameType::connect) co_return;
+    try {
+      runtime::CloseAfter guard(*s, auth_timeout());
+      auto payload = encode_notice(rank_, shut_why_);
+      co_await write_frame(*s, *channel, FrameType::notice, payload);
+    } catch (const std::exception&) {
+    }
+    co_return;
+  }
   if (f.type == FrameType::table) {
     // The one table this rank needs; an extra one (a confused or hostile peer holding the
     // secret) is not queued.
@@ -465,13 +639,29 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
   auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  auto sock = co_await transport::dial(ex_, table_[child].endpoint(), until);
+  auto sock = co_await transport::dial(ex_, table_[child].endpoint(), until, true);
   runtime::CloseAfter guard(*sock, runtime::default_timeout());
   Channel channel = co_await Channel::initiate(*sock, secret_);
   co_await write_frame(*sock, channel, FrameType::table, payload);
 }
 
 asio::awaitable<void> Peers::rendezvous(RootAddress root) {
+  root_ = root;
+  std::exception_ptr failed;
+  std::string why;
+  try {
+    co_await join(root);
+  } catch (const std::exception& e) {
+    failed = std::current_exception();
+    why = e.what();
+  }
+  if (failed) {
+    co_await tell_root(why);
+    std::rethrow_exception(failed);
+  }
+}
+
+asio::awaitable<void> Peers::join(RootAddress root) {
   auto limit = runtime::default_timeout();
   auto until = std::chrono::steady_clock::now() + limit;
   auto sock = co_await transport::dial(ex_, root.endpoint, until);
@@ -487,32 +677,211 @@ asio::awaitable<void> Peers::rendezvous(RootAddress root) {
   if (rank_ == 0) {
     runtime::CloseAfter guard(*sock, limit);
     Frame f;
+    bool late = false;
     try {
       f = co_await read_frame(*sock, *channel, max_table_frame);
-    } catch (const boost::system::system_error& e) {
+    } catch (const boost::system::system_error&) {
+      late = true;
+    }
+    if (late) {
+      const std::string why = co_await who_is_missing(root);
       throw std::system_error(make_error_code(errc::timed_out),
-                              "bootstrap: no address table from the root (" +
-                                  std::string(e.what()) + "); did all " + std::to_string(nranks_) +
-                                  " ranks start?");
+                              "bootstrap: no address table from the root within COCCL_TIMEOUT: " +
+                                  why);
     }
     if (f.type != FrameType::table) bad("expected the address table");
     payload = std::move(f.payload);
+    // Tells the root the table arrived (it then serves status queries while this link lasts).
+    const std::vector<std::uint8_t> ack;
+    co_await write_frame(*sock, *channel, FrameType::status, ack);
+    root_link_ = sock;
   } else {
     sock.reset();
+    bool late = false;
     try {
       payload = co_await table_box_.pop(limit);
     } catch (const boost::system::system_error&) {
+      late = true;
+    }
+    if (late) {
+      const std::string why = co_await who_is_missing(root);
       throw std::system_error(make_error_code(errc::timed_out),
                               "bootstrap: rank " + std::to_string(rank_) +
-                                  " got no address table within COCCL_TIMEOUT; did all " +
-                                  std::to_string(nranks_) + " ranks start?");
+                                  " got no address table within COCCL_TIMEOUT: " + why);
     }
   }
   table_ = decode_table(payload, nranks_);
   table_ready_.cancel();
-  for (int child : {2 * rank_ + 1, 2 * rank_ + 2})
-    if (child < nranks_) co_await forward_table(child, payload);
+  // Both children get the table even when one cannot: a dead child's subtree then names it, and
+  // the rest of the job forms and finds the dead rank in its first operation.
+  // At once: a stopped child must not hold up its sibling's subtree.
+  auto unreachable_ptr = std::make_shared<std::string>();
+  auto pending = std::make_shared<int>(0);
+  auto forwarded = std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
+  for (int child : {2 * rank_ + 1, 2 * rank_ + 2}) {
+    if (child >= nranks_) continue;
+    ++*pending;
+    asio::co_spawn(ex_, forward_table(child, payload),
+                   [child, unreachable_ptr, pending, forwarded](std::exception_ptr ep) {
+                     if (ep && unreachable_ptr->empty()) {
+                       try {
+                         std::rethrow_exception(ep);
+                       } catch (const std::exception& e) {
+                         *unreachable_ptr = "bootstrap: could not pass the address table to rank " +
+                                            std::to_string(child) + " (" + e.what() + ")";
+                       }
+                     }
+                     if (--*pending == 0) forwarded->cancel();
+                   });
+  }
+  if (*pending > 0) {
+    boost::system::error_code ignored;
+    co_await forwarded->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+  const std::string unreachable = *unreachable_ptr;
+  if (!unreachable.empty()) {
+    // Ranks below the unreachable child wait for a table that will not come, and others wait for
+    // links this rank will not make: tell them why, so that they name the cause, not this rank.
+    co_await tell_everyone(unreachable);
+    throw std::system_error(make_error_code(errc::peer_lost), unreachable);
+  }
   COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
+}
+
+asio::awaitable<void> Peers::tell_root(std::string why) {
+  if (!root_) co_return;
+  try {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    auto sock = co_await transport::dial(ex_, root_->endpoint, until, true);
+    runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
+    Channel channel = co_await Channel::initiate(*sock, root_->secret);
+    auto payload = encode_notice(rank_, why);
+    co_await write_frame(*sock, channel, FrameType::notice, payload);
+  } catch (const std::exception&) {
+  }
+}
+
+asio::awaitable<std::string> Peers::gone_because(int peer) {
+  if (!root_) co_return std::string();
+  // A peer whose set-up failed may close its listener a moment before it tells the root why.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  asio::steady_timer pause(ex_);
+  while (std::chrono::steady_clock::now() < until) {
+    try {
+      RootView view = co_await query_root(
+          ex_, *root_, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+      if (peer < static_cast<int>(view.failed.size()) && !view.failed[peer].empty())
+        co_return "; " + view.failed[peer];
+    } catch (const std::exception&) {
+      co_return std::string();
+    }
+    pause.expires_after(std::chrono::milliseconds(100));
+    boost::system::error_code ignored;
+    co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+  co_return std::string();
+}
+
+asio::awaitable<void> Peers::flush_notices(std::chrono::milliseconds most) {
+  const auto until = std::chrono::steady_clock::now() + most;
+  asio::steady_timer tick(ex_);
+  while (std::chrono::steady_clock::now() < until &&
+         (*telling_ > 0 || std::any_of(conns_.begin(), conns_.end(),
+                                       [](const auto& c) { return c->notice_pending(); }))) {
+    tick.expires_after(std::chrono::milliseconds(1));
+    boost::system::error_code ignored;
+    co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+}
+
+asio::awaitable<void> Peers::tell_everyone(std::string why) {
+  // Bounded: small jobs hear it from this rank; in large ones the ranks in this rank's tree
+  // neighbourhood do, and the rest time out on their own.
+  std::vector<int> whom;
+  if (nranks_ <= 64) {
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_ && !by_peer_[r]) whom.push_back(r);
+  } else {
+    for (int r : {(rank_ - 1) / 2, 2 * rank_ + 1, 2 * rank_ + 2})
+      if (r >= 0 && r < nranks_ && r != rank_ && !by_peer_[r]) whom.push_back(r);
+  }
+  auto payload = std::make_shared<std::vector<std::uint8_t>>(encode_notice(rank_, why));
+  auto left = std::make_shared<int>(static_cast<int>(whom.size()));
+  // Shared: a notice still under way when the second is up completes after this returns.
+  auto all_told = std::make_shared<asio::steady_timer>(ex_, std::chrono::seconds(1));
+  for (int r : whom) {
+    asio::co_spawn(
+        ex_,
+        [](asio::any_io_executor ex, tcp::endpoint ep, Secret secret,
+           std::shared_ptr<std::vector<std::uint8_t>> bytes) -> asio::awaitable<void> {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          auto sock = co_await transport::dial(ex, ep, until, true);
+          runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
+          Channel channel = co_await Channel::initiate(*sock, secret);
+          co_await write_frame(*sock, channel, FrameType::notice, *bytes);
+        }(ex_, table_[r].endpoint(), secret_, payload),
+        [left, all_told](std::exception_ptr) {
+          if (--*left == 0) all_told->cancel();
+        });
+  }
+  if (!whom.empty()) {
+    boost::system::error_code ignored;
+    co_await all_told->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+}
+
+asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
+  std::optional<RootView> view;
+  try {
+    view = co_await query_root(ex_, root,
+                               std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  } catch (const std::exception&) {
+  }
+  if (!view) co_return "the bootstrap root does not answer either (its process may be gone)";
+  if (view->arrived < view->nranks) {
+    std::string missing;
+    int count = 0;
+    for (int r = 0; r < view->nranks; ++r) {
+      if (view->seen[r]) continue;
+      if (count < 16) missing += (count ? ", " : "") + std::to_string(r);
+      ++count;
+    }
+    if (count > 16) missing += " and " + std::to_string(count - 16) + " more";
+    co_return std::string(count == 1 ? "rank " : "ranks ") + missing +
+        (count == 1 ? " has" : " have") + " not reached the bootstrap root (" +
+        std::to_string(view->arrived) + " of " + std::to_string(view->nranks) + " arrived)";
+  }
+  if (view->rank0_lost)
+    co_return "rank 0 reached the bootstrap root but could not take the address table from it "
+              "(it has gone)";
+  if (rank_ == 0) co_return "every rank reached the bootstrap root, which sent no table";
+  // The table comes down the tree from rank 0: the first ancestor that does not answer holds it.
+  std::vector<int> ancestors;
+  for (int a = (rank_ - 1) / 2;; a = (a - 1) / 2) {
+    ancestors.insert(ancestors.begin(), a);
+    if (a == 0) break;
+  }
+  std::string parent_says;
+  for (int a : ancestors) {
+    if (a >= view->nranks) break;
+    parent_says = co_await ask_about(a, view->table[a]);
+    if (parent_says.find("does not answer") != std::string::npos) break;
+  }
+  co_return "every rank reached the bootstrap root; the table did not come down the tree (" +
+      parent_says + ")";
+}
+
+asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
+  std::vector<std::uint8_t> bytes;
+  try {
+    bytes = co_await query_rank(ex_, where, secret_,
+                                std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+  } catch (const std::exception&) {
+    co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
+  }
+  if (bytes.empty()) co_return "rank " + std::to_string(peer) + " has not formed the communicator";
+  co_return "rank " + std::to_string(peer) + " reports: " +
+      (status_reader_ ? status_reader_(bytes) : std::string("a status"));
 }
 
 Peers::Kind Peers::kind_for(int peer) const {
@@ -540,6 +909,7 @@ asio::awaitable<Connection*> Peers::get(int peer) {
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
   if (peer > rank_ && !dialing_[peer]) {
     dialing_[peer] = true;
+    std::string gone;
     try {
       co_await dial(peer);
     } catch (const LinkError&) {
@@ -559,8 +929,13 @@ asio::awaitable<Connection*> Peers::get(int peer) {
     } catch (const std::exception& e) {
       dialing_[peer] = false;
       announce(peer);
+      gone = e.what();
+    }
+    if (!gone.empty()) {
+      // The peer went away during set-up: if its own set-up failed, the root knows why.
+      const std::string because = co_await gone_because(peer);
       throw LinkError(make_error_code(errc::peer_lost),
-                      "cannot connect to rank " + std::to_string(peer) + ": " + e.what());
+                      "cannot connect to rank " + std::to_string(peer) + ": " + gone + because);
     }
     announce(peer);
     co_return by_peer_[peer];
@@ -580,8 +955,11 @@ asio::awaitable<Connection*> Peers::get(int peer) {
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
   if (!ec) {
     pending_[peer].reset();
+    // Whatever holds the peer up is what to name: ask it.
+    const std::string about = co_await ask_about(peer, table_[peer]);
     throw LinkError(make_error_code(errc::timed_out),
-                    "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT");
+                    "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " +
+                        about);
   }
   throw LinkError(make_error_code(errc::peer_lost),
                   "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
@@ -593,7 +971,7 @@ asio::awaitable<void> Peers::dial(int peer) {
   const bool shm = kind == Kind::shm;
   std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
   auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                       std::chrono::steady_clock::now() + limit);
+                                       std::chrono::steady_clock::now() + limit, true);
   Made made;
   {
     runtime::CloseAfter guard(*sock, limit);
@@ -615,6 +993,8 @@ asio::awaitable<void> Peers::dial(int peer) {
     Channel channel = co_await Channel::initiate(*sock, secret_);
     co_await write_frame(*sock, channel, FrameType::connect, w.bytes());
     Frame f = co_await read_frame(*sock, channel, max_small_frame);
+    if (f.type == FrameType::notice)
+      throw std::system_error(make_error_code(errc::remote_error), decode_notice(f.payload));
     if (f.type != FrameType::accept) bad("expected accept");
     Reader r(f.payload);
     auto their_name = r.get_bytes();
@@ -632,7 +1012,10 @@ asio::awaitable<void> Peers::dial(int peer) {
     }
 #endif
   }
-  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  if (shut_) {
+    abort_new_link(peer, std::move(*sock), std::move(made));
+    throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  }
   add_made(peer, std::move(*sock), std::move(made));
 }
 
@@ -694,8 +1077,22 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
 #endif
   }
   // The communicator may have been destroyed while this coroutine (detached) waited.
-  if (!*alive || shut_) co_return;
+  if (!*alive) co_return;
+  if (shut_) {
+    abort_new_link(peer, std::move(*sock), std::move(made));
+    co_return;
+  }
   add_made(peer, std::move(*sock), std::move(made));
+}
+
+void Peers::abort_new_link(int peer, tcp::socket s, Made made) {
+  // The peer already counts the link as made: closing it bare would read as this rank's death.
+  // Make it, then abort it with the reason, as shutdown() does with the others.
+  add_made(peer, std::move(s), std::move(made));
+  if (Connection* c = by_peer_[peer]) {
+    c->send_abort(shut_ec_, shut_why_);
+    c->close(shut_ec_, shut_why_);
+  }
 }
 
 void Peers::add_made(int peer, tcp::socket s, Made made) {
@@ -726,8 +1123,14 @@ void Peers::add(int peer, std::unique_ptr<SocketConnection> c) {
 void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   if (shut_) return;
   shut_ = true;
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
+  shut_why_ = why;
+  shut_ec_ = ec;
+  // Peers without a link may be waiting for this rank to make one: tell them too (the linked
+  // ones get the abort notice below).
+  if (notify && !table_.empty()) {
+    ++*telling_;
+    asio::co_spawn(ex_, tell_everyone(why), [telling = telling_](std::exception_ptr) { --*telling; });
+  }
   table_box_.fail(asio::error::operation_aborted);
   table_ready_.cancel();
   for (int p = 0; p < nranks_; ++p) announce(p);
@@ -738,6 +1141,47 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
       c->send_goodbye();
     c->close(ec, why);
   }
+}
+
+namespace {
+
+// One question and its answer on a fresh authenticated connection, all before `until`.
+asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep,
+                           const Secret& secret, std::size_t max_answer,
+                           std::chrono::steady_clock::time_point until) {
+  auto sock = co_await transport::dial(ex, ep, until);
+  auto left = std::max<std::chrono::steady_clock::duration>(
+      until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1));
+  runtime::CloseAfter guard(*sock, left);
+  try {
+    Channel channel = co_await Channel::initiate(*sock, secret);
+    const std::vector<std::uint8_t> nothing;
+    co_await write_frame(*sock, channel, FrameType::status_query, nothing);
+    Frame f = co_await read_frame(*sock, channel, max_answer);
+    if (f.type != FrameType::status) bad("expected a status answer from " + text_of(ep));
+    co_return f;
+  } catch (const boost::system::system_error& e) {
+    if (std::chrono::steady_clock::now() >= until)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              "no status answer from " + text_of(ep) + " in time");
+    throw std::system_error(make_error_code(errc::peer_lost),
+                            text_of(ep) + " ended the status query: " + e.code().message());
+  }
+}
+
+}  // namespace
+
+asio::awaitable<RootView> query_root(asio::any_io_executor ex, const RootAddress& root,
+                                     std::chrono::steady_clock::time_point until) {
+  Frame f = co_await ask(ex, root.endpoint, root.secret, max_table_frame, until);
+  co_return decode_root_view(f.payload);
+}
+
+asio::awaitable<std::vector<std::uint8_t>> query_rank(asio::any_io_executor ex,
+                                                      const PeerInfo& peer, const Secret& secret,
+                                                      std::chrono::steady_clock::time_point until) {
+  Frame f = co_await ask(ex, peer.endpoint(), secret, max_status_frame, until);
+  co_return std::move(f.payload);
 }
 
 }  // namespace coccl::transport

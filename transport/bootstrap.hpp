@@ -14,8 +14,11 @@
 #include <coccl/unique_id.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,10 +67,36 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
 
 /// Connects to `ep`, retrying refusals (the listener may not be up yet) until `until`. Throws
 /// std::system_error: errc::timed_out naming `ep` when the deadline passes, or a system error
-/// (EMFILE...) when this process is out of descriptors or socket memory.
+/// (EMFILE...) when this process is out of descriptors or socket memory. `listening`: `ep` is known
+/// to have listened (a rank of the address table), so a refusal is errc::peer_lost at once.
 asio::awaitable<std::shared_ptr<asio::ip::tcp::socket>> dial(
     asio::any_io_executor ex, asio::ip::tcp::endpoint ep,
-    std::chrono::steady_clock::time_point until);
+    std::chrono::steady_clock::time_point until, bool listening = false);
+
+/// The bootstrap root's view of a communicator, as it answers a status query.
+struct RootView {
+  int nranks = 0;   // 0 while no hello has arrived
+  int arrived = 0;  // hellos received
+  bool rank0_lost = false;  // all arrived, but rank 0 could not be sent the table
+  std::vector<std::string> failed;  // per rank: why its set-up failed, if it told the root
+  std::vector<bool> seen;       // per rank: its hello arrived
+  std::vector<PeerInfo> table;  // per rank: its listener (valid where seen)
+};
+
+/// Asks the root of `root` for its view (coccl-status). Throws std::system_error (errc::timed_out
+/// naming the root when `until` passes, errc::bad_message for a root with another secret) or
+/// boost::system::system_error on socket errors.
+asio::awaitable<RootView> query_root(asio::any_io_executor ex, const RootAddress& root,
+                                     std::chrono::steady_clock::time_point until);
+
+/// Asks the rank listening at `peer` for its status (the bytes its Peers' status source gives;
+/// empty while it has not joined yet). Throws as query_root.
+asio::awaitable<std::vector<std::uint8_t>> query_rank(asio::any_io_executor ex,
+                                                      const PeerInfo& peer, const Secret& secret,
+                                                      std::chrono::steady_clock::time_point until);
+
+/// Largest status answer a rank sends and a query accepts.
+inline constexpr std::size_t max_status_frame = 1u << 20;
 
 /// This host's identity: hash of host name and boot id.
 std::uint64_t host_hash();
@@ -94,14 +123,19 @@ class Peers {
   /// This rank's entry (its listener).
   PeerInfo self_info() const;
 
-  /// Rendezvous through the root of `root`; fills the table.
+  /// Rendezvous through the root of `root`; fills the table. When it fails, this rank tells
+  /// the root why (for peers that find it gone).
   asio::awaitable<void> rendezvous(RootAddress root);
 
   /// The connection to `peer`, made now if needed. Throws LinkError/system_error on failure.
   asio::awaitable<Connection*> get(int peer);
 
-  /// Sends an abort notice on every open connection, then closes them and the listener.
+  /// Sends an abort notice on every open connection, then closes them (the listener stays for
+  /// status queries and answers link requests with the reason).
   void shutdown(std::error_code ec, const std::string& why, bool notify);
+  /// Waits (at most `most`) until no abort notice is held back behind a frame in flight, so that
+  /// a process that exits on the error still tells its peers why.
+  asio::awaitable<void> flush_notices(std::chrono::milliseconds most);
 
   /// The connection to `peer` if it is open, else null.
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
@@ -110,6 +144,20 @@ class Peers {
   const std::shared_ptr<UserBuffers>& user_buffers() const noexcept { return user_buffers_; }
   /// Open connections (for the watchdog).
   const std::vector<std::unique_ptr<Connection>>& connections() const { return conns_; }
+
+  /// What this rank answers a status query with (coccl-status); called on the proxy thread. The
+  /// listener keeps answering status queries after shutdown(), until the Peers is destroyed.
+  using StatusSource = std::function<std::vector<std::uint8_t>()>;
+  void set_status_source(StatusSource source) { status_source_ = std::move(source); }
+  /// One line about another rank's status answer (for errors that name what holds a peer up).
+  using StatusReader = std::function<std::string(std::span<const std::uint8_t>)>;
+  void set_status_reader(StatusReader reader) { status_reader_ = std::move(reader); }
+  /// The peer this rank is making a link to (dialling, or waiting for it to dial), -1 if none.
+  int linking_to() const noexcept {
+    for (int p = 0; p < nranks_; ++p)
+      if (!by_peer_[p] && (dialing_[p] || pending_[p])) return p;
+    return -1;
+  }
 
  private:
   void accept_loop();
@@ -131,12 +179,28 @@ class Peers {
   };
   // Wraps the socket and what was made in the connection of that kind and adds it.
   void add_made(int peer, asio::ip::tcp::socket s, Made made);
+  // A link finished after shutdown(): made and at once aborted with shutdown()'s reason.
+  void abort_new_link(int peer, asio::ip::tcp::socket s, Made made);
   // Wakes everyone waiting for the link to `peer` (made or failed).
   void announce(int peer);
   // How this rank links to `peer`; both sides decide alike from the table and the settings.
   enum class Kind : std::uint8_t { tcp = 0, shm = 1, ib = 2 };
   Kind kind_for(int peer) const;
   asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
+  // The rendezvous itself (rendezvous() adds telling the root on failure).
+  asio::awaitable<void> join(RootAddress root);
+  // Why the table has not come, as the root sees it: the ranks that never arrived, else the
+  // tree parent that did not pass it on.
+  asio::awaitable<std::string> who_is_missing(const RootAddress& root);
+  // Best effort, within a second: a notice frame with `why` to the ranks that may wait for this
+  // one (every rank up to 64, else the tree neighbours).
+  asio::awaitable<void> tell_everyone(std::string why);
+  // "rank P reports: ..." from P's status answer, or "rank P does not answer ...", within 0.5 s.
+  asio::awaitable<std::string> ask_about(int peer, PeerInfo where);
+  // Within a second, best effort: tells the root why this rank's set-up failed.
+  asio::awaitable<void> tell_root(std::string why);
+  // "; <why>" when the root holds a failure notice of `peer`, else "".
+  asio::awaitable<std::string> gone_because(int peer);
 
   runtime::ProxyThread& thread_;
   asio::any_io_executor ex_;
@@ -170,6 +234,16 @@ class Peers {
   std::vector<bool> dialing_;
   std::vector<std::string> failed_;  // why the link to a peer could not be made
   bool shut_ = false;
+  StatusSource status_source_;
+  StatusReader status_reader_;
+  std::string shut_why_;  // shutdown()'s reason, for peers that still ask for a link
+  std::error_code shut_ec_;
+  // Notices on their way to unlinked peers (shutdown); shared: they may outlive this object.
+  std::shared_ptr<int> telling_ = std::make_shared<int>(0);
+  // Rank 0: its connection to the root, held open while this Peers lives so that the root keeps
+  // answering status queries for the communicator (it stops once this closes).
+  std::shared_ptr<asio::ip::tcp::socket> root_link_;
+  std::optional<RootAddress> root_;  // from rendezvous()
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

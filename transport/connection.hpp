@@ -82,6 +82,8 @@ class Connection {
   /// Tells the peer this rank is leaving in good order (destroy): chunks already sent stay
   /// deliverable there, and the peer fails only if it waits for more.
   virtual void send_goodbye() = 0;
+  /// An abort notice still waits for a frame in flight to finish (close() lingers for it).
+  virtual bool notice_pending() const noexcept { return false; }
 
   /// Fails every pending and future put/wait with `ec`/`why` and closes the link. Idempotent.
   virtual void close(std::error_code ec, const std::string& why) = 0;

@@ -38,6 +38,7 @@ class SocketConnection : public Connection {
   void send_abort(std::error_code ec, const std::string& why) override;
   void close(std::error_code ec, const std::string& why) override;
   void send_goodbye() override;
+  bool notice_pending() const noexcept override { return !notice_.empty(); }
 
   /// Starts the reader coroutine; call once the derived object is fully built.
   void start();

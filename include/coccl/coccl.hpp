@@ -11,6 +11,7 @@
 
 #include <coccl/communicator.hpp>
 #include <coccl/error.hpp>
+#include <coccl/status.hpp>
 #include <coccl/types.hpp>
 #include <coccl/unique_id.hpp>
 #include <coccl/version.hpp>

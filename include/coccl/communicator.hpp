@@ -11,6 +11,7 @@
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/prefer.hpp>
 #include <coccl/error.hpp>
+#include <coccl/status.hpp>
 #include <coccl/types.hpp>
 #include <coccl/unique_id.hpp>
 #include <cstddef>
@@ -276,6 +277,11 @@ class Communicator {
   /// returns (the CUDA context stays usable) and the communicator fails with errc::timed_out, its
   /// last_error() naming the peer and the operation. A failed communicator refuses further work.
   std::error_code error() const;
+  /// What this rank is doing: the running operation and the peer it waits for, and its recent
+  /// host and device operations (CollTrace, COCCL_COLLTRACE_SIZE of each). Any thread; not
+  /// collective. tools/coccl-status asks every rank of a job for the same (coccl::query_job).
+  /// Throws std::system_error (errc::invalid_argument) for an empty handle.
+  CommStatus status() const;
 
   /// Registers `bytes` of host memory at `buffer` for zero-copy transfers; any thread, not
   /// collective. With the ib transport (COCCL_TRANSPORT=ib) the memory is registered with the

@@ -27,6 +27,12 @@ struct UniqueId {
   /// Parses to_string()'s text; throws std::system_error(errc::invalid_argument) on bad text.
   static UniqueId from_string(std::string_view hex);
 
+  /// The id of a communicator whose root listens at `host_port` ("host:port", "[v6]:port") with
+  /// the secret `secret_hex` (32 hex digits): what from_env() forms from COCCL_COMM_ID and
+  /// COCCL_SECRET, so that tools (coccl-status) can address such a job. Starts no root. Throws
+  /// std::system_error(errc::invalid_argument) on a bad address or secret.
+  static UniqueId from_address(std::string_view host_port, std::string_view secret_hex);
+
   friend bool operator==(const UniqueId&, const UniqueId&) = default;
 };
 

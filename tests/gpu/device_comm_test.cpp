@@ -22,6 +22,7 @@
 #include <coccl/coccl.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <latch>
 #include <string>
 #include <vector>
 
@@ -640,6 +641,69 @@ TEST(DeviceCollectivesAcrossHosts, SendRecvGroupOf122TransfersIsExact) {
 
 TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsWithItsRankAndGpuStaysUsable) {
   expect_hosts_on_one_gpu_pass(3, 1, "dead_rank");
+}
+
+// CollTrace of device operations. Two ranks as threads: rank 1 launches the last all_reduce only
+// after rank 0 has seen its own launch of it as started and not done (its kernel waits for rank 1).
+std::latch trace_seen(1);
+
+int trace_main(int rank, int n, const std::string& id_hex) {
+  CHECK_CUDA(cudaSetDevice(coccl::gpu_test::gpu_of(rank)));
+  auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto cs = reinterpret_cast<coccl::cuda_stream>(st);
+  float* buf = nullptr;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf), 1024 * 4));
+  for (int i = 0; i < 3; ++i)
+    comm.all_reduce(buf, buf, 1024, DataType::float32, ReduceOp::sum, cs);
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  auto device_ops = [&] {
+    std::vector<coccl::TraceEntry> d;
+    for (const auto& e : comm.status().trace)
+      if (e.device) d.push_back(e);
+    return d;
+  };
+  auto d = device_ops();
+  if (d.size() != 3) {
+    std::printf("FAIL rank %d: %zu device entries after 3 all_reduces\n", rank, d.size());
+    return 1;
+  }
+  for (std::size_t i = 0; i < d.size(); ++i)
+    if (d[i].op != "all_reduce" || d[i].state != coccl::TraceEntry::State::done || d[i].count != 1024 ||
+        (i && d[i].seq != d[i - 1].seq + 1)) {
+      std::printf("FAIL rank %d: entry %zu is %s #%llu %s\n", rank, i, d[i].op.c_str(),
+                  static_cast<unsigned long long>(d[i].seq), coccl::to_string(d[i].state));
+      return 1;
+    }
+  if (rank == 1) trace_seen.wait();
+  comm.all_reduce(buf, buf, 1024, DataType::float32, ReduceOp::sum, cs);
+  if (rank == 0) {
+    d = device_ops();
+    const auto state = d.back().state;
+    trace_seen.count_down();
+    if (d.size() != 4 || state != coccl::TraceEntry::State::started) {
+      std::printf("FAIL rank 0: the all_reduce waiting for rank 1 shows as %s\n",
+                  coccl::to_string(state));
+      return 1;
+    }
+  }
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  d = device_ops();
+  if (d.back().state != coccl::TraceEntry::State::done) {
+    std::printf("FAIL rank %d: the last all_reduce shows as %s after the stream finished\n", rank,
+                coccl::to_string(d.back().state));
+    return 1;
+  }
+  std::printf("rank %d: device trace %s\n", rank, comm.status().json().c_str());
+  CHECK_CUDA(cudaFree(buf));
+  cudaStreamDestroy(st);
+  return 0;
+}
+
+TEST(DeviceCollectives, TraceShowsDeviceOperationsStartedAndDone) {
+  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  coccl::gpu_test::expect_rank_threads_pass(2, trace_main, 1);
 }
 
 TEST(DeviceCollectives, TwoThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {

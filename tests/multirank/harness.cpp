@@ -182,6 +182,7 @@ LaunchResult launch(const LaunchOptions& o) {
         ::kill(kids[s.rank].pid, s.signal);
         result.fired[a] = true;
         result.signalled[a] = Clock::now();
+        if (o.after_signal) o.after_signal(a);
       }
     }
     if (!reaped && !o.reap.empty()) {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct LaunchOptions {
   /// Ranks that will not exit by themselves (stopped ones): once every other rank has exited
   /// they get SIGKILL (and SIGCONT, so a stopped one dies at once).
   std::vector<int> reap;
+  /// Called on the harness's thread right after SignalAction `a` fired; it must not block (start
+  /// a thread for slow work).
+  std::function<void(std::size_t a)> after_signal;
 };
 
 struct RankResult {

@@ -68,6 +68,70 @@ int run_loop(Worker& w) {
   return exit_unexpected_success;
 }
 
+int run_chaos(Worker& w) {
+  // Mixed small collectives, every result checked, until a fault made by the test stops the
+  // communicator (a rank killed or stopped at a random moment). A wrong result is reported at
+  // once: the point is that a fault never turns into silent corruption.
+  const auto start = std::chrono::steady_clock::now();
+  const std::int32_t n = w.n, me = w.rank;
+  std::printf("formed\n");
+  std::fflush(stdout);
+  try {
+    for (std::int32_t i = 0; since(start) < 20; ++i) {
+      const std::size_t c = 1 + static_cast<std::size_t>((i * 37) % 3000);
+      std::vector<std::int32_t> send(c), recv(c * n), want(c * n);
+      switch (i % 4) {
+        case 0:
+          for (std::size_t j = 0; j < c; ++j) send[j] = me * 1000 + static_cast<std::int32_t>(j) + i;
+          w.comm.all_reduce(send.data(), recv.data(), c, DataType::int32, ReduceOp::sum);
+          for (std::size_t j = 0; j < c; ++j)
+            want[j] = 1000 * n * (n - 1) / 2 + n * (static_cast<std::int32_t>(j) + i);
+          recv.resize(c);
+          want.resize(c);
+          break;
+        case 1:
+          for (std::size_t j = 0; j < c; ++j) send[j] = me + static_cast<std::int32_t>(j) * 7 + i;
+          w.comm.all_gather(send.data(), recv.data(), c, DataType::int32);
+          for (std::int32_t r = 0; r < n; ++r)
+            for (std::size_t j = 0; j < c; ++j)
+              want[r * c + j] = r + static_cast<std::int32_t>(j) * 7 + i;
+          break;
+        case 2: {
+          const std::int32_t root = i % n;
+          recv.resize(c);
+          want.resize(c);
+          for (std::size_t j = 0; j < c; ++j) {
+            want[j] = root * 31 + static_cast<std::int32_t>(j) - i;
+            recv[j] = me == root ? want[j] : -1;
+          }
+          w.comm.broadcast(recv.data(), recv.data(), c, DataType::int32, root);
+          break;
+        }
+        default: {
+          const int to = (me + 1) % n, from = (me + n - 1) % n;
+          for (std::size_t j = 0; j < c; ++j) send[j] = me * 100000 + static_cast<std::int32_t>(j) + i;
+          recv.resize(c);
+          want.resize(c);
+          for (std::size_t j = 0; j < c; ++j) want[j] = from * 100000 + static_cast<std::int32_t>(j) + i;
+          std::vector<detail::P2POp> ops{Communicator::send_op(send.data(), c, DataType::int32, to),
+                                         Communicator::recv_op(recv.data(), c, DataType::int32, from)};
+          w.comm.send_recv(std::move(ops));
+          break;
+        }
+      }
+      if (recv != want) {
+        std::printf("WRONG RESULT rank=%d iteration=%d op=%d count=%zu\n", me, i, i % 4, c);
+        std::fflush(stdout);
+        return exit_check_failed;
+      }
+    }
+  } catch (const std::system_error& e) {
+    return report_error(w, e, since(start));
+  }
+  std::printf("chaos loop finished without an error\n");
+  return exit_unexpected_success;
+}
+
 int run_mismatch(Worker& w) {
   // Rank 0 calls all_reduce while every other rank calls broadcast, with the same count.
   constexpr std::size_t count = 1024;

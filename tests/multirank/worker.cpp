@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
       {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
       {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
       {"split_members", run_split_members}, {"cancel", run_cancel},
-      {"op_mismatch", run_op_mismatch},
+      {"op_mismatch", run_op_mismatch}, {"chaos", run_chaos},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";
@@ -167,6 +167,12 @@ int main(int argc, char** argv) {
   } catch (const std::system_error& e) {
     std::printf("EXCEPTION rank=%d category=%s value=%d: %s\n", w.rank, e.code().category().name(),
                 e.code().value(), e.what());
+    // The chaos trials kill a rank at any moment, creation included: a coccl error there is an
+    // outcome to classify like any other.
+    if (w.scenario == "chaos" && e.code().category() == coccl::error_category()) {
+      std::printf("LAST_ERROR %s\n", e.what());
+      return exit_coccl_error_base + e.code().value();
+    }
     return exit_exception;
   } catch (const std::exception& e) {
     std::printf("EXCEPTION rank=%d: %s\n", w.rank, e.what());

@@ -63,6 +63,7 @@ void run_registered(Worker& w);
 /// Scenarios with communicators of their own or expected errors (lifecycle.cpp). Those that end
 /// in an error return the process exit code; the others return exit_ok and count failures in w.
 int run_loop(Worker& w);
+int run_chaos(Worker& w);
 int run_mismatch(Worker& w);
 int run_op_mismatch(Worker& w);
 int run_abort(Worker& w);

@@ -1,0 +1,101 @@
+// Faults at random moments: a random rank of a 4-rank job is killed (SIGKILL) or stopped
+// (SIGSTOP) at a random time after launch, which lands in bootstrap, in link setup or in the
+// middle of a collective. Every trial is classified; the test fails on any crash, wrong result,
+// hang beyond COCCL_TIMEOUT, or survivor that does not name the victim. COCCL_CHAOS_TRIALS sets the
+// number of trials of each kind (CI runs a few; docs/reliability.md gives the 50-trial runs).
+#include <gtest/gtest.h>
+
+#include <coccl/error.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "harness.hpp"
+#include "tests/multirank/worker.hpp"
+
+namespace coccl::test {
+namespace {
+
+constexpr int ranks = 4;
+constexpr double timeout_s = 3;
+// Scheduling slack on a loaded 2-core machine (the sanitizer build runs beside other tests).
+constexpr double slack_s = 6;
+
+int trials() {
+  const char* t = std::getenv("COCCL_CHAOS_TRIALS");
+  const int n = t ? std::atoi(t) : 4;
+  return n > 0 ? n : 4;
+}
+
+std::string last_error(const RankResult& r) {
+  auto at = r.output.find("LAST_ERROR ");
+  if (at == std::string::npos) return {};
+  return r.output.substr(at, r.output.find('\n', at) - at);
+}
+
+// What happened to the survivors of one trial: "" when every rule held, else the broken rule.
+std::string judge(const LaunchResult& r, int victim, int signal) {
+  if (r.timed_out) return "hang: the launch deadline passed";
+  if (!r.fired[0]) return "the signal never fired";
+  const std::string name = "rank " + std::to_string(victim);
+  for (int k = 0; k < ranks; ++k) {
+    if (k == victim) continue;
+    const RankResult& x = r.ranks[k];
+    const std::string who = "rank " + std::to_string(k) + ": ";
+    if (x.signal != 0) return who + "crash (signal " + std::to_string(x.signal) + ")";
+    if (x.output.find("WRONG RESULT") != std::string::npos) return who + "wrong result";
+    const int code = x.exit_code - exit_coccl_error_base;
+    if (code != static_cast<int>(errc::peer_lost) && code != static_cast<int>(errc::remote_error) &&
+        code != static_cast<int>(errc::timed_out))
+      return who + "unexpected exit " + std::to_string(x.exit_code);
+    if (r.seconds_after_signal(k, 0) > timeout_s + slack_s)
+      return who + "hang: failed " + std::to_string(r.seconds_after_signal(k, 0)) +
+             " s after the signal";
+    const std::string why = last_error(x);
+    // A stopped rank holds its links open: survivors may only see no progress from a neighbour
+    // that waits for it in turn, so they must name it or have timed out waiting.
+    if (why.find(name) == std::string::npos &&
+        !(signal == SIGSTOP && why.find("no progress") != std::string::npos &&
+          why.find("rank") != std::string::npos))
+      return who + "does not name " + name + ": " + why;
+  }
+  return {};
+}
+
+void run_trials(int signal) {
+  const int n = trials();
+  std::mt19937 rng(static_cast<unsigned>(signal) * 7919u + static_cast<unsigned>(n));
+  int bad = 0;
+  for (int t = 0; t < n; ++t) {
+    const int victim = static_cast<int>(rng() % ranks);
+    // 0-600 ms after launch: process start and bootstrap take ~50-150 ms here, links are made by
+    // the first operations, and the loop runs after that.
+    // Every third trial lands in the first 150 ms: process start and bootstrap.
+    const int delay_ms = static_cast<int>(rng() % (t % 3 == 0 ? 150 : 600));
+    LaunchOptions o;
+    o.scenario = "chaos";
+    o.nranks = ranks;
+    o.args = {"cold"};
+    o.env = {"COCCL_TIMEOUT=3"};
+    o.signals = {{victim, signal, "", std::chrono::milliseconds(delay_ms)}};
+    if (signal == SIGSTOP) o.reap = {victim};
+    o.deadline = std::chrono::seconds(60);
+    const LaunchResult r = launch(o);
+    const std::string verdict = judge(r, victim, signal);
+    std::printf("trial %2d: %s rank %d at %3d ms: %s\n", t, signal == SIGKILL ? "SIGKILL" : "SIGSTOP",
+                victim, delay_ms, verdict.empty() ? "survivors failed naming it" : verdict.c_str());
+    if (!verdict.empty()) {
+      ++bad;
+      ADD_FAILURE() << "trial " << t << ": " << verdict << "\n" << r.describe();
+    }
+  }
+  std::printf("%d trials, %d broke a rule\n", n, bad);
+}
+
+TEST(Chaos, ARankKilledAtARandomMomentIsNamedByEverySurvivor) { run_trials(SIGKILL); }
+
+TEST(Chaos, ARankStoppedAtARandomMomentIsNamedByEverySurvivor) { run_trials(SIGSTOP); }
+
+}  // namespace
+}  // namespace coccl::test
