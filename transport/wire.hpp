@@ -37,7 +37,7 @@ enum class FrameType : std::uint32_t {
   ctrl = 5,     // a control message on an established connection
   status_query = 6,  // coccl-status -> root or rank: what are you doing?
   status = 7,        // the answer: the root's view of the rendezvous, or the rank's CommStatus
-  notice = 8,        // a rank that has failed -> a peer: why (u32 errc, text); on a fresh
+  notice = 8,        // a rank that has failed -> a peer or the root: who and why; on a fresh
                      // connection, or in answer to a connection request
 };
 
