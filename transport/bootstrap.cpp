@@ -330,7 +330,8 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       by_peer_(nranks, nullptr),
       pending_(nranks),
       dialing_(nranks, false),
-      failed_(nranks) {
+      failed_(nranks),
+      recovery_box_(ex_) {
   auto addrs = local_addresses();
   tcp::endpoint ep(addrs.front(), 0);
   acceptor_.open(ep.protocol());
@@ -386,8 +387,9 @@ PeerInfo Peers::self_info() const {
 
 void Peers::accept_loop() {
   auto sock = std::make_shared<tcp::socket>(ex_);
+  // Accepting goes on after shutdown: survivors of a failure probe and shrink through here.
   acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
-    if (!*alive || shut_) return;
+    if (!*alive) return;
     if (ec) {
       accept_failed(ec);
       return;
@@ -406,7 +408,7 @@ void Peers::accept_failed(boost::system::error_code ec) {
   if (out_of_resources(ec)) admission_.evict_oldest();
   accept_retry_.expires_after(delay);
   accept_retry_.async_wait([this, alive = alive_](boost::system::error_code e) {
-    if (!e && *alive && !shut_) accept_loop();
+    if (!e && *alive) accept_loop();
   });
 }
 
@@ -425,7 +427,12 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     if (*alive && !shut_) drops_.dropped(reason(e));
     co_return;
   }
-  if (!*alive || shut_) co_return;
+  if (!*alive) co_return;
+  if (f.type == FrameType::recover) {
+    co_await serve_recovery(s, channel, std::move(f));
+    co_return;
+  }
+  if (shut_) co_return;
   if (f.type == FrameType::table) {
     // The one table this rank needs; an extra one (a confused or hostile peer holding the
     // secret) is not queued.
@@ -461,6 +468,31 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   if (!*alive) co_return;
   dialing_[from] = false;
   announce(from);
+}
+
+asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<tcp::socket> s,
+                                            std::shared_ptr<Channel> channel, Frame f) {
+  if (f.payload.empty()) {
+    drops_.dropped("an empty recovery frame");
+    co_return;
+  }
+  if (f.payload[0] == recover_shrink) {
+    recovery_box_.push(RecoveryRequest{std::move(s), std::move(channel), std::move(f.payload)});
+    co_return;
+  }
+  if (f.payload[0] != recover_probe) {
+    drops_.dropped("an unknown recovery frame");
+    co_return;
+  }
+  // The answer names this rank, so that a prober knows it reached the member it meant.
+  Writer w;
+  w.put<std::int32_t>(rank_);
+  try {
+    runtime::CloseAfter guard(*s, auth_timeout());
+    co_await write_frame(*s, *channel, FrameType::recover, w.bytes());
+  } catch (const std::exception&) {
+    // The prober gave up; it counts this rank as lost on its own deadline.
+  }
 }
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
@@ -726,8 +758,8 @@ void Peers::add(int peer, std::unique_ptr<SocketConnection> c) {
 void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   if (shut_) return;
   shut_ = true;
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
+  // The listener stays open until the communicator is destroyed: it answers liveness probes and
+  // takes shrink requests (recovery), and drops connection requests.
   table_box_.fail(asio::error::operation_aborted);
   table_ready_.cancel();
   for (int p = 0; p < nranks_; ++p) announce(p);

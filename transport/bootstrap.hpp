@@ -111,6 +111,22 @@ class Peers {
   /// Open connections (for the watchdog).
   const std::vector<std::unique_ptr<Connection>>& connections() const { return conns_; }
 
+  /// A shrink request another rank sent to this rank's listener (collectives/recovery.cpp),
+  /// authenticated with this communicator's secret; answer it on `channel`.
+  struct RecoveryRequest {
+    std::shared_ptr<asio::ip::tcp::socket> socket;
+    std::shared_ptr<Channel> channel;
+    std::vector<std::uint8_t> payload;
+  };
+  /// Shrink requests, queued until this rank's own shrink takes them. The listener stays open
+  /// after the communicator fails (until it is destroyed), so that survivors can meet here.
+  runtime::Mailbox<RecoveryRequest>& recovery_requests() noexcept { return recovery_box_; }
+  /// The number of this rank's shrink attempts so far, plus one (the next attempt's number).
+  std::uint64_t next_shrink_attempt() noexcept { return ++shrink_attempts_; }
+  /// Recovery frame kinds (first payload byte of FrameType::recover).
+  static constexpr std::uint8_t recover_probe = 1;
+  static constexpr std::uint8_t recover_shrink = 2;
+
  private:
   void accept_loop();
   void accept_failed(boost::system::error_code ec);
@@ -137,6 +153,9 @@ class Peers {
   enum class Kind : std::uint8_t { tcp = 0, shm = 1, ib = 2 };
   Kind kind_for(int peer) const;
   asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
+  // A recovery frame: probes are answered here, shrink requests queued.
+  asio::awaitable<void> serve_recovery(std::shared_ptr<asio::ip::tcp::socket> s,
+                                       std::shared_ptr<Channel> channel, Frame f);
 
   runtime::ProxyThread& thread_;
   asio::any_io_executor ex_;
@@ -170,6 +189,8 @@ class Peers {
   std::vector<bool> dialing_;
   std::vector<std::string> failed_;  // why the link to a peer could not be made
   bool shut_ = false;
+  runtime::Mailbox<RecoveryRequest> recovery_box_;
+  std::uint64_t shrink_attempts_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
