@@ -96,7 +96,7 @@ asio::awaitable<bool> answers(asio::any_io_executor ex, tcp::endpoint ep, transp
     co_await transport::write_frame(s, channel, FrameType::recover, w.bytes());
     Frame f = co_await transport::read_frame(s, channel, 64);
     Reader r(f.payload);
-    co_return f.type == FrameType::recover && r.get<std::int32_t>() == peer;
+    co_return f.type == FrameType::recover&& r.get<std::int32_t>() == peer;
   } catch (const std::exception&) {
     // Refused, closed, silent past the deadline or not a member of this communicator: lost.
     co_return false;
@@ -213,8 +213,9 @@ asio::awaitable<ShrinkPlan> gather(std::shared_ptr<CommImpl> impl, std::vector<i
       continue;
     }
     if (came.count(q.rank)) {
-      co_await answer(std::move(q.wire),
-                      reply(errc::mismatch, "a second shrink request from this rank", UniqueId{}, 0));
+      co_await answer(
+          std::move(q.wire),
+          reply(errc::mismatch, "a second shrink request from this rank", UniqueId{}, 0));
       continue;
     }
     if (q.attempt != attempt)
@@ -260,11 +261,10 @@ asio::awaitable<ShrinkPlan> ask(std::shared_ptr<CommImpl> impl, std::vector<int>
     sock = co_await transport::dial(impl->executor(), peers.table()[leader].endpoint(),
                                     std::chrono::steady_clock::now() + limit);
   } catch (const std::system_error& e) {
-    throw std::system_error(
-        make_error_code(errc::timed_out),
-        "shrink: cannot reach rank " + std::to_string(leader) +
-            ", the lowest rank not excluded, which gathers the survivors (" + e.what() +
-            "); exclude it too if it is lost");
+    throw std::system_error(make_error_code(errc::timed_out),
+                            "shrink: cannot reach rank " + std::to_string(leader) +
+                                ", the lowest rank not excluded, which gathers the survivors (" +
+                                e.what() + "); exclude it too if it is lost");
   }
   Writer w;
   w.put<std::uint8_t>(Peers::recover_shrink).put<std::int32_t>(me).put<std::int32_t>(impl->size());
@@ -291,9 +291,9 @@ asio::awaitable<ShrinkPlan> ask(std::shared_ptr<CommImpl> impl, std::vector<int>
   if (f.type != FrameType::recover || !r.done())
     throw std::system_error(make_error_code(errc::bad_message), "shrink: a malformed answer");
   if (code != errc{})
-    throw std::system_error(make_error_code(code), "rank " + std::to_string(leader) + ": " +
-                                                       std::string(why_bytes.begin(),
-                                                                   why_bytes.end()));
+    throw std::system_error(
+        make_error_code(code),
+        "rank " + std::to_string(leader) + ": " + std::string(why_bytes.begin(), why_bytes.end()));
   if (plan.nranks != static_cast<int>(members.size()))
     throw std::system_error(make_error_code(errc::mismatch),
                             "shrink: rank " + std::to_string(leader) + " formed " +
@@ -350,16 +350,16 @@ void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclu
   }
   auto box = std::make_shared<CreateHandler>(std::move(handler));
   const int me = impl->rank();
-  plan_shrink(impl, std::move(checked),
-              [box, me, ex = impl->executor()](std::error_code ec, std::string why,
-                                               ShrinkPlan plan) {
-                if (ec) {
-                  COCCL_WARN(coll, me, "%s", why.c_str());
-                  runtime::complete_later(ex, std::move(*box), ec, Communicator());
-                  return;
-                }
-                submit_create(plan.id, plan.rank, plan.nranks, std::move(*box));
-              });
+  plan_shrink(
+      impl, std::move(checked),
+      [box, me, ex = impl->executor()](std::error_code ec, std::string why, ShrinkPlan plan) {
+        if (ec) {
+          COCCL_WARN(coll, me, "%s", why.c_str());
+          runtime::complete_later(ex, std::move(*box), ec, Communicator());
+          return;
+        }
+        submit_create(plan.id, plan.rank, plan.nranks, std::move(*box));
+      });
 }
 
 }  // namespace detail

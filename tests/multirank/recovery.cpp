@@ -74,17 +74,17 @@ void check_members(Worker& w, Communicator& comm, int me, const std::vector<int>
   std::vector<std::int32_t> all(n);
   comm.all_gather(&mine, all.data(), 1, DataType::int32);
   if (std::vector<int>(all.begin(), all.end()) != want)
-    w.fail("members", list_text(std::vector<int>(all.begin(), all.end())) + ", want " +
-                          list_text(want));
+    w.fail("members",
+           list_text(std::vector<int>(all.begin(), all.end())) + ", want " + list_text(want));
   constexpr std::size_t count = 1000;
   std::vector<std::int64_t> send(count), recv(count), ref(count, 0);
   for (std::size_t i = 0; i < count; ++i) send[i] = (me + 1) * 1000003 + static_cast<int>(i);
   for (int r : want)
     for (std::size_t i = 0; i < count; ++i) ref[i] += (r + 1) * 1000003 + static_cast<int>(i);
   comm.all_reduce(send.data(), recv.data(), count, DataType::int64, ReduceOp::sum);
-  w.expect_equal(describe("all_reduce", DataType::int64, ReduceOp::sum, count, "members=" +
-                                                                                    list_text(want)),
-                 DataType::int64, recv.data(), ref.data(), count);
+  w.expect_equal(
+      describe("all_reduce", DataType::int64, ReduceOp::sum, count, "members=" + list_text(want)),
+      DataType::int64, recv.data(), ref.data(), count);
 }
 
 std::vector<int> without(int n, const std::vector<int>& gone) {
@@ -142,16 +142,15 @@ int run_shrink(Worker& w) {
   try {
     Communicator child = shrink_after_kill(w, victims);
     const std::vector<int> survivors = without(w.n, victims);
-    const int want_rank = static_cast<int>(
-        std::find(survivors.begin(), survivors.end(), w.rank) - survivors.begin());
+    const int want_rank =
+        static_cast<int>(std::find(survivors.begin(), survivors.end(), w.rank) - survivors.begin());
     if (child.rank() != want_rank)
       w.fail("child rank", std::to_string(child.rank()) + ", want " + std::to_string(want_rank));
     check_members(w, child, w.rank, survivors);
     child.destroy();
   } catch (const std::system_error& e) {
-    return report_error(w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                            start)
-                                  .count());
+    return report_error(
+        w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return exit_ok;
 }
@@ -166,9 +165,8 @@ int run_shrink_mismatch(Worker& w) {
     w.fail("shrink with disagreeing lists", "succeeded");
     return exit_unexpected_success;
   } catch (const std::system_error& e) {
-    return report_error(w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                            start)
-                                  .count());
+    return report_error(
+        w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 
@@ -241,7 +239,9 @@ int run_ftar(Worker& w) {
     cur.all_gather(&mine, all.data(), 1, DataType::int32);
     members.assign(all.begin(), all.end());
   };
-  auto reduce = [&] { cur.all_reduce(send.data(), recv.data(), count, DataType::int64, ReduceOp::sum); };
+  auto reduce = [&] {
+    cur.all_reduce(send.data(), recv.data(), count, DataType::int64, ReduceOp::sum);
+  };
   const auto start = std::chrono::steady_clock::now();
   try {
     if (w.rank >= world) {
@@ -292,9 +292,8 @@ int run_ftar(Worker& w) {
                 list_text(members).c_str());
     cur.destroy();
   } catch (const std::system_error& e) {
-    return report_error(w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                            start)
-                                  .count());
+    return report_error(
+        w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return exit_ok;
 }

@@ -61,8 +61,8 @@ LaunchOptions recovery_launch(const std::string& scenario, int nranks,
 
 // Kills `victims` together once the first of them is waiting for it.
 void kill_together(LaunchOptions& o, const std::vector<int>& victims, const std::string& marker) {
-  for (int v : victims) o.signals.push_back({v, SIGKILL, marker, std::chrono::milliseconds(0),
-                                             victims.front()});
+  for (int v : victims)
+    o.signals.push_back({v, SIGKILL, marker, std::chrono::milliseconds(0), victims.front()});
 }
 
 void expect_survivors_pass(const LaunchResult& r, const std::vector<int>& victims) {
@@ -139,10 +139,9 @@ TEST(Ftar, ARankKilledAtARandomStepIsShrunkAwayAndReplacedWithoutLosingAnyResult
   const int kill_step = std::uniform_int_distribution<int>(1, 8)(pick);
   std::printf("victim rank %d, killed before step %d\n", victim, kill_step);
   FifoDir fifos({4});
-  LaunchOptions o = recovery_launch(
-      "ftar", 5,
-      {"world=4", "victim=" + std::to_string(victim), "kill_step=" + std::to_string(kill_step),
-       fifos.flag()});
+  LaunchOptions o = recovery_launch("ftar", 5,
+                                    {"world=4", "victim=" + std::to_string(victim),
+                                     "kill_step=" + std::to_string(kill_step), fifos.flag()});
   kill_together(o, {victim}, "paused at step " + std::to_string(kill_step));
   expect_survivors_pass(launch(o), {victim});
 }

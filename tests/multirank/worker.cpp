@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
       std::vector<std::int32_t> send(w.comm.size(), 1);
       std::int32_t recv = 0;
       w.comm.reduce_scatter(send.data(), &recv, 1, coccl::DataType::int32, coccl::ReduceOp::sum);
-      if (recv != w.comm.size()) w.fail("coll=reduce_scatter (warm-up)", "got " + std::to_string(recv));
+      if (recv != w.comm.size())
+        w.fail("coll=reduce_scatter (warm-up)", "got " + std::to_string(recv));
     }
     int code = exit_ok;
     if (w.scenario == "every_collective") {
