@@ -307,7 +307,12 @@ asio::awaitable<ShrinkPlan> meet(std::shared_ptr<CommImpl> impl, std::vector<int
   std::vector<int> members;
   for (int r = 0; r < impl->size(); ++r)
     if (!std::binary_search(exclude.begin(), exclude.end(), r)) members.push_back(r);
-  const std::uint64_t attempt = impl->peers().next_shrink_attempt();
+  const std::uint64_t attempt = impl->peers().begin_shrink();
+  if (attempt == 0) invalid("shrink: another shrink of this communicator is still running here");
+  struct End {
+    Peers& peers;
+    ~End() { peers.end_shrink(); }
+  } end{impl->peers()};
   if (members.front() == impl->rank()) co_return co_await gather(impl, exclude, members, attempt);
   co_return co_await ask(impl, exclude, members, attempt);
 }

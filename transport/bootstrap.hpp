@@ -121,8 +121,14 @@ class Peers {
   /// Shrink requests, queued until this rank's own shrink takes them. The listener stays open
   /// after the communicator fails (until it is destroyed), so that survivors can meet here.
   runtime::Mailbox<RecoveryRequest>& recovery_requests() noexcept { return recovery_box_; }
-  /// The number of this rank's shrink attempts so far, plus one (the next attempt's number).
-  std::uint64_t next_shrink_attempt() noexcept { return ++shrink_attempts_; }
+  /// Starts a shrink attempt: its number (1, 2, ...), or 0 while another attempt of this rank is
+  /// still running (the requests have one reader).
+  std::uint64_t begin_shrink() noexcept {
+    if (shrinking_) return 0;
+    shrinking_ = true;
+    return ++shrink_attempts_;
+  }
+  void end_shrink() noexcept { shrinking_ = false; }
   /// Recovery frame kinds (first payload byte of FrameType::recover).
   static constexpr std::uint8_t recover_probe = 1;
   static constexpr std::uint8_t recover_shrink = 2;
@@ -191,6 +197,7 @@ class Peers {
   bool shut_ = false;
   runtime::Mailbox<RecoveryRequest> recovery_box_;
   std::uint64_t shrink_attempts_ = 0;
+  bool shrinking_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

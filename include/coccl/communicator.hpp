@@ -727,8 +727,9 @@ class Communicator {
   /// excluded gathers them on its listener of the parent, authenticated with the parent's
   /// secret; once all have come with the same list it hands out the id of a fresh communicator,
   /// which they then join (COCCL_TIMEOUT for each step). Called by every survivor with the same
-  /// list; excluded ranks do not call it. The parent is left as it was (still failed, if it
-  /// had). Device operations on the new communicator work as after split(). Blocking; throws
+  /// list; excluded ranks do not call it, and every survivor keeps the parent (its listener)
+  /// until the others' shrink has returned too. One shrink at a time per communicator. The
+  /// parent is left as it was (still failed, if it had). Device operations on the new communicator work as after split(). Blocking; throws
   /// std::system_error: errc::invalid_argument (nothing sent) for an empty handle, a rank out of
   /// range, or when this rank is in `exclude`; errc::mismatch, naming the ranks, when survivors
   /// pass different lists (or tries: a survivor's second shrink after a failed first meets only
