@@ -170,6 +170,21 @@ int run_shrink_mismatch(Worker& w) {
   }
 }
 
+int run_shrink_absent(Worker& w) {
+  // Rank 2 excludes nobody but never comes: the others time out naming it.
+  if (w.rank == 2) return exit_ok;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    Communicator child = w.comm.shrink(std::vector<int>{});
+    w.fail("shrink without rank 2", "succeeded");
+    return exit_unexpected_success;
+  } catch (const std::system_error& e) {
+    return report_error(w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                            start)
+                                  .count());
+  }
+}
+
 int run_shrink_excluded(Worker& w) {
   // Rank 1 names itself: refused at once. Rank 0 shrinks to a communicator of one.
   const std::vector<int> exclude{1};

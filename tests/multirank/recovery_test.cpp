@@ -114,6 +114,21 @@ TEST(Shrink, DisagreeingExcludeListsFailEverySurvivorWithMismatchNamingTheRanks)
   }
 }
 
+TEST(Shrink, ASurvivorThatNeverComesFailsTheOthersWithTimedOutNamingIt) {
+  LaunchOptions o = recovery_launch("shrink_absent", 3, {});
+  o.env = {"COCCL_TIMEOUT=1"};
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(r.ranks[2].exit_code, exit_ok) << r.describe();
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(r.ranks[rank].exit_code, coccl_exit(errc::timed_out)) << r.describe();
+    EXPECT_NE(last_error_line(r.ranks[rank]).find("rank 2 did not come to rank 0"),
+              std::string::npos)
+        << r.describe();
+  }
+}
+
 TEST(Shrink, AnExcludedRankIsRefusedAndALoneSurvivorGetsACommunicatorOfOne) {
   const LaunchResult r = launch(recovery_launch("shrink_excluded", 2, {}));
   EXPECT_TRUE(r.all_passed()) << r.describe();

@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
       {"split_members", run_split_members}, {"cancel", run_cancel},
       {"op_mismatch", run_op_mismatch},
       {"shrink", run_shrink}, {"shrink_mismatch", run_shrink_mismatch},
+      {"shrink_absent", run_shrink_absent},
       {"shrink_excluded", run_shrink_excluded}, {"grow", run_grow}, {"ftar", run_ftar},
   };
   try {

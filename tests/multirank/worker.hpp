@@ -74,6 +74,7 @@ int run_async(Worker& w);
 /// Recovery scenarios (recovery.cpp): shrink after killed ranks, grow, the FTAR loop.
 int run_shrink(Worker& w);
 int run_shrink_mismatch(Worker& w);
+int run_shrink_absent(Worker& w);
 int run_shrink_excluded(Worker& w);
 int run_grow(Worker& w);
 int run_ftar(Worker& w);
