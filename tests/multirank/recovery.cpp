@@ -179,9 +179,8 @@ int run_shrink_absent(Worker& w) {
     w.fail("shrink without rank 2", "succeeded");
     return exit_unexpected_success;
   } catch (const std::system_error& e) {
-    return report_error(w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                            start)
-                                  .count());
+    return report_error(
+        w, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 
