@@ -477,6 +477,12 @@ asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<tcp::socket> s,
     co_return;
   }
   if (f.payload[0] == recover_shrink) {
+    // Each survivor sends one per attempt; a bound keeps a confused member from holding sockets
+    // here without end (at most two attempts' worth wait for this rank's shrink).
+    if (recovery_box_.size() >= 2 * static_cast<std::size_t>(nranks_)) {
+      drops_.dropped("too many shrink requests queued");
+      co_return;
+    }
     recovery_box_.push(RecoveryRequest{std::move(s), std::move(channel), std::move(f.payload)});
     co_return;
   }
