@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/communicator.hpp>
@@ -363,7 +365,11 @@ void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclu
           runtime::complete_later(ex, std::move(*box), ec, Communicator());
           return;
         }
-        submit_create(plan.id, plan.rank, plan.nranks, std::move(*box));
+        // Joining builds the new communicator on a proxy thread and waits for that, which
+        // this proxy thread must not do: join from the system pool instead.
+        asio::post(asio::system_executor(), [box, plan] {
+          submit_create(plan.id, plan.rank, plan.nranks, std::move(*box));
+        });
       });
 }
 

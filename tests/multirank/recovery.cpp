@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/use_future.hpp>
 #include <cstdio>
 #include <string>
 
@@ -185,7 +186,7 @@ int run_shrink_absent(Worker& w) {
 }
 
 int run_shrink_excluded(Worker& w) {
-  // Rank 1 names itself: refused at once. Rank 0 shrinks to a communicator of one.
+  // Rank 1 names itself: refused at once, in every form. Rank 0 shrinks to a communicator of one.
   const std::vector<int> exclude{1};
   if (w.rank == 1) {
     std::error_code ec;
@@ -198,9 +199,14 @@ int run_shrink_excluded(Worker& w) {
     } catch (const std::system_error& e) {
       if (e.code() != errc::invalid_argument) w.fail("shrink by an excluded rank", e.what());
     }
+    auto [async_ec, none] = w.comm.async_shrink(exclude, boost::asio::use_future).get();
+    if (async_ec != errc::invalid_argument || none)
+      w.fail("async_shrink by an excluded rank", "got '" + async_ec.message() + "'");
     return exit_ok;
   }
-  Communicator child = w.comm.shrink(exclude);
+  // The asynchronous form, through a future.
+  auto [ec, child] = w.comm.async_shrink(exclude, boost::asio::use_future).get();
+  if (ec) w.fail("async_shrink", ec.message());
   check_members(w, child, w.rank, {0});
   child.destroy();
   return exit_ok;
