@@ -13,8 +13,8 @@
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/system_executor.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/system_executor.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/communicator.hpp>
 #include <cstring>
