@@ -17,7 +17,12 @@
  *    flag and return (the CUDA context stays usable), but the aborted communicator's device
  *    memory stays allocated.
  *  - Not supported (they return ncclInvalidUsage): ncclCommRevoke, ncclGroupSimulateEnd, and the
- *    device-side API of nccl_device.h. ncclCommShrink needs a parent that has not failed.
+ *    device-side API of nccl_device.h.
+ *  - ncclCommShrink works on a parent that has failed (a lost rank, a timeout) as on a healthy
+ *    one: the survivors meet on the lowest survivor's listener of the parent, not over the
+ *    parent's links (Communicator::shrink). Every survivor passes the same exclude list; the
+ *    excluded ranks do not call it. NCCL_SHRINK_ABORT aborts the parent's operations first. The
+ *    parent stays as it was; release it with ncclCommAbort or ncclCommDestroy afterwards.
  *  - A group's device work goes on the streams its calls name, without making those streams
  *    wait for one another; a communicator's sends and receives of one group use the stream of
  *    the first of them.

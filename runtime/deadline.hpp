@@ -66,6 +66,8 @@ class Mailbox {
     items_.push_back(std::move(v));
     wake({});
   }
+  /// Values pushed and not yet taken.
+  std::size_t size() const noexcept { return items_.size(); }
   /// Fails the current and every later wait with `ec`.
   void fail(boost::system::error_code ec) {
     failure_ = ec;

@@ -469,7 +469,8 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       by_peer_(nranks, nullptr),
       pending_(nranks),
       dialing_(nranks, false),
-      failed_(nranks) {
+      failed_(nranks),
+      recovery_box_(ex_) {
   auto addrs = local_addresses();
   tcp::endpoint ep(addrs.front(), 0);
   acceptor_.open(ep.protocol());
@@ -525,7 +526,8 @@ PeerInfo Peers::self_info() const {
 
 void Peers::accept_loop() {
   auto sock = std::make_shared<tcp::socket>(ex_);
-  // The loop outlives shutdown(): status queries are still answered (handle_incoming).
+  // The loop outlives shutdown(): status queries are answered, and survivors of a failure
+  // probe and shrink through here (handle_incoming).
   acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
     if (!*alive) return;
     if (ec) {
@@ -566,6 +568,10 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     co_return;
   }
   if (!*alive) co_return;
+  if (f.type == FrameType::recover) {
+    co_await serve_recovery(s, channel, std::move(f));
+    co_return;
+  }
   if (f.type == FrameType::status_query) {
     try {
       if (!f.payload.empty()) bad("a status query carries nothing");
@@ -635,6 +641,37 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   if (!*alive) co_return;
   dialing_[from] = false;
   announce(from);
+}
+
+asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<tcp::socket> s,
+                                            std::shared_ptr<Channel> channel, Frame f) {
+  if (f.payload.empty()) {
+    drops_.dropped("an empty recovery frame");
+    co_return;
+  }
+  if (f.payload[0] == recover_shrink) {
+    // Each survivor sends one per attempt; a bound keeps a confused member from holding sockets
+    // here without end (at most two attempts' worth wait for this rank's shrink).
+    if (recovery_box_.size() >= 2 * static_cast<std::size_t>(nranks_)) {
+      drops_.dropped("too many shrink requests queued");
+      co_return;
+    }
+    recovery_box_.push(RecoveryRequest{std::move(s), std::move(channel), std::move(f.payload)});
+    co_return;
+  }
+  if (f.payload[0] != recover_probe) {
+    drops_.dropped("an unknown recovery frame");
+    co_return;
+  }
+  // The answer names this rank, so that a prober knows it reached the member it meant.
+  Writer w;
+  w.put<std::int32_t>(rank_);
+  try {
+    runtime::CloseAfter guard(*s, auth_timeout());
+    co_await write_frame(*s, *channel, FrameType::recover, w.bytes());
+  } catch (const std::exception&) {
+    // The prober gave up; it counts this rank as lost on its own deadline.
+  }
 }
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
@@ -1131,6 +1168,8 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
     ++*telling_;
     asio::co_spawn(ex_, tell_everyone(why), [telling = telling_](std::exception_ptr) { --*telling; });
   }
+  // The listener stays open until the communicator is destroyed: it answers status queries and
+  // liveness probes, takes shrink requests (recovery), and answers link requests with the reason.
   table_box_.fail(asio::error::operation_aborted);
   table_ready_.cancel();
   for (int p = 0; p < nranks_; ++p) announce(p);

@@ -158,6 +158,27 @@ class Peers {
       if (!by_peer_[p] && (dialing_[p] || pending_[p])) return p;
     return -1;
   }
+  /// A shrink request another rank sent to this rank's listener (collectives/recovery.cpp),
+  /// authenticated with this communicator's secret; answer it on `channel`.
+  struct RecoveryRequest {
+    std::shared_ptr<asio::ip::tcp::socket> socket;
+    std::shared_ptr<Channel> channel;
+    std::vector<std::uint8_t> payload;
+  };
+  /// Shrink requests, queued until this rank's own shrink takes them. The listener stays open
+  /// after the communicator fails (until it is destroyed), so that survivors can meet here.
+  runtime::Mailbox<RecoveryRequest>& recovery_requests() noexcept { return recovery_box_; }
+  /// Starts a shrink attempt: its number (1, 2, ...), or 0 while another attempt of this rank is
+  /// still running (the requests have one reader).
+  std::uint64_t begin_shrink() noexcept {
+    if (shrinking_) return 0;
+    shrinking_ = true;
+    return ++shrink_attempts_;
+  }
+  void end_shrink() noexcept { shrinking_ = false; }
+  /// Recovery frame kinds (first payload byte of FrameType::recover).
+  static constexpr std::uint8_t recover_probe = 1;
+  static constexpr std::uint8_t recover_shrink = 2;
 
  private:
   void accept_loop();
@@ -201,6 +222,9 @@ class Peers {
   asio::awaitable<void> tell_root(std::string why);
   // "; <why>" when the root holds a failure notice of `peer`, else "".
   asio::awaitable<std::string> gone_because(int peer);
+  // A recovery frame: probes are answered here, shrink requests queued.
+  asio::awaitable<void> serve_recovery(std::shared_ptr<asio::ip::tcp::socket> s,
+                                       std::shared_ptr<Channel> channel, Frame f);
 
   runtime::ProxyThread& thread_;
   asio::any_io_executor ex_;
@@ -244,6 +268,9 @@ class Peers {
   // answering status queries for the communicator (it stops once this closes).
   std::shared_ptr<asio::ip::tcp::socket> root_link_;
   std::optional<RootAddress> root_;  // from rendezvous()
+  runtime::Mailbox<RecoveryRequest> recovery_box_;
+  std::uint64_t shrink_attempts_ = 0;
+  bool shrinking_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -39,6 +39,7 @@ enum class FrameType : std::uint32_t {
   status = 7,        // the answer: the root's view of the rendezvous, or the rank's CommStatus
   notice = 8,        // a rank that has failed -> a peer or the root: who and why; on a fresh
                      // connection, or in answer to a connection request
+  recover = 9,     // rank -> rank listener, and the answer: liveness probe or shrink (recovery.hpp)
 };
 
 struct Frame {

@@ -419,49 +419,38 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int exclude
     if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
       return fail(ncclInvalidArgument, "ncclCommShrink: unknown flags");
     if (auto r = wait_ready(comm)) return r;
-    if (!comm->comm.last_error().empty())
-      return fail(ncclInvalidUsage,
-                  "ncclCommShrink: coccl cannot shrink a communicator that has "
-                  "failed (" +
-                      comm->comm.last_error() + ")");
     const int n = comm->nranks, me = comm->rank;
-    std::vector<char> excluded(n, 0);
+    std::vector<int> exclude;
     for (int i = 0; i < excludeRanksCount; ++i) {
       int x = excludeRanksList[i];
       if (x < 0 || x >= n)
         return fail(ncclInvalidArgument, "ncclCommShrink: rank " + std::to_string(x) +
                                              " out of range [0, " + std::to_string(n) + ")");
-      excluded[x] = 1;
+      if (x == me) return fail(ncclInvalidArgument, "ncclCommShrink: called by an excluded rank");
+      exclude.push_back(x);
     }
-    if (excluded[me])
-      return fail(ncclInvalidArgument, "ncclCommShrink: called by an excluded rank");
-    std::vector<int> members;
-    for (int r = 0; r < n; ++r)
-      if (!excluded[r]) members.push_back(r);
+    std::sort(exclude.begin(), exclude.end());
+    exclude.erase(std::unique(exclude.begin(), exclude.end()), exclude.end());
     bool blocking = true;
     if (auto r = read_config(config, comm->blocking, blocking)) return r;
     auto* c = new ncclComm;
     c->device = comm->device;
     c->blocking = blocking;
-    c->nranks = static_cast<int>(members.size());
-    c->rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    c->nranks = n - static_cast<int>(exclude.size());
+    c->rank = me - static_cast<int>(std::lower_bound(exclude.begin(), exclude.end(), me) -
+                                    exclude.begin());
     *newcomm = c;
     Communicator parent = comm->comm;
-    // The excluded ranks take no part: the first member makes the new id and sends it to the
-    // others over the parent's point-to-point links.
-    return start_setup(c, [c, parent, members]() mutable {
-      UniqueId id;
-      if (c->rank == 0) {
-        id = UniqueId::create();
-        std::vector<detail::P2POp> sends;
-        for (std::size_t i = 1; i < members.size(); ++i)
-          sends.push_back(
-              Communicator::send_op(id.bytes.data(), id.bytes.size(), DataType::uint8, members[i]));
-        if (!sends.empty()) parent.send_recv(std::move(sends));
-      } else {
-        parent.recv(id.bytes.data(), id.bytes.size(), DataType::uint8, members[0]);
+    // Communicator::shrink meets the other survivors without the parent's links, so a parent that
+    // failed (a lost rank) shrinks as well as a healthy one.
+    return start_setup(c, [c, parent, exclude, shrinkFlags]() mutable {
+      if (shrinkFlags == NCCL_SHRINK_ABORT) {
+        // Stops the parent's operations; abort() empties only this copy of the handle, so the
+        // application's ncclComm_t keeps the parent for ncclCommDestroy or ncclCommAbort.
+        Communicator stop = parent;
+        stop.abort();
       }
-      c->comm = Communicator::create(id, c->rank.load(), c->nranks.load());
+      c->comm = parent.shrink(exclude);
       prepare_device(c);
     });
   });

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -149,6 +150,10 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
 /// `control`, when set, lets the caller's cancellation slot stop the joining (cancel_create).
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
                    std::shared_ptr<OpControl> control = nullptr);
+/// Shrink (collectives/recovery.cpp): the survivors of `impl` not in `exclude` meet, then join
+/// the new communicator; `handler` gets it. Errors are logged with their reason.
+void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclude,
+                   CreateHandler handler);
 /// From a cancellation slot (any thread): stops a create in progress.
 void cancel_create(const std::weak_ptr<OpControl>& op, boost::asio::cancellation_type type);
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
@@ -706,6 +711,63 @@ class Communicator {
   /// rank; errc::mismatch when the members' lists differ (found when the id arrives: members
   /// whose list differs from members[0]'s throw, and the others' setup then times out).
   Communicator split_members(const std::vector<int>& members);
+
+  // ---- Recovery: shrink after lost ranks, grow with new ones (docs/reliability.md). ----
+
+  /// The ranks of this communicator that are gone, as this rank finds them now: it asks every
+  /// other rank's listener of this communicator (one authenticated round trip each, in parallel).
+  /// A rank whose listener refuses the connection (its process died, or it destroyed or released
+  /// the communicator) or does not answer within COCCL_TIMEOUT (a stopped or unreachable process)
+  /// is lost. Works on a healthy or failed communicator: a rank keeps its listener open after a
+  /// failure, until the communicator is destroyed. Blocking, sorted ascending; any thread but a
+  /// proxy thread. Every survivor must pass the same list to shrink(): when survivors ask at
+  /// different times, or a rank is slow rather than dead, their answers can differ, and shrink()
+  /// then fails with errc::mismatch (agree on the list another way, as with NCCL, if in doubt).
+  /// Throws std::system_error (errc::invalid_argument for an empty handle).
+  std::vector<int> lost_ranks();
+
+  /// Makes a new communicator of the ranks of this one not in `exclude` (parent ranks), new rank
+  /// i being the i-th of them in parent order. Works on a healthy, failed or aborted parent (an
+  /// aborted one through a copy of its handle, as abort() empties the handle it is called on): the
+  /// survivors do not use the parent's links, which a failure closed. The lowest rank not
+  /// excluded gathers them on its listener of the parent, authenticated with the parent's
+  /// secret; once all have come with the same list it hands out the id of a fresh communicator,
+  /// which they then join (COCCL_TIMEOUT for each step). Called by every survivor with the same
+  /// list; excluded ranks do not call it, and every survivor keeps the parent (its listener)
+  /// until the others' shrink has returned too. One shrink at a time per communicator. The
+  /// parent is left as it was (still failed, if it had). Device operations on the new communicator work as after split(). Blocking; throws
+  /// std::system_error: errc::invalid_argument (nothing sent) for an empty handle, a rank out of
+  /// range, or when this rank is in `exclude`; errc::mismatch, naming the ranks, when survivors
+  /// pass different lists (or tries: a survivor's second shrink after a failed first meets only
+  /// the others' second); errc::timed_out naming the survivors that did not come, or the
+  /// gathering rank when it cannot be reached (lists that disagree on the lowest survivor end
+  /// this way too).
+  Communicator shrink(std::span<const int> exclude);
+  /// As above; on failure sets `ec` and returns an empty handle (the reason is logged).
+  Communicator shrink(std::span<const int> exclude, std::error_code& ec);
+  /// Asynchronous shrink; completion signature `void(std::error_code, Communicator)`. Not
+  /// cancellable (the other survivors wait for this one). The reason of a failure is logged.
+  template <typename Token>
+  auto async_shrink(std::vector<int> exclude, Token&& token) {
+    return boost::asio::async_initiate<Token, void(std::error_code, Communicator)>(
+        [](auto handler, std::shared_ptr<detail::CommImpl> impl, std::vector<int> exclude) {
+          detail::submit_shrink(impl, std::move(exclude),
+                                detail::CreateHandler(detail::Tracked(std::move(handler))));
+        },
+        token, impl_, std::move(exclude));
+  }
+
+  /// Collective over this (healthy) communicator: rank 0 makes the id of a larger communicator
+  /// and every rank gets it (a broadcast). Rank 0 then hands it to the newcomers out of band,
+  /// as for create(), and everyone joins within COCCL_TIMEOUT of this call: members with
+  /// grow(), newcomers with Communicator::create(id, rank, new_nranks), taking the ranks
+  /// size() .. new_nranks-1. Throws std::system_error as the broadcast does.
+  UniqueId grow_id();
+  /// Joins the larger communicator `id` (from grow_id()) of `new_nranks` ranks, keeping this
+  /// rank's number; blocks until every member and newcomer has joined. This communicator is left
+  /// as it was. Throws std::system_error: errc::invalid_argument when `new_nranks` is below
+  /// size(), else as create().
+  Communicator grow(const UniqueId& id, int new_nranks);
 
   /// Waits for this rank's operations in flight to finish, then releases the communicator. Other
   /// handles to it become unusable (operations fail with errc::aborted). Sends no message.

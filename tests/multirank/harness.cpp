@@ -176,7 +176,7 @@ LaunchResult launch(const LaunchOptions& o) {
       const auto& s = o.signals[a];
       if (result.fired[a]) continue;
       if (armed[a] == Clock::time_point::max() &&
-          result.ranks[s.rank].output.find(s.marker) != std::string::npos)
+          result.ranks[s.watch >= 0 ? s.watch : s.rank].output.find(s.marker) != std::string::npos)
         armed[a] = now + s.delay;
       if (now >= armed[a] && !kids[s.rank].exited) {
         ::kill(kids[s.rank].pid, s.signal);

@@ -23,6 +23,9 @@ struct SignalAction {
   int signal = SIGKILL;
   std::string marker;
   std::chrono::milliseconds delay{0};
+  /// The rank whose output holds the marker; -1 for `rank` itself. Actions watching one marker
+  /// fire together (killing several ranks at once).
+  int watch = -1;
 };
 
 struct LaunchOptions {

@@ -3,7 +3,8 @@
 //   coccl_worker <scenario> <rank> <nranks> <unique-id-hex> [flags...]
 //   coccl_worker <scenario> <rank> <nranks> env [flags...]
 //
-// Flags: quick, nolarge (see correctness.cpp), cold (no warm-up operation before the scenario).
+// Flags: quick, nolarge (see correctness.cpp), cold (no warm-up operation before the scenario),
+// world=K (the first communicator has K of the ranks; see recovery.cpp).
 //
 // Joins the communicator, runs the scenario and exits 0 only if every check passed (see
 // worker.hpp for the other exit codes).
@@ -109,6 +110,9 @@ int main(int argc, char** argv) {
       {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
       {"split_members", run_split_members}, {"cancel", run_cancel},
       {"op_mismatch", run_op_mismatch}, {"chaos", run_chaos},
+      {"shrink", run_shrink}, {"shrink_mismatch", run_shrink_mismatch},
+      {"shrink_absent", run_shrink_absent}, {"shrink_excluded", run_shrink_excluded},
+      {"grow", run_grow}, {"ftar", run_ftar},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";
@@ -121,18 +125,24 @@ int main(int argc, char** argv) {
                                std::to_string(w.comm.size()) + ", expected " +
                                std::to_string(w.rank) + " of " + std::to_string(w.n));
       w.rank = w.comm.rank();
+    } else if (const int world = world_of(w); w.rank >= world) {
+      // A newcomer: it joins later, by the scenario's own means.
+      const int code = others.at(w.scenario)(w);
+      if (code == exit_ok && w.failures == 0) std::printf("rank %d: all checks passed\n", w.rank);
+      return code == exit_ok && w.failures ? exit_check_failed : code;
     } else {
-      w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, w.n);
+      w.comm = coccl::Communicator::create(coccl::UniqueId::from_string(argv[4]), w.rank, world);
     }
     if (!w.has("cold")) {
       // Links to peers are made lazily by the first operation that needs them. reduce_scatter
       // links every peer up front (up to COCCL_DIRECT_MAX_RANKS ranks; above, the O(log n) peers
       // of its small form), so the scenarios check results rather than link setup; the
       // ColdStart tests (flag "cold") check link setup by each collective on its own.
-      std::vector<std::int32_t> send(w.n, 1);
+      std::vector<std::int32_t> send(w.comm.size(), 1);
       std::int32_t recv = 0;
       w.comm.reduce_scatter(send.data(), &recv, 1, coccl::DataType::int32, coccl::ReduceOp::sum);
-      if (recv != w.n) w.fail("coll=reduce_scatter (warm-up)", "got " + std::to_string(recv));
+      if (recv != w.comm.size())
+        w.fail("coll=reduce_scatter (warm-up)", "got " + std::to_string(recv));
     }
     int code = exit_ok;
     if (w.scenario == "every_collective") {

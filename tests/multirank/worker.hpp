@@ -72,6 +72,17 @@ int run_split(Worker& w);
 int run_split_members(Worker& w);
 int run_async(Worker& w);
 
+/// Recovery scenarios (recovery.cpp): shrink after killed ranks, grow, the FTAR loop.
+int run_shrink(Worker& w);
+int run_shrink_mismatch(Worker& w);
+int run_shrink_absent(Worker& w);
+int run_shrink_excluded(Worker& w);
+int run_grow(Worker& w);
+int run_ftar(Worker& w);
+/// The size of the first communicator (flag world=K); workers from K on are newcomers that join
+/// later (grow), not at start.
+int world_of(const Worker& w);
+
 /// Prints the error of a failed collective and returns its exit code.
 int report_error(Worker& w, const std::system_error& e, double seconds);
 

@@ -808,7 +808,8 @@ static void host_barrier(ncclComm_t comm) {
   CHECK(x == nranks_, "host barrier: %d", x);
 }
 
-/* The last rank dies; the others see an error and abort promptly. */
+/* The last rank dies; the others see an error, shrink the failed communicator to themselves
+ * (NCCL_SHRINK_ABORT), check an all_reduce over it, and abort the parent. */
 static void test_abort_dead_peer(ncclComm_t comm) {
   ncclUniqueId id = share_id(comm);
   ncclComm_t c = NULL;
@@ -828,6 +829,16 @@ static void test_abort_dead_peer(ncclComm_t comm) {
   MUST(ncclCommGetAsyncError(c, &async_error));
   CHECK(async_error != ncclSuccess, "no asynchronous error after the peer died");
   expect_message("a dead peer");
+  int excluded[1] = {nranks_ - 1};
+  ncclComm_t rest = NULL;
+  MUST(ncclCommShrink(c, excluded, 1, &rest, NULL, NCCL_SHRINK_ABORT));
+  int count = -1, rank = -1;
+  MUST(ncclCommCount(rest, &count));
+  MUST(ncclCommUserRank(rest, &rank));
+  CHECK(count == nranks_ - 1, "shrink of a failed parent: %d ranks", count);
+  CHECK(rank == rank_, "shrink of a failed parent: rank %d", rank);
+  CHECK(member_sum(rest) == want - nranks_, "shrink of a failed parent: all_reduce");
+  MUST(ncclCommDestroy(rest));
   MUST(ncclCommAbort(c));
 }
 
