@@ -11,6 +11,7 @@
 #include <future>
 
 #include "collectives/comm.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
@@ -298,7 +299,8 @@ std::string launcher_key(int call) {
 
 std::chrono::milliseconds launcher_timeout() {
   const double s = params::timeout_s.get();
-  return std::chrono::milliseconds(s > 0 ? static_cast<std::int64_t>(s * 1000) : 300000);
+  return s > 0 ? std::chrono::duration_cast<std::chrono::milliseconds>(runtime::default_timeout())
+               : std::chrono::milliseconds(300000);
 }
 
 }  // namespace
