@@ -509,7 +509,10 @@ ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
   return guarded("ncclBcast", [&]() -> ncclResult_t {
-    return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+    // Not through pncclBroadcast: passing datatype on by value would load it as an enum, which is
+    // undefined for a value out of its range (the caller's to give, and ours to refuse).
+    return submit({comm, OpKind::broadcast, buff, buff, count, raw_value(datatype), ncclSum, root,
+                   false, stream});
   });
 }
 
