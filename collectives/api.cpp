@@ -1,10 +1,10 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
+#include <chrono>
 #include <coccl/coccl.hpp>
 #include <cstdlib>
 #include <cstring>

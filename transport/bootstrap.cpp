@@ -595,8 +595,8 @@ asio::awaitable<void> Peers::dial(int peer) {
     if (f.type != FrameType::accept) bad("expected accept");
     LinkReply reply = decode_link_reply(f.payload);
     if (shm) {
-      made.theirs = ShmSegment::open(std::string(reply.shm_name.begin(), reply.shm_name.end()),
-                                     seg_bytes);
+      made.theirs =
+          ShmSegment::open(std::string(reply.shm_name.begin(), reply.shm_name.end()), seg_bytes);
       made.own->unlink();  // the peer mapped it before accepting
     }
 #if COCCL_HAVE_IB
@@ -638,8 +638,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
         request.slot_bytes != options_.slot_bytes)
       bad("rank " + std::to_string(peer) + " uses different link settings");
     if (shm) {
-      made.theirs = ShmSegment::open(
-          std::string(request.shm_name.begin(), request.shm_name.end()), seg_bytes);
+      made.theirs = ShmSegment::open(std::string(request.shm_name.begin(), request.shm_name.end()),
+                                     seg_bytes);
       made.own = ShmSegment::create(seg_bytes);
     }
     std::vector<std::uint8_t> address;
@@ -652,8 +652,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     }
 #endif
     const std::string name = made.own ? made.own->name() : "";
-    const std::vector<std::uint8_t> reply =
-        encode_link_reply({std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address)});
+    const std::vector<std::uint8_t> reply = encode_link_reply(
+        {std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address)});
     co_await write_frame(*sock, *channel, FrameType::accept, reply);
 #if COCCL_HAVE_IB
     if (made.link) {

@@ -11,8 +11,8 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <coccl/unique_id.hpp>
 #include <chrono>
+#include <coccl/unique_id.hpp>
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -57,8 +57,7 @@ void read_ping_answer(const StoreRead& read, std::uint32_t nonce, const std::str
 void read_wait_answer(const StoreRead& read, std::string_view key, const std::string& where,
                       std::chrono::milliseconds timeout);
 /// GET's answer: the value of `key`, at most 1 MiB.
-std::string read_get_answer(const StoreRead& read, std::string_view key,
-                            const std::string& where);
+std::string read_get_answer(const StoreRead& read, std::string_view key, const std::string& where);
 /// ADD's answer: the new value.
 std::int64_t read_add_answer(const StoreRead& read, const std::string& where);
 

@@ -202,17 +202,16 @@ void read_wait_answer(const StoreRead& read, std::string_view key, const std::st
   WaitReply r{};
   if (!read(&r, sizeof r))
     fail(errc::timed_out, "TCPStore at " + where + ": key '" + std::string(key) +
-                              "' did not appear within " + std::to_string(timeout.count()) +
-                              " ms");
-  if (r != WaitReply::stop_waiting) fail(errc::bad_message, "TCPStore at " + where + ": bad WAIT answer");
+                              "' did not appear within " + std::to_string(timeout.count()) + " ms");
+  if (r != WaitReply::stop_waiting)
+    fail(errc::bad_message, "TCPStore at " + where + ": bad WAIT answer");
 }
 
-std::string read_get_answer(const StoreRead& read, std::string_view key,
-                            const std::string& where) {
+std::string read_get_answer(const StoreRead& read, std::string_view key, const std::string& where) {
   const auto n = read_value<std::uint64_t>(read, where, "GET");
   if (n > max_value_bytes)
-    fail(errc::bad_message, "TCPStore at " + where + ": value of '" + std::string(key) +
-                                "' is " + std::to_string(n) + " bytes");
+    fail(errc::bad_message, "TCPStore at " + where + ": value of '" + std::string(key) + "' is " +
+                                std::to_string(n) + " bytes");
   std::string value(n, '\0');
   if (n && !read(value.data(), n))
     fail(errc::timed_out, "TCPStore at " + where + ": GET answer cut short");

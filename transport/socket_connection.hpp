@@ -9,10 +9,10 @@
 #include <coccl/error.hpp>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "transport/connection.hpp"

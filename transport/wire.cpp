@@ -186,7 +186,7 @@ asio::awaitable<void> write_frame(asio::ip::tcp::socket& socket, Channel& channe
 }
 
 Channel::Head Channel::open_head(std::span<const std::uint8_t, head_size> head,
-                                std::size_t max_payload) const {
+                                 std::size_t max_payload) const {
   Header h;
   std::memcpy(&h, head.data(), sizeof h);
   const std::uint8_t dir = direction(!dialler_);

@@ -16,8 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (fuzz::rejects(errc::invalid_argument, [&] { hp = split_endpoint(text); })) return 0;
   const std::size_t colon = text.rfind(':');
   const std::string digits = text.substr(colon + 1);
-  if (digits.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(digits) != hp.port)
+  if (digits.find_first_not_of("0123456789") != std::string::npos || std::stoul(digits) != hp.port)
     fuzz::violated("the port is not the number after the last colon");
   const std::string host = text.substr(0, colon);
   if (hp.host != host && "[" + hp.host + "]" != host) fuzz::violated("the host is not the text's");

@@ -50,7 +50,9 @@ class Input {
   std::size_t pos_ = 0;
 };
 
-inline std::string text_of(std::span<const std::uint8_t> b) { return std::string(b.begin(), b.end()); }
+inline std::string text_of(std::span<const std::uint8_t> b) {
+  return std::string(b.begin(), b.end());
+}
 
 /// A broken property: reported like a crash.
 [[noreturn]] inline void violated(const char* what) {

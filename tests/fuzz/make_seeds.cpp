@@ -3,7 +3,6 @@
 // and a few edge cases. Usage: fuzz_seeds DIR (writes DIR/<target>/<seed>). The corpora in the
 // repository were made by it and then minimised with libFuzzer's -merge=1.
 #include <coccl/unique_id.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,8 +41,8 @@ void put(Bytes& b, const T& v) {
 void append(Bytes& b, const Bytes& more) { b.insert(b.end(), more.begin(), more.end()); }
 
 PeerInfo info(int port) {
-  PeerInfo p = PeerInfo::from({boost::asio::ip::make_address("10.0.0.7"),
-                               static_cast<unsigned short>(port)});
+  PeerInfo p = PeerInfo::from(
+      {boost::asio::ip::make_address("10.0.0.7"), static_cast<unsigned short>(port)});
   p.caps = PeerInfo::cap_ib;
   return p;
 }
@@ -51,10 +50,18 @@ PeerInfo info(int port) {
 void wire_seeds() {
   using namespace coccl::fuzz::wire;
   auto hello = Channel::dialler_hello(dialler_nonce);
-  seed("wire", "dialler_hello", [&] { Bytes b{0}; b.insert(b.end(), hello.begin(), hello.end()); return b; }());
+  seed("wire", "dialler_hello", [&] {
+    Bytes b{0};
+    b.insert(b.end(), hello.begin(), hello.end());
+    return b;
+  }());
   std::array<std::uint8_t, Channel::listener_hello_size> answer{};
   Channel::listener_side(secret, hello, listener_nonce, answer);
-  seed("wire", "listener_answer", [&] { Bytes b{1}; b.insert(b.end(), answer.begin(), answer.end()); return b; }());
+  seed("wire", "listener_answer", [&] {
+    Bytes b{1};
+    b.insert(b.end(), answer.begin(), answer.end());
+    return b;
+  }());
   // Frames from the dialler: a hello, a connect request, an empty control frame.
   Pair p = connected();
   Bytes stream{2};
@@ -156,8 +163,7 @@ void validate_seeds() {
 void nccl_seeds() {
   // Opcodes and argument bytes: see nccl_api_fuzz.cpp.
   seed("nccl_api", "all_reduce", Bytes{0, 0x08, 16, 7, 0, 0});
-  seed("nccl_api", "group_send_recv",
-       Bytes{11, 9, 0x08, 8, 2, 0, 0, 10, 0x08, 8, 2, 0, 0, 12});
+  seed("nccl_api", "group_send_recv", Bytes{11, 9, 0x08, 8, 2, 0, 0, 10, 0x08, 8, 2, 0, 0, 12});
   seed("nccl_api", "premulsum", Bytes{13, 7, 1, 0, 0, 0x08, 4, 7, 0x40, 0, 14, 1});
   seed("nccl_api", "queries", Bytes{15, 0, 15, 7, 16, 0, 17, 18, 1, 0, 0, 0, 0, 19, 0});
   seed("nccl_api", "overflow", [] {

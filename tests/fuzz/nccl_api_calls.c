@@ -5,17 +5,28 @@ ncclResult_t fuzz_nccl_collective(int which, const void* send, void* recv, size_
   const ncclDataType_t t = (ncclDataType_t)type;
   const ncclRedOp_t o = (ncclRedOp_t)op;
   switch (which) {
-    case 0: return ncclAllReduce(send, recv, count, t, o, comm, NULL);
-    case 1: return ncclBroadcast(send, recv, count, t, root, comm, NULL);
-    case 2: return ncclBcast(recv, count, t, root, comm, NULL);
-    case 3: return ncclReduce(send, recv, count, t, o, root, comm, NULL);
-    case 4: return ncclAllGather(send, recv, count, t, comm, NULL);
-    case 5: return ncclReduceScatter(send, recv, count, t, o, comm, NULL);
-    case 6: return ncclAlltoAll(send, recv, count, t, comm, NULL);
-    case 7: return ncclGather(send, recv, count, t, root, comm, NULL);
-    case 8: return ncclScatter(send, recv, count, t, root, comm, NULL);
-    case 9: return ncclSend(send, count, t, root, comm, NULL);
-    default: return ncclRecv(recv, count, t, root, comm, NULL);
+    case 0:
+      return ncclAllReduce(send, recv, count, t, o, comm, NULL);
+    case 1:
+      return ncclBroadcast(send, recv, count, t, root, comm, NULL);
+    case 2:
+      return ncclBcast(recv, count, t, root, comm, NULL);
+    case 3:
+      return ncclReduce(send, recv, count, t, o, root, comm, NULL);
+    case 4:
+      return ncclAllGather(send, recv, count, t, comm, NULL);
+    case 5:
+      return ncclReduceScatter(send, recv, count, t, o, comm, NULL);
+    case 6:
+      return ncclAlltoAll(send, recv, count, t, comm, NULL);
+    case 7:
+      return ncclGather(send, recv, count, t, root, comm, NULL);
+    case 8:
+      return ncclScatter(send, recv, count, t, root, comm, NULL);
+    case 9:
+      return ncclSend(send, count, t, root, comm, NULL);
+    default:
+      return ncclRecv(recv, count, t, root, comm, NULL);
   }
 }
 

@@ -67,10 +67,19 @@ Args args(coccl::fuzz::Input& in, const std::vector<int>& made_ops) {
   a.comm = flags & 0x20 ? nullptr : comm();
   // Buffers: none, distinct, or in place.
   switch ((flags >> 3) & 3) {
-    case 0: break;
-    case 1: a.send = send_buffer; a.recv = recv_buffer; break;
-    case 2: a.send = recv_buffer; a.recv = recv_buffer; break;
-    case 3: a.send = send_buffer; break;
+    case 0:
+      break;
+    case 1:
+      a.send = send_buffer;
+      a.recv = recv_buffer;
+      break;
+    case 2:
+      a.send = recv_buffer;
+      a.recv = recv_buffer;
+      break;
+    case 3:
+      a.send = send_buffer;
+      break;
   }
   // Bytes per element of each ncclDataType_t; a type out of range is refused whatever the buffers.
   static constexpr std::size_t sizes[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
@@ -107,8 +116,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 12: {
         ncclResult_t r = ncclGroupEnd();
         check(r);
-        if (open_groups > 0) --open_groups;
-        else if (r == ncclSuccess) coccl::fuzz::violated("ncclGroupEnd without a group succeeded");
+        if (open_groups > 0)
+          --open_groups;
+        else if (r == ncclSuccess)
+          coccl::fuzz::violated("ncclGroupEnd without a group succeeded");
         break;
       }
       case 13: {
@@ -150,8 +161,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         void* handle = nullptr;
         const auto pick = in.get<std::uint8_t>();
         const std::size_t bytes = pick & 0x80 ? in.get<std::uint64_t>() : pick % 64 * 64;
-        ncclResult_t r = ncclCommRegister(pick & 1 ? nullptr : comm(), pick & 2 ? nullptr : recv_buffer,
-                                          bytes > buffer_bytes ? 0 : bytes, pick & 4 ? nullptr : &handle);
+        ncclResult_t r =
+            ncclCommRegister(pick & 1 ? nullptr : comm(), pick & 2 ? nullptr : recv_buffer,
+                             bytes > buffer_bytes ? 0 : bytes, pick & 4 ? nullptr : &handle);
         check(r);
         if (r == ncclSuccess && handle) registrations.push_back(handle);
         break;

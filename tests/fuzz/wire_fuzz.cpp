@@ -64,7 +64,8 @@ void round_trip(fuzz::Input& in) {
     std::vector<std::uint8_t> wire = sender.seal(type, payload);
     // flip's top bit asks for a damaged frame, the rest picks the byte and the bits.
     const bool damage = flip & 0x8000;
-    if (damage) wire[(flip & 0x7fff) % wire.size()] ^= static_cast<std::uint8_t>(1 + (flip >> 8) % 255);
+    if (damage)
+      wire[(flip & 0x7fff) % wire.size()] ^= static_cast<std::uint8_t>(1 + (flip >> 8) % 255);
     auto head = std::span<const std::uint8_t>(wire).first<Channel::head_size>();
     Channel::Head h{};
     const bool bad_head =
@@ -80,8 +81,8 @@ void round_trip(fuzz::Input& in) {
     auto tag = std::span<const std::uint8_t>(wire).last<Channel::tag_size>();
     const bool bad_payload =
         fuzz::rejects(errc::bad_message, [&] { receiver.open_payload(head, body, tag); });
-    if (bad_payload != damage) fuzz::violated(damage ? "a damaged frame was accepted"
-                                                     : "an intact frame was rejected");
+    if (bad_payload != damage)
+      fuzz::violated(damage ? "a damaged frame was accepted" : "an intact frame was rejected");
     if (damage) return;
     if (!std::equal(body.begin(), body.end(), payload.begin(), payload.end()))
       fuzz::violated("the payload changed on the way");
