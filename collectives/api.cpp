@@ -1,16 +1,17 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
+#include <chrono>
 #include <coccl/coccl.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <future>
 
 #include "collectives/comm.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
@@ -320,7 +321,8 @@ std::string launcher_key(int call) {
 
 std::chrono::milliseconds launcher_timeout() {
   const double s = params::timeout_s.get();
-  return std::chrono::milliseconds(s > 0 ? static_cast<std::int64_t>(s * 1000) : 300000);
+  return s > 0 ? std::chrono::duration_cast<std::chrono::milliseconds>(runtime::default_timeout())
+               : std::chrono::milliseconds(300000);
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <coccl/device.hpp>
 #include <mutex>
 #include <set>
 #include <utility>
 
+#include "runtime/deadline.hpp"
 #include "runtime/params.hpp"
 
 namespace coccl::detail {
@@ -34,7 +36,9 @@ cudaError_t enable_peer_access(int from, int to) {
 
 std::uint64_t kernel_timeout_ns() {
   const double s = params::timeout_s.get();
-  return s > 0 ? static_cast<std::uint64_t>(s * 1e9) : device::default_timeout_ns;
+  if (!(s > 0)) return device::default_timeout_ns;
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(runtime::default_timeout()).count());
 }
 
 cudaError_t advertise(void* base, int device, std::uint64_t host, PeerAdvert& out) {

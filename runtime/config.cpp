@@ -56,7 +56,8 @@ std::optional<double> parse(std::string_view s, double*) {
   errno = 0;
   char* end = nullptr;
   double v = std::strtod(str.c_str(), &end);
-  if (errno != 0 || *end != '\0') return std::nullopt;
+  // NaN compares false with every bound a consumer would check it against.
+  if (errno != 0 || *end != '\0' || v != v) return std::nullopt;
   return v;
 }
 

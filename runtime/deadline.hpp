@@ -17,6 +17,10 @@ namespace coccl::runtime {
 
 namespace asio = boost::asio;
 
+/// `s` seconds as a duration, within [0, 10^9 s]: NaN and negative values are 0, and larger
+/// values (up to infinity) are 10^9 s, some 31 years, beyond which the count would overflow.
+std::chrono::steady_clock::duration seconds_to_duration(double s) noexcept;
+
 /// COCCL_TIMEOUT as a duration.
 std::chrono::steady_clock::duration default_timeout();
 

@@ -1,5 +1,6 @@
 #include <coccl/error.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 #include "runtime/deadline.hpp"
@@ -36,9 +37,16 @@ const std::error_category& error_category() noexcept {
 }
 
 namespace runtime {
-std::chrono::steady_clock::duration default_timeout() {
+std::chrono::steady_clock::duration seconds_to_duration(double s) noexcept {
+  constexpr double max_seconds = 1e9;
+  if (!(s > 0)) return std::chrono::steady_clock::duration::zero();
+  // Converting a double beyond the range of the count is undefined behaviour.
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(params::timeout_s.get()));
+      std::chrono::duration<double>(std::min(s, max_seconds)));
+}
+
+std::chrono::steady_clock::duration default_timeout() {
+  return seconds_to_duration(params::timeout_s.get());
 }
 }  // namespace runtime
 

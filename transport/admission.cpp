@@ -15,8 +15,7 @@ constexpr std::chrono::seconds drop_warning_interval{10};
 }  // namespace
 
 std::chrono::steady_clock::duration auth_timeout() {
-  auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(std::max(0.001, params::bootstrap_auth_timeout.get())));
+  auto limit = runtime::seconds_to_duration(std::max(0.001, params::bootstrap_auth_timeout.get()));
   return std::min(limit, runtime::default_timeout());
 }
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "runtime/log.hpp"
 #include "runtime/params.hpp"
@@ -25,7 +26,6 @@ namespace coccl::transport {
 namespace {
 
 constexpr std::uint32_t id_magic = 0x31444343u;  // "CCD1"
-constexpr std::uint32_t hello_magic = 0x4f4c4548u;
 // Hellos and connection requests are small; a table is 32 bytes a rank.
 constexpr std::size_t max_small_frame = 4096;
 constexpr std::size_t max_table_frame = 64u << 20;
@@ -52,23 +52,6 @@ std::string reason(const std::exception& e) {
 
 [[noreturn]] void bad(const std::string& what) {
   throw std::system_error(make_error_code(errc::bad_message), what);
-}
-
-std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& t) {
-  Writer w;
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(t.size()));
-  for (const PeerInfo& p : t) w.put(p);
-  return std::move(w.bytes());
-}
-
-std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks) {
-  Reader r(payload);
-  auto n = r.get<std::uint32_t>();
-  if (static_cast<int>(n) != nranks) bad("address table has the wrong size");
-  std::vector<PeerInfo> t(n);
-  for (auto& p : t) p = r.get<PeerInfo>();
-  if (!r.done()) bad("trailing bytes after the address table");
-  return t;
 }
 
 constexpr std::uint32_t notice_magic = 0x4543544eu;  // "NTCE"
@@ -240,12 +223,10 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
       co_return;
     }
     if (f.type != FrameType::hello) bad("expected a hello");
-    Reader r(f.payload);
-    if (r.get<std::uint32_t>() != hello_magic) bad("bad hello");
-    rank = r.get<std::int32_t>();
-    nranks = r.get<std::int32_t>();
-    info = r.get<PeerInfo>();
-    if (!r.done()) bad("trailing bytes in hello");
+    Hello hello = decode_hello(f.payload);
+    rank = hello.rank;
+    nranks = hello.nranks;
+    info = hello.info;
   } catch (const std::exception& e) {
     // Wrong secret, garbage, a replayed frame, or a connection that never spoke (or was evicted
     // by newer ones): drop it, keep serving the rest.
@@ -620,9 +601,8 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   int from = -1;
   try {
     if (f.type != FrameType::connect) bad("unexpected frame");
-    Reader r(f.payload);
-    from = r.get<std::int32_t>();
-    int to = r.get<std::int32_t>();
+    int to;
+    std::tie(from, to) = link_request_ranks(f.payload);
     if (to != rank_ || from < 0 || from >= rank_) bad("connection request for the wrong rank");
     if (by_peer_[from] || dialing_[from])
       bad("a second connection request from rank " + std::to_string(from));
@@ -704,11 +684,10 @@ asio::awaitable<void> Peers::join(RootAddress root) {
   auto sock = co_await transport::dial(ex_, root.endpoint, until);
   std::optional<Channel> channel;
   {
-    Writer w;
-    w.put(hello_magic).put<std::int32_t>(rank_).put<std::int32_t>(nranks_).put(self_info());
+    const std::vector<std::uint8_t> hello = encode_hello({rank_, nranks_, self_info()});
     runtime::CloseAfter guard(*sock, limit);
     channel.emplace(co_await Channel::initiate(*sock, root.secret));
-    co_await write_frame(*sock, *channel, FrameType::hello, w.bytes());
+    co_await write_frame(*sock, *channel, FrameType::hello, hello);
   }
   std::vector<std::uint8_t> payload;
   if (rank_ == 0) {
@@ -1021,28 +1000,25 @@ asio::awaitable<void> Peers::dial(int peer) {
       address = made.link->address().encode();
     }
 #endif
-    Writer w;
-    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put(kind);
-    w.put<std::uint64_t>(options_.slots).put<std::uint64_t>(options_.slot_bytes);
-    std::string name = made.own ? made.own->name() : "";
-    w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
-    w.put_bytes(address);
+    const std::string name = made.own ? made.own->name() : "";
+    const std::vector<std::uint8_t> request = encode_link_request(
+        {rank_, peer, static_cast<std::uint8_t>(kind), options_.slots, options_.slot_bytes,
+         std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address)});
     Channel channel = co_await Channel::initiate(*sock, secret_);
-    co_await write_frame(*sock, channel, FrameType::connect, w.bytes());
+    co_await write_frame(*sock, channel, FrameType::connect, request);
     Frame f = co_await read_frame(*sock, channel, max_small_frame);
     if (f.type == FrameType::notice)
       throw std::system_error(make_error_code(errc::remote_error), decode_notice(f.payload));
     if (f.type != FrameType::accept) bad("expected accept");
-    Reader r(f.payload);
-    auto their_name = r.get_bytes();
-    auto their_address = r.get_bytes();
+    LinkReply reply = decode_link_reply(f.payload);
     if (shm) {
-      made.theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+      made.theirs =
+          ShmSegment::open(std::string(reply.shm_name.begin(), reply.shm_name.end()), seg_bytes);
       made.own->unlink();  // the peer mapped it before accepting
     }
 #if COCCL_HAVE_IB
     if (made.link) {
-      made.link->connect(ib::LinkAddress::decode(their_address));
+      made.link->connect(ib::LinkAddress::decode(reply.address));
       // The peer may write only once our queue pairs are ready to receive.
       const std::vector<std::uint8_t> ready;
       co_await write_frame(*sock, channel, FrameType::accept, ready);
@@ -1077,18 +1053,13 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
   Made made;
   {
     runtime::CloseAfter guard(*sock, limit);
-    Reader r(payload);
-    r.get<std::int32_t>();
-    r.get<std::int32_t>();
-    auto their_kind = r.get<Kind>();
-    auto slots = r.get<std::uint64_t>();
-    auto slot_bytes = r.get<std::uint64_t>();
-    auto their_name = r.get_bytes();
-    auto their_address = r.get_bytes();
-    if (their_kind != kind || slots != options_.slots || slot_bytes != options_.slot_bytes)
+    LinkRequest request = decode_link_request(payload);
+    if (request.kind != static_cast<std::uint8_t>(kind) || request.slots != options_.slots ||
+        request.slot_bytes != options_.slot_bytes)
       bad("rank " + std::to_string(peer) + " uses different link settings");
     if (shm) {
-      made.theirs = ShmSegment::open(std::string(their_name.begin(), their_name.end()), seg_bytes);
+      made.theirs = ShmSegment::open(std::string(request.shm_name.begin(), request.shm_name.end()),
+                                     seg_bytes);
       made.own = ShmSegment::create(seg_bytes);
     }
     std::vector<std::uint8_t> address;
@@ -1096,15 +1067,14 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     if (kind == Kind::ib) {
       made.link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes,
                                              ib_qps(), ib_block_min());
-      made.link->connect(ib::LinkAddress::decode(their_address));
+      made.link->connect(ib::LinkAddress::decode(request.address));
       address = made.link->address().encode();
     }
 #endif
-    Writer w;
-    std::string name = made.own ? made.own->name() : "";
-    w.put_bytes({reinterpret_cast<const std::uint8_t*>(name.data()), name.size()});
-    w.put_bytes(address);
-    co_await write_frame(*sock, *channel, FrameType::accept, w.bytes());
+    const std::string name = made.own ? made.own->name() : "";
+    const std::vector<std::uint8_t> reply = encode_link_reply(
+        {std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address)});
+    co_await write_frame(*sock, *channel, FrameType::accept, reply);
 #if COCCL_HAVE_IB
     if (made.link) {
       Frame ready = co_await read_frame(*sock, *channel, max_small_frame);

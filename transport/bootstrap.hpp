@@ -11,8 +11,8 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <coccl/unique_id.hpp>
 #include <chrono>
+#include <coccl/unique_id.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -25,6 +25,7 @@
 #include "runtime/deadline.hpp"
 #include "runtime/engine.hpp"
 #include "transport/admission.hpp"
+#include "transport/bootstrap_messages.hpp"
 #include "transport/connection.hpp"
 #include "transport/shm.hpp"
 #if COCCL_HAVE_IB
@@ -34,22 +35,6 @@
 #include "transport/wire.hpp"
 
 namespace coccl::transport {
-
-/// What every rank knows about every other: where it listens and which host it is on.
-struct PeerInfo {
-  std::array<std::uint8_t, 16> addr;  // IPv4 in the first 4 bytes when family == 4
-  std::uint8_t family;                // 4 or 6
-  std::uint8_t caps;                  // cap_* bits: what the rank's links can be
-  std::uint16_t port;
-  std::uint64_t host_hash;  // same value <=> same host (shared memory possible)
-  std::int32_t pid;
-
-  asio::ip::tcp::endpoint endpoint() const;
-  static PeerInfo from(const asio::ip::tcp::endpoint& ep);
-
-  /// The rank has a usable RDMA device (COCCL_TRANSPORT=auto then takes ib across hosts).
-  static constexpr std::uint8_t cap_ib = 1;
-};
 
 /// The parts of a UniqueId.
 struct RootAddress {

@@ -9,7 +9,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -41,6 +43,23 @@ class TcpStoreClient {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+/// How TcpStoreClient reads a server's answer: fills exactly `n` bytes and returns true, or
+/// returns false when the deadline passed first (a failed connection throws).
+using StoreRead = std::function<bool(void* p, std::size_t n)>;
+
+/// Decoders of a TCPStore server's answers, the bytes TcpStoreClient reads through `read`;
+/// `where` names the server in errors. They throw std::system_error: errc::bad_message when the
+/// answer breaks the protocol, errc::timed_out when `read` reports the deadline.
+/// PING's answer: the server echoes `nonce`.
+void read_ping_answer(const StoreRead& read, std::uint32_t nonce, const std::string& where);
+/// WAIT's answer, sent once `key` exists (`timeout` is named in the error when it does not).
+void read_wait_answer(const StoreRead& read, std::string_view key, const std::string& where,
+                      std::chrono::milliseconds timeout);
+/// GET's answer: the value of `key`, at most 1 MiB.
+std::string read_get_answer(const StoreRead& read, std::string_view key, const std::string& where);
+/// ADD's answer: the new value.
+std::int64_t read_add_answer(const StoreRead& read, const std::string& where);
 
 /// The PMIx client of the process, when the process was started by a PMIx server (mpirun, srun
 /// --mpi=pmix) and libpmix can be loaded. Its rank and size come from PMIx itself.

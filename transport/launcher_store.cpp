@@ -117,12 +117,9 @@ struct TcpStoreClient::State {
     return true;
   }
 
-  template <typename T>
-  T recv_value(std::chrono::steady_clock::time_point deadline, const char* what) {
-    T v{};
-    if (!recv(&v, sizeof v, deadline))
-      fail(errc::timed_out, "TCPStore at " + where + ": no answer to " + what);
-    return v;
+  // The reader the answer decoders use, bounded by `deadline`.
+  StoreRead reader(std::chrono::steady_clock::time_point deadline) {
+    return [this, deadline](void* p, std::size_t n) { return recv(p, n, deadline); };
   }
 
   std::chrono::steady_clock::time_point deadline() const {
@@ -161,8 +158,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port,
   s_->send(Request(Query::validate).value(validation_magic), until);
   const std::uint32_t nonce = static_cast<std::uint32_t>(::getpid()) ^ 0x636f63u;
   s_->send(Request(Query::ping).value(nonce), until);
-  if (s_->recv_value<std::uint32_t>(until, "PING") != nonce)
-    fail(errc::bad_message, s_->where + " is not a TCPStore (wrong PING answer)");
+  read_ping_answer(s_->reader(until), nonce, s_->where);
 }
 
 TcpStoreClient::~TcpStoreClient() = default;
@@ -174,27 +170,56 @@ void TcpStoreClient::set(std::string_view key, std::string_view value) {
 std::string TcpStoreClient::get(std::string_view key) {
   const auto until = s_->deadline();
   s_->send(Request(Query::wait).value<std::uint64_t>(1).text(key), until);
-  WaitReply r{};
-  if (!s_->recv(&r, sizeof r, until))
-    fail(errc::timed_out, "TCPStore at " + s_->where + ": key '" + std::string(key) +
-                              "' did not appear within " + std::to_string(s_->timeout.count()) +
-                              " ms");
-  if (r != WaitReply::stop_waiting) fail(errc::bad_message, "TCPStore at " + s_->where + ": bad WAIT answer");
+  read_wait_answer(s_->reader(until), key, s_->where, s_->timeout);
   s_->send(Request(Query::get).text(key), until);
-  const auto n = s_->recv_value<std::uint64_t>(until, "GET");
-  if (n > max_value_bytes)
-    fail(errc::bad_message, "TCPStore at " + s_->where + ": value of '" + std::string(key) +
-                                "' is " + std::to_string(n) + " bytes");
-  std::string value(n, '\0');
-  if (n && !s_->recv(value.data(), n, until))
-    fail(errc::timed_out, "TCPStore at " + s_->where + ": GET answer cut short");
-  return value;
+  return read_get_answer(s_->reader(until), key, s_->where);
 }
 
 std::int64_t TcpStoreClient::add(std::string_view key, std::int64_t delta) {
   const auto until = s_->deadline();
   s_->send(Request(Query::add).text(key).value(delta), until);
-  return s_->recv_value<std::int64_t>(until, "ADD");
+  return read_add_answer(s_->reader(until), s_->where);
+}
+
+namespace {
+
+template <typename T>
+T read_value(const StoreRead& read, const std::string& where, const char* what) {
+  T v{};
+  if (!read(&v, sizeof v)) fail(errc::timed_out, "TCPStore at " + where + ": no answer to " + what);
+  return v;
+}
+
+}  // namespace
+
+void read_ping_answer(const StoreRead& read, std::uint32_t nonce, const std::string& where) {
+  if (read_value<std::uint32_t>(read, where, "PING") != nonce)
+    fail(errc::bad_message, where + " is not a TCPStore (wrong PING answer)");
+}
+
+void read_wait_answer(const StoreRead& read, std::string_view key, const std::string& where,
+                      std::chrono::milliseconds timeout) {
+  WaitReply r{};
+  if (!read(&r, sizeof r))
+    fail(errc::timed_out, "TCPStore at " + where + ": key '" + std::string(key) +
+                              "' did not appear within " + std::to_string(timeout.count()) + " ms");
+  if (r != WaitReply::stop_waiting)
+    fail(errc::bad_message, "TCPStore at " + where + ": bad WAIT answer");
+}
+
+std::string read_get_answer(const StoreRead& read, std::string_view key, const std::string& where) {
+  const auto n = read_value<std::uint64_t>(read, where, "GET");
+  if (n > max_value_bytes)
+    fail(errc::bad_message, "TCPStore at " + where + ": value of '" + std::string(key) + "' is " +
+                                std::to_string(n) + " bytes");
+  std::string value(n, '\0');
+  if (n && !read(value.data(), n))
+    fail(errc::timed_out, "TCPStore at " + where + ": GET answer cut short");
+  return value;
+}
+
+std::int64_t read_add_answer(const StoreRead& read, const std::string& where) {
+  return read_value<std::int64_t>(read, where, "ADD");
 }
 
 }  // namespace coccl::transport

@@ -13,10 +13,17 @@
 
 namespace coccl::transport {
 
-namespace {
-// Abort notices carry a short reason; a larger one is a protocol error.
-constexpr std::size_t max_abort_text = 4096;
-}  // namespace
+std::size_t abort_text_size(const LinkHeader& h) {
+  if (h.length > max_abort_text)
+    throw std::system_error(make_error_code(errc::bad_message),
+                            "abort notice of " + std::to_string(h.length) + " bytes");
+  return static_cast<std::size_t>(h.length);
+}
+
+errc abort_code(std::uint32_t code) noexcept {
+  if (code < 1 || code > static_cast<std::uint32_t>(errc::cuda_error)) return errc::remote_error;
+  return static_cast<errc>(code);
+}
 
 SocketConnection::SocketConnection(int self, int peer, asio::ip::tcp::socket socket,
                                    FailureHandler on_failure)
@@ -59,14 +66,11 @@ asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
           fail_waiters_soft();
           break;
         case LinkHeader::abort: {
-          if (h.length > max_abort_text) throw std::system_error(make_error_code(errc::bad_message));
-          std::string text(h.length, '\0');
+          std::string text(abort_text_size(h), '\0');
           co_await asio::async_read(socket_, asio::buffer(text), asio::use_awaitable);
           if (!*alive) co_return;
-          auto code = static_cast<errc>(h.fingerprint);
-          if (h.fingerprint < 1 || h.fingerprint > static_cast<std::uint32_t>(errc::cuda_error))
-            code = errc::remote_error;
-          close(make_error_code(code), "rank " + std::to_string(peer_) + " aborted: " + text);
+          close(make_error_code(abort_code(h.fingerprint)),
+                "rank " + std::to_string(peer_) + " aborted: " + text);
           co_return;
         }
         default:

@@ -6,10 +6,13 @@
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <string>
+#include <coccl/error.hpp>
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "transport/connection.hpp"
@@ -24,6 +27,14 @@ struct LinkHeader {
   std::uint32_t fingerprint;
   std::uint64_t length;
 };
+
+/// The reason text of an abort notice is at most this long; a longer one is a protocol error.
+inline constexpr std::size_t max_abort_text = 4096;
+/// The length of an abort notice's reason, checked before the text is read. Throws
+/// std::system_error(errc::bad_message) when it exceeds max_abort_text.
+std::size_t abort_text_size(const LinkHeader& h);
+/// The error an abort notice names: its code when it is one of coccl's, else errc::remote_error.
+errc abort_code(std::uint32_t code) noexcept;
 
 using Resume = asio::any_completion_handler<void(boost::system::error_code)>;
 // A parked waiter. Held in an optional and never assigned: Boost 1.81's any_completion_handler

@@ -29,7 +29,7 @@ struct Header {
 };
 static_assert(sizeof(Header) == 24);
 
-using Nonce = std::array<std::uint8_t, Channel::nonce_size>;
+using Nonce = Channel::Nonce;
 
 std::span<const std::uint8_t> bytes_of(const void* p, std::size_t n) {
   return {static_cast<const std::uint8_t*>(p), n};
@@ -90,16 +90,40 @@ bool matches(const std::string& name, const std::string& spec) {
 
 }  // namespace
 
-asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, const Secret& secret) {
-  Nonce mine;
-  detail::random_bytes(mine);
+std::array<std::uint8_t, Channel::dialler_hello_size> Channel::dialler_hello(const Nonce& mine) {
   std::array<std::uint8_t, dialler_hello_size> hello{};
   std::memcpy(hello.data(), &dialler_magic, 4);
   std::memcpy(hello.data() + 4, &wire_version, 4);
   std::memcpy(hello.data() + 8, mine.data(), mine.size());
-  co_await asio::async_write(socket, asio::buffer(hello), asio::use_awaitable);
-  std::array<std::uint8_t, listener_hello_size> answer{};
-  co_await asio::async_read(socket, asio::buffer(answer), asio::use_awaitable);
+  return hello;
+}
+
+void Channel::check_dialler_start(std::span<const std::uint8_t, 8> start) {
+  std::uint32_t magic, version;
+  std::memcpy(&magic, start.data(), 4);
+  std::memcpy(&version, start.data() + 4, 4);
+  if (magic != dialler_magic || version != wire_version)
+    reject("not a coccl bootstrap connection (bad handshake)");
+}
+
+Channel Channel::listener_side(const Secret& secret,
+                               std::span<const std::uint8_t, dialler_hello_size> hello,
+                               const Nonce& mine,
+                               std::array<std::uint8_t, listener_hello_size>& answer) {
+  check_dialler_start(hello.first<8>());
+  Nonce theirs;
+  std::memcpy(theirs.data(), hello.data() + 8, theirs.size());
+  detail::Digest key = connection_key(secret, theirs, mine);
+  detail::Digest proof = listener_proof(key);
+  std::memcpy(answer.data(), &listener_magic, 4);
+  std::memcpy(answer.data() + 4, &wire_version, 4);
+  std::memcpy(answer.data() + 8, mine.data(), mine.size());
+  std::memcpy(answer.data() + 8 + nonce_size, proof.data(), proof.size());
+  return Channel(key, false);
+}
+
+Channel Channel::dialler_side(const Secret& secret, const Nonce& mine,
+                              std::span<const std::uint8_t, listener_hello_size> answer) {
   std::uint32_t magic, version;
   std::memcpy(&magic, answer.data(), 4);
   std::memcpy(&version, answer.data() + 4, 4);
@@ -110,34 +134,34 @@ asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, const 
   std::memcpy(theirs.data(), answer.data() + 8, theirs.size());
   detail::Digest key = connection_key(secret, mine, theirs);
   detail::Digest want = listener_proof(key);
-  if (!detail::equal_constant_time(std::span(answer).subspan(8 + nonce_size), want))
+  if (!detail::equal_constant_time(answer.subspan<8 + nonce_size>(), want))
     reject("the listener failed authentication (it does not hold this communicator's secret)");
-  co_return Channel(key, true);
+  return Channel(key, true);
+}
+
+asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, const Secret& secret) {
+  Nonce mine;
+  detail::random_bytes(mine);
+  std::array<std::uint8_t, dialler_hello_size> hello = dialler_hello(mine);
+  co_await asio::async_write(socket, asio::buffer(hello), asio::use_awaitable);
+  std::array<std::uint8_t, listener_hello_size> answer{};
+  co_await asio::async_read(socket, asio::buffer(answer), asio::use_awaitable);
+  co_return dialler_side(secret, mine, answer);
 }
 
 asio::awaitable<Channel> Channel::respond(asio::ip::tcp::socket& socket, const Secret& secret) {
   std::array<std::uint8_t, dialler_hello_size> hello{};
   // Magic and version first, so that a stranger writing anything else is dropped at once.
   co_await asio::async_read(socket, asio::buffer(hello.data(), 8), asio::use_awaitable);
-  std::uint32_t magic, version;
-  std::memcpy(&magic, hello.data(), 4);
-  std::memcpy(&version, hello.data() + 4, 4);
-  if (magic != dialler_magic || version != wire_version)
-    reject("not a coccl bootstrap connection (bad handshake)");
+  check_dialler_start(std::span(hello).first<8>());
   co_await asio::async_read(socket, asio::buffer(hello.data() + 8, nonce_size),
                             asio::use_awaitable);
-  Nonce theirs, mine;
-  std::memcpy(theirs.data(), hello.data() + 8, theirs.size());
+  Nonce mine;
   detail::random_bytes(mine);
-  detail::Digest key = connection_key(secret, theirs, mine);
-  detail::Digest proof = listener_proof(key);
   std::array<std::uint8_t, listener_hello_size> answer{};
-  std::memcpy(answer.data(), &listener_magic, 4);
-  std::memcpy(answer.data() + 4, &wire_version, 4);
-  std::memcpy(answer.data() + 8, mine.data(), mine.size());
-  std::memcpy(answer.data() + 8 + nonce_size, proof.data(), proof.size());
+  Channel channel = listener_side(secret, hello, mine, answer);
   co_await asio::async_write(socket, asio::buffer(answer), asio::use_awaitable);
-  co_return Channel(key, false);
+  co_return channel;
 }
 
 std::vector<std::uint8_t> Channel::seal(FrameType type, std::span<const std::uint8_t> payload) {
@@ -161,30 +185,44 @@ asio::awaitable<void> write_frame(asio::ip::tcp::socket& socket, Channel& channe
   co_await asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable);
 }
 
-asio::awaitable<Frame> read_frame(asio::ip::tcp::socket& socket, Channel& channel,
-                                  std::size_t max_payload) {
-  Header h{};
-  detail::Digest htag{};
-  std::array<asio::mutable_buffer, 2> head{asio::buffer(&h, sizeof h), asio::buffer(htag)};
-  co_await asio::async_read(socket, head, asio::use_awaitable);
-  const std::uint8_t dir = direction(!channel.dialler_);
+Channel::Head Channel::open_head(std::span<const std::uint8_t, head_size> head,
+                                 std::size_t max_payload) const {
+  Header h;
+  std::memcpy(&h, head.data(), sizeof h);
+  const std::uint8_t dir = direction(!dialler_);
   // Nothing the header announces is believed before its tag checks out.
   if (h.magic != frame_magic ||
-      !detail::equal_constant_time(htag, header_tag(channel.key_, dir, h)))
+      !detail::equal_constant_time(head.subspan<sizeof h>(), header_tag(key_, dir, h)))
     reject("frame failed authentication (wrong secret, or captured on another connection)");
-  if (h.counter != channel.received_)
+  if (h.counter != received_)
     reject("frame replayed or out of order (counter " + std::to_string(h.counter) + ", expected " +
-           std::to_string(channel.received_) + ")");
+           std::to_string(received_) + ")");
   if (h.length > max_payload)
     reject("frame of " + std::to_string(h.length) + " bytes exceeds the limit of " +
            std::to_string(max_payload));
-  Frame f{static_cast<FrameType>(h.type), std::vector<std::uint8_t>(h.length)};
-  detail::Digest tag{};
+  return {static_cast<FrameType>(h.type), static_cast<std::size_t>(h.length)};
+}
+
+void Channel::open_payload(std::span<const std::uint8_t, head_size> head,
+                           std::span<const std::uint8_t> payload,
+                           std::span<const std::uint8_t, tag_size> tag) {
+  Header h;
+  std::memcpy(&h, head.data(), sizeof h);
+  if (!detail::equal_constant_time(tag, payload_tag(key_, direction(!dialler_), h, payload)))
+    reject("frame payload failed authentication");
+  ++received_;
+}
+
+asio::awaitable<Frame> read_frame(asio::ip::tcp::socket& socket, Channel& channel,
+                                  std::size_t max_payload) {
+  std::array<std::uint8_t, Channel::head_size> head{};
+  co_await asio::async_read(socket, asio::buffer(head), asio::use_awaitable);
+  Channel::Head h = channel.open_head(head, max_payload);
+  Frame f{h.type, std::vector<std::uint8_t>(h.length)};
+  std::array<std::uint8_t, Channel::tag_size> tag{};
   std::array<asio::mutable_buffer, 2> bufs{asio::buffer(f.payload), asio::buffer(tag)};
   co_await asio::async_read(socket, bufs, asio::use_awaitable);
-  if (!detail::equal_constant_time(tag, payload_tag(channel.key_, dir, h, f.payload)))
-    reject("frame payload failed authentication");
-  ++channel.received_;
+  channel.open_payload(head, f.payload, tag);
   co_return f;
 }
 
@@ -231,7 +269,7 @@ std::vector<asio::ip::address> local_addresses() {
   return chosen;
 }
 
-asio::ip::tcp::endpoint parse_endpoint(const std::string& text) {
+HostPort split_endpoint(const std::string& text) {
   auto colon = text.rfind(':');
   if (colon == std::string::npos || colon + 1 == text.size())
     throw std::system_error(make_error_code(errc::invalid_argument),
@@ -239,20 +277,37 @@ asio::ip::tcp::endpoint parse_endpoint(const std::string& text) {
   std::string host = text.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
-  unsigned long port = std::stoul(text.substr(colon + 1));
+  // Digits only: std::stoul would take "-1", " 80" or "80x" and wrap what is out of range.
+  const std::string digits = text.substr(colon + 1);
+  unsigned long port = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9' || port > 65535) {
+      port = 65536;
+      break;
+    }
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (port > 65535)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "port of '" + text + "' is not a number in [0, 65535]");
+  return {std::move(host), static_cast<std::uint16_t>(port)};
+}
+
+asio::ip::tcp::endpoint parse_endpoint(const std::string& text) {
+  HostPort hp = split_endpoint(text);
   boost::system::error_code ec;
-  auto addr = asio::ip::make_address(host, ec);
+  auto addr = asio::ip::make_address(hp.host, ec);
   if (ec) {
     // A host name: resolve it synchronously; this runs once per communicator at setup.
     asio::io_context io;
     asio::ip::tcp::resolver r(io);
-    auto res = r.resolve(host, std::to_string(port), ec);
+    auto res = r.resolve(hp.host, std::to_string(hp.port), ec);
     if (ec || res.empty())
       throw std::system_error(make_error_code(errc::invalid_argument),
-                              "cannot resolve '" + host + "'");
+                              "cannot resolve '" + hp.host + "'");
     return *res.begin();
   }
-  return {addr, static_cast<unsigned short>(port)};
+  return {addr, hp.port};
 }
 
 }  // namespace coccl::transport

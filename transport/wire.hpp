@@ -49,13 +49,20 @@ struct Frame {
 
 /// One side of an authenticated connection: the connection key and the frame counters of both
 /// directions. Made by the handshake (initiate/respond); not thread-safe.
+///
+/// The coroutines read and write the socket; the static and const members below them are the pure
+/// steps that check what the peer sent, usable without a socket (the fuzz targets call them).
 class Channel {
  public:
   /// Length of each side's nonce.
   static constexpr std::size_t nonce_size = 16;
+  using Nonce = std::array<std::uint8_t, nonce_size>;
   /// Bytes each side sends in the handshake before any frame.
   static constexpr std::size_t dialler_hello_size = 8 + nonce_size;
   static constexpr std::size_t listener_hello_size = 8 + nonce_size + 32;
+  /// A frame on the wire: a head (header and header tag), the payload, then the payload tag.
+  static constexpr std::size_t head_size = 24 + 32;
+  static constexpr std::size_t tag_size = 32;
 
   /// The dialler's side: sends its nonce, reads the listener's and checks the listener's proof.
   /// Throws std::system_error(errc::bad_message) when the listener does not know the secret, and
@@ -66,13 +73,43 @@ class Channel {
   /// channel authenticates it.
   static asio::awaitable<Channel> respond(asio::ip::tcp::socket& socket, const Secret& secret);
 
+  /// The dialler's hello for its nonce `mine`.
+  static std::array<std::uint8_t, dialler_hello_size> dialler_hello(const Nonce& mine);
+  /// Checks the first 8 bytes of a dialler's hello (magic and version), read before the rest so
+  /// that a stranger is dropped at once. Throws errc::bad_message.
+  static void check_dialler_start(std::span<const std::uint8_t, 8> start);
+  /// The listener's channel for a dialler's `hello` and the listener's nonce `mine`; `answer`
+  /// receives the bytes to send back. Throws errc::bad_message on a hello that is not coccl's.
+  static Channel listener_side(const Secret& secret,
+                               std::span<const std::uint8_t, dialler_hello_size> hello,
+                               const Nonce& mine,
+                               std::array<std::uint8_t, listener_hello_size>& answer);
+  /// The dialler's channel once the listener `answer`ed its nonce `mine`. Throws
+  /// errc::bad_message when the answer is not coccl's or the listener's proof is wrong.
+  static Channel dialler_side(const Secret& secret, const Nonce& mine,
+                              std::span<const std::uint8_t, listener_hello_size> answer);
+
   /// The bytes of the next outgoing frame (advances the send counter).
   std::vector<std::uint8_t> seal(FrameType type, std::span<const std::uint8_t> payload);
+
+  /// What the head of an incoming frame announces, once it authenticated.
+  struct Head {
+    FrameType type;
+    std::size_t length;
+  };
+  /// Authenticates the head of the next incoming frame (key, direction, counter) and checks that
+  /// its payload is at most `max_payload` bytes. Throws errc::bad_message.
+  Head open_head(std::span<const std::uint8_t, head_size> head, std::size_t max_payload) const;
+  /// Authenticates the payload and payload tag that follow `head` (accepted by open_head) and
+  /// counts the frame as received. Throws errc::bad_message.
+  void open_payload(std::span<const std::uint8_t, head_size> head,
+                    std::span<const std::uint8_t> payload,
+                    std::span<const std::uint8_t, tag_size> tag);
+
   /// True once a frame from the peer has authenticated.
   bool peer_authenticated() const noexcept { return received_ > 0; }
 
  private:
-  friend asio::awaitable<Frame> read_frame(asio::ip::tcp::socket&, Channel&, std::size_t);
   Channel(const std::array<std::uint8_t, 32>& key, bool dialler) : key_(key), dialler_(dialler) {}
   std::array<std::uint8_t, 32> key_;
   bool dialler_;
@@ -143,7 +180,18 @@ class Reader {
 /// docker bridges, falling back to loopback.
 std::vector<asio::ip::address> local_addresses();
 
-/// Parses "host:port", "[v6]:port" or "ip:port".
+/// The parts of an endpoint's text.
+struct HostPort {
+  std::string host;  // without the brackets of "[v6]"
+  std::uint16_t port;
+};
+/// Splits "host:port", "[v6]:port" or "ip:port" without resolving the host. Throws
+/// std::system_error(errc::invalid_argument) when there is no port or the port is not a decimal
+/// number in [0, 65535].
+HostPort split_endpoint(const std::string& text);
+
+/// Parses "host:port", "[v6]:port" or "ip:port", resolving a host name. Throws
+/// std::system_error(errc::invalid_argument) on bad text or a name that does not resolve.
 asio::ip::tcp::endpoint parse_endpoint(const std::string& text);
 
 }  // namespace coccl::transport

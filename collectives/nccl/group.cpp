@@ -64,14 +64,17 @@ class HostWaiter {
       if (--pending_ == 0) done_.notify_all();
     };
   }
-  /// Waits for every handler; returns the first failure's result (recorded on its comm).
+  /// Waits for every handler; returns the first failure's result, recorded on its comm unless
+  /// it is an argument error (the C++ layer refused the operation before sending anything, and
+  /// the communicator stays usable, as after an argument error check_call() finds).
   ncclResult_t wait() {
     std::unique_lock lock(mutex_);
     done_.wait(lock, [this] { return pending_ == 0; });
     if (!first_) return ncclSuccess;
-    return fail_comm(first_->comm, to_result(first_->ec),
-                     std::string(first_->what) + ": " +
-                         detail::describe_error(detail::impl_of(first_->comm->comm), first_->ec));
+    std::string text = std::string(first_->what) + ": " +
+                       detail::describe_error(detail::impl_of(first_->comm->comm), first_->ec);
+    if (first_->ec == errc::invalid_argument) return fail(ncclInvalidArgument, std::move(text));
+    return fail_comm(first_->comm, to_result(first_->ec), std::move(text));
   }
   /// Host copies that must live until the operations finish (pre-multiplied inputs).
   std::vector<std::vector<unsigned char>> scratch;
@@ -509,7 +512,10 @@ ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
   return guarded("ncclBcast", [&]() -> ncclResult_t {
-    return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+    // Not through pncclBroadcast: passing datatype on by value would load it as an enum, which is
+    // undefined for a value out of its range (the caller's to give, and ours to refuse).
+    return submit({comm, OpKind::broadcast, buff, buff, count, raw_value(datatype), ncclSum, root,
+                   false, stream});
   });
 }
 

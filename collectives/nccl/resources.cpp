@@ -152,9 +152,11 @@ ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   return guarded("ncclRedOpDestroy", [&]() -> ncclResult_t {
     if (auto r = check_comm(comm, "ncclRedOpDestroy")) return r;
     std::lock_guard lock(comm->mutex);
-    if (!comm->ops.erase(static_cast<int>(op)))
+    // raw_value: a negative op is out of the enum's range, and loading it would be undefined.
+    const int id = raw_value(op);
+    if (!comm->ops.erase(id))
       return fail(ncclInvalidArgument,
-                  "ncclRedOpDestroy: " + std::to_string(op) + " is not an operator of this comm");
+                  "ncclRedOpDestroy: " + std::to_string(id) + " is not an operator of this comm");
     return ncclSuccess;
   });
 }

@@ -597,6 +597,8 @@ static void test_errors(ncclComm_t comm) {
   EXPECT_RESULT(ncclReduce(b, b, 4, ncclFloat, ncclSum, -1, comm, stream_), ncclInvalidArgument);
   EXPECT_RESULT(ncclSend(b, 4, ncclFloat, nranks_, comm, stream_), ncclInvalidArgument);
   EXPECT_RESULT(ncclRecv(b, 4, ncclFloat, -1, comm, stream_), ncclInvalidArgument);
+  /* A send to self without its receive: refused by the layer below the argument checks. */
+  EXPECT_RESULT(ncclSend(b, 4, ncclFloat, rank_, comm, stream_), ncclInvalidArgument);
   EXPECT_RESULT(ncclCommCount(comm, NULL), ncclInvalidArgument);
   EXPECT_RESULT(ncclCommCount(NULL, NULL), ncclInvalidArgument);
   EXPECT_RESULT(ncclGetVersion(NULL), ncclInvalidArgument);

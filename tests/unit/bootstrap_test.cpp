@@ -77,6 +77,37 @@ TEST(UniqueIdText, RejectsNonHexDigits) {
   }
 }
 
+std::error_code code_of_split(const std::string& text) {
+  try {
+    transport::split_endpoint(text);
+  } catch (const std::system_error& e) {
+    return e.code();
+  }
+  return {};
+}
+
+TEST(EndpointText, SplitsHostAndPort) {
+  auto hp = transport::split_endpoint("[::1]:0080");
+  EXPECT_EQ(hp.host, "::1");
+  EXPECT_EQ(hp.port, 80);
+  EXPECT_EQ(transport::parse_endpoint("10.1.2.3:65535"),
+            tcp::endpoint(asio::ip::make_address("10.1.2.3"), 65535));
+}
+
+TEST(EndpointText, RejectsAPortThatIsNotANumberAsInvalidArgument) {
+  // std::stoul's own exception used to escape (not a std::system_error).
+  EXPECT_EQ(code_of_split("node:http"), errc::invalid_argument);
+  EXPECT_EQ(code_of_split("node: 80"), errc::invalid_argument);
+  EXPECT_EQ(code_of_split("node:80x"), errc::invalid_argument);
+}
+
+TEST(EndpointText, RejectsAPortOutOfRangeInsteadOfWrappingIt) {
+  // 70000 used to become port 4464, and -1 port 65535.
+  EXPECT_EQ(code_of_split("10.0.0.1:70000"), errc::invalid_argument);
+  EXPECT_EQ(code_of_split("10.0.0.1:-1"), errc::invalid_argument);
+  EXPECT_EQ(code_of_split("10.0.0.1:99999999999999999999999"), errc::invalid_argument);
+}
+
 TEST(UniqueIdEncoding, DecodeOfACreatedIdNamesAListeningRoot) {
   UniqueId id = UniqueId::create();
   auto root = transport::decode(id);

@@ -8,11 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/deadline.hpp"
 #include "runtime/params.hpp"
 
 namespace coccl::config {
@@ -183,6 +186,32 @@ TEST(AllParameters, DocumentsEveryParameter) {
 TEST(LibraryParameters, TimeoutDefaultsTo300Seconds) {
   if (std::getenv("COCCL_TIMEOUT")) GTEST_SKIP() << "COCCL_TIMEOUT is set";
   EXPECT_EQ(params::timeout_s.get(), 300.0);
+}
+
+// COCCL_TIMEOUT with the value `text` for one call of default_timeout().
+std::chrono::steady_clock::duration timeout_for(const std::string& text) {
+  params::timeout_s.set_override(text);
+  auto t = runtime::default_timeout();
+  params::timeout_s.set_override(std::nullopt);
+  return t;
+}
+
+TEST(LibraryParameters, HugeTimeoutsSaturateInsteadOfOverflowing) {
+  // 1e300 seconds does not fit a nanosecond count: converting it was undefined (and in practice
+  // a negative duration, which made every wait time out at once).
+  EXPECT_EQ(timeout_for("1e300"), std::chrono::seconds(1000000000));
+  EXPECT_EQ(timeout_for("inf"), std::chrono::seconds(1000000000));
+  EXPECT_EQ(timeout_for("2.5"), std::chrono::milliseconds(2500));
+}
+
+TEST(LibraryParameters, NegativeTimeoutIsZero) {
+  EXPECT_EQ(timeout_for("-1e300"), std::chrono::steady_clock::duration::zero());
+}
+
+TEST(Param, RejectsNotANumberAsADouble) {
+  bad_double.set_override("nan");
+  EXPECT_EQ(bad_double.get(), 2.5);
+  bad_double.set_override(std::nullopt);
 }
 
 }  // namespace

@@ -1,0 +1,99 @@
+// Fuzz target: the payloads of bootstrap and link-setup frames (transport/bootstrap_messages) and
+// the abort notices of established links (transport/socket_connection), and, where the ib
+// transport is built, the RDMA address a peer sends. The first byte picks the decoder; the rest
+// is the payload. Bad input must be errc::bad_message; what decodes must encode to the same bytes.
+#include "tests/fuzz/fuzz_input.hpp"
+#include "transport/bootstrap_messages.hpp"
+#include "transport/socket_connection.hpp"
+#if COCCL_HAVE_IB
+#include "transport/ib_link.hpp"
+#endif
+
+using namespace coccl;
+using namespace coccl::transport;
+
+namespace {
+
+void same(const std::vector<std::uint8_t>& encoded, std::span<const std::uint8_t> payload) {
+  if (!std::equal(encoded.begin(), encoded.end(), payload.begin(), payload.end()))
+    fuzz::violated("a decoded message does not encode to its bytes");
+}
+
+// PeerInfo travels as its object representation, padding included, so entries are compared field
+// by field.
+bool same_info(const PeerInfo& a, const PeerInfo& b) {
+  return a.addr == b.addr && a.family == b.family && a.caps == b.caps && a.port == b.port &&
+         a.host_hash == b.host_hash && a.pid == b.pid;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  fuzz::Input in(data, size);
+  const auto which = in.get<std::uint8_t>();
+  switch (which % 7) {
+    case 0: {
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] {
+        Hello h = decode_hello(payload);
+        Hello again = decode_hello(encode_hello(h));
+        if (again.rank != h.rank || again.nranks != h.nranks || !same_info(again.info, h.info))
+          fuzz::violated("a hello changed in encoding");
+      });
+      break;
+    }
+    case 1: {
+      // The table's expected size comes from the receiving rank, not from the payload.
+      const int nranks = in.get<std::uint8_t>();
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] {
+        auto table = decode_table(payload, nranks);
+        if (static_cast<int>(table.size()) != nranks) fuzz::violated("table of the wrong size");
+        auto again = decode_table(encode_table(table), nranks);
+        for (std::size_t i = 0; i < table.size(); ++i)
+          if (!same_info(again[i], table[i])) fuzz::violated("a table changed in encoding");
+      });
+      break;
+    }
+    case 2: {
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] { link_request_ranks(payload); });
+      // The request's encoding is a prefix of the payload: trailing bytes are not read.
+      fuzz::rejects(errc::bad_message, [&] {
+        auto encoded = encode_link_request(decode_link_request(payload));
+        same(encoded, payload.first(std::min(encoded.size(), payload.size())));
+      });
+      break;
+    }
+    case 3: {
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] {
+        auto encoded = encode_link_reply(decode_link_reply(payload));
+        same(encoded, payload.first(std::min(encoded.size(), payload.size())));
+      });
+      break;
+    }
+    case 4:
+    case 5: {
+      const LinkHeader h{LinkHeader::abort, in.get<std::uint32_t>(), in.get<std::uint64_t>()};
+      fuzz::rejects(errc::bad_message, [&] {
+        if (abort_text_size(h) > max_abort_text) fuzz::violated("abort text over the limit");
+      });
+      const errc code = abort_code(h.fingerprint);
+      if (make_error_code(code).message().empty()) fuzz::violated("abort code without a message");
+      break;
+    }
+    case 6: {
+      auto payload = in.rest();
+#if COCCL_HAVE_IB
+      fuzz::rejects(errc::bad_message, [&] {
+        auto encoded = ib::LinkAddress::decode(payload).encode();
+        same(encoded, payload);
+      });
+#endif
+      (void)payload;
+      break;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,94 @@
+#include "transport/bootstrap_messages.hpp"
+
+#include <coccl/error.hpp>
+#include <system_error>
+
+#include "transport/wire.hpp"
+
+namespace coccl::transport {
+namespace {
+
+constexpr std::uint32_t hello_magic = 0x4f4c4548u;
+
+[[noreturn]] void bad(const std::string& what) {
+  throw std::system_error(make_error_code(errc::bad_message), what);
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_hello(const Hello& h) {
+  Writer w;
+  w.put(hello_magic).put(h.rank).put(h.nranks).put(h.info);
+  return std::move(w.bytes());
+}
+
+Hello decode_hello(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != hello_magic) bad("bad hello");
+  Hello h;
+  h.rank = r.get<std::int32_t>();
+  h.nranks = r.get<std::int32_t>();
+  h.info = r.get<PeerInfo>();
+  if (!r.done()) bad("trailing bytes in hello");
+  return h;
+}
+
+std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table) {
+  Writer w;
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(table.size()));
+  for (const PeerInfo& p : table) w.put(p);
+  return std::move(w.bytes());
+}
+
+std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks) {
+  Reader r(payload);
+  auto n = r.get<std::uint32_t>();
+  if (static_cast<int>(n) != nranks) bad("address table has the wrong size");
+  std::vector<PeerInfo> t(n);
+  for (auto& p : t) p = r.get<PeerInfo>();
+  if (!r.done()) bad("trailing bytes after the address table");
+  return t;
+}
+
+std::vector<std::uint8_t> encode_link_request(const LinkRequest& q) {
+  Writer w;
+  w.put(q.from).put(q.to).put(q.kind).put(q.slots).put(q.slot_bytes);
+  w.put_bytes(q.shm_name).put_bytes(q.address);
+  return std::move(w.bytes());
+}
+
+std::pair<std::int32_t, std::int32_t> link_request_ranks(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  auto from = r.get<std::int32_t>();
+  auto to = r.get<std::int32_t>();
+  return {from, to};
+}
+
+LinkRequest decode_link_request(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  LinkRequest q;
+  q.from = r.get<std::int32_t>();
+  q.to = r.get<std::int32_t>();
+  q.kind = r.get<std::uint8_t>();
+  q.slots = r.get<std::uint64_t>();
+  q.slot_bytes = r.get<std::uint64_t>();
+  q.shm_name = r.get_bytes();
+  q.address = r.get_bytes();
+  return q;
+}
+
+std::vector<std::uint8_t> encode_link_reply(const LinkReply& a) {
+  Writer w;
+  w.put_bytes(a.shm_name).put_bytes(a.address);
+  return std::move(w.bytes());
+}
+
+LinkReply decode_link_reply(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  LinkReply a;
+  a.shm_name = r.get_bytes();
+  a.address = r.get_bytes();
+  return a;
+}
+
+}  // namespace coccl::transport

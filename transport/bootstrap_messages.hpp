@@ -1,0 +1,73 @@
+// The payloads of the bootstrap and link-setup frames: what ranks tell the root and each other.
+//
+// Every decoder here reads bytes a peer sent (after the frame authenticated, so from a holder of
+// the secret, but possibly a confused one) and throws std::system_error(errc::bad_message) on a
+// payload that is truncated or malformed; it never reads past the payload and allocates only what
+// the payload itself holds.
+#pragma once
+
+#include <array>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace coccl::transport {
+
+/// What every rank knows about every other: where it listens and which host it is on.
+struct PeerInfo {
+  std::array<std::uint8_t, 16> addr;  // IPv4 in the first 4 bytes when family == 4
+  std::uint8_t family;                // 4 or 6
+  std::uint8_t caps;                  // cap_* bits: what the rank's links can be
+  std::uint16_t port;
+  std::uint64_t host_hash;  // same value <=> same host (shared memory possible)
+  std::int32_t pid;
+
+  boost::asio::ip::tcp::endpoint endpoint() const;
+  static PeerInfo from(const boost::asio::ip::tcp::endpoint& ep);
+
+  /// The rank has a usable RDMA device (COCCL_TRANSPORT=auto then takes ib across hosts).
+  static constexpr std::uint8_t cap_ib = 1;
+};
+
+/// rank -> root: who the rank is and where it listens. The root checks the ranks.
+struct Hello {
+  std::int32_t rank;
+  std::int32_t nranks;
+  PeerInfo info;
+};
+std::vector<std::uint8_t> encode_hello(const Hello& h);
+Hello decode_hello(std::span<const std::uint8_t> payload);
+
+/// The address table, one entry per rank; decoding checks it has `nranks` entries.
+std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table);
+std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks);
+
+/// Lower rank -> higher rank: open a link of `kind` with these settings. `shm_name` names the
+/// dialler's shared segment (shm links), `address` is its RDMA address (ib links).
+struct LinkRequest {
+  std::int32_t from;
+  std::int32_t to;
+  std::uint8_t kind;
+  std::uint64_t slots;
+  std::uint64_t slot_bytes;
+  std::vector<std::uint8_t> shm_name;
+  std::vector<std::uint8_t> address;
+};
+std::vector<std::uint8_t> encode_link_request(const LinkRequest& r);
+/// The ranks of a request (from, to), read first: they decide whether it is answered at all.
+std::pair<std::int32_t, std::int32_t> link_request_ranks(std::span<const std::uint8_t> payload);
+LinkRequest decode_link_request(std::span<const std::uint8_t> payload);
+
+/// Higher rank -> lower rank: the link request accepted, with the answering rank's segment name
+/// and RDMA address.
+struct LinkReply {
+  std::vector<std::uint8_t> shm_name;
+  std::vector<std::uint8_t> address;
+};
+std::vector<std::uint8_t> encode_link_reply(const LinkReply& r);
+LinkReply decode_link_reply(std::span<const std::uint8_t> payload);
+
+}  // namespace coccl::transport
