@@ -35,6 +35,7 @@ enum class FrameType : std::uint32_t {
   connect = 3,  // lower rank -> higher rank: open a peer connection
   accept = 4,   // higher rank -> lower rank: connection accepted, transport parameters
   ctrl = 5,     // a control message on an established connection
+  stripe = 6,   // lower rank -> higher rank: an extra socket of a tcp link being made
 };
 
 struct Frame {
