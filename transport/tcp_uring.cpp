@@ -762,21 +762,19 @@ asio::awaitable<Chunk> UringTcpConnection::wait() {
 }
 
 void UringTcpConnection::release() {
-  ++released_;
+  // The credit goes back on the socket that carried the chunk: it carries that socket's ACK with
+  // it, which a zero-copy send waits for before the kernel lets go of the sender's buffer.
+  const std::size_t i = released_++ % socks_.size();
   if (closed_ || bye_seen_) return;
   // Credits add up: one still queued behind a send takes this one too.
-  for (Sock& s : socks_)
-    for (std::size_t k = s.sending ? 1 : 0; k < s.queue.size(); ++k)
-      if (s.queue[k]->header.type == LinkHeader::credit) {
-        ++s.queue[k]->header.length;
-        return;
-      }
-  // Else on the socket with the least queued, so that a credit does not wait behind a chunk.
-  std::size_t best = 0;
-  for (std::size_t i = 1; i < socks_.size(); ++i)
-    if (socks_[i].queue.size() < socks_[best].queue.size()) best = i;
-  enqueue(best, std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0,
-                                             Resume()}));
+  Sock& s = socks_[i];
+  for (std::size_t k = s.sending ? 1 : 0; k < s.queue.size(); ++k)
+    if (s.queue[k]->header.type == LinkHeader::credit) {
+      ++s.queue[k]->header.length;
+      return;
+    }
+  enqueue(i, std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0,
+                                          Resume()}));
 }
 
 void UringTcpConnection::send_abort(std::error_code ec, const std::string& why) {

@@ -10,8 +10,9 @@
 //   notification says it no longer reads that buffer. Smaller puts and control frames are one
 //   copying SENDMSG. One send is in flight per socket, which keeps each socket's frames in order.
 // - Sockets are registered files. Put k goes on socket k mod n and the receiver expects it there,
-//   so chunks come out in put order whatever order the sockets deliver them in. Credits may go on
-//   any socket; abort and goodbye notices go on socket 0.
+//   so chunks come out in put order whatever order the sockets deliver them in. The credit for
+//   chunk k returns on the socket that carried it (with that socket's ACK, which a zero-copy send
+//   waits for); abort and goodbye notices go on socket 0.
 // - Completions reach the proxy thread's io_context through an eventfd registered with the ring
 //   and read by an Asio stream_descriptor; while a coroutine waits on the link, the proxy's driver
 //   loop also polls the completion queue directly (runtime::Poller), which costs no system call.

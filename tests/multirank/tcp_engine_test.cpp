@@ -111,13 +111,15 @@ INSTANTIATE_TEST_SUITE_P(Engines, TcpEngine, ::testing::Values("uring", "asio"),
 // ---- Several sockets per link ----------------------------------------------------------------
 
 // Puts go round the sockets in turn and may arrive in any order across them; with 4 KiB slots
-// every collective is many chunks, and the reference check fails if any came out of order.
+// every collective is many chunks, and the reference check fails if any came out of order. Puts
+// of 2 KiB and more go zero-copy (SEND_ZC), smaller ones are copied: both paths interleave.
 TEST(TcpStriping, FourSocketsAndSmallSlotsDeliverEveryChunkInPutOrder) {
   skip_without_uring();
   LaunchOptions o;
   o.scenario = "every_collective";
   o.nranks = 3;
-  o.env = tcp_env("uring", {"COCCL_SLOT_BYTES=4096", "COCCL_SLOTS=8", "COCCL_TCP_SOCKETS=4"});
+  o.env = tcp_env("uring", {"COCCL_SLOT_BYTES=4096", "COCCL_SLOTS=8", "COCCL_TCP_SOCKETS=4",
+                            "COCCL_TCP_ZC_MIN=2048"});
   const LaunchResult r = launch(o);
   ASSERT_TRUE(r.all_passed()) << r.describe();
   EXPECT_TRUE(every_rank_says(r, "on io_uring over 4 socket(s)")) << r.describe();
