@@ -475,6 +475,7 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     co_await answer(from, s, channel, std::move(f.payload));
   } catch (const std::exception& e) {
     if (!*alive) co_return;
+    stripes_[from].reset();
     failed_[from] = e.what();
     COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
   }
@@ -756,7 +757,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
           extra[index - 1] = std::move(stripe.second);
         }
       } catch (...) {
-        if (*alive) stripes_[peer].reset();
+        if (!*alive) co_return;
         throw;
       }
       stripes_[peer].reset();
