@@ -438,8 +438,15 @@ void CommImpl::destroy() {
   auto close_quietly = [this, &done] {
     record_failure(make_error_code(errc::aborted), "communicator destroyed");
     watchdog_.cancel();
-    if (peers_) peers_->shutdown(make_error_code(errc::aborted), "destroyed", false);
-    done.set_value();
+    if (!peers_) {
+      done.set_value();
+      return;
+    }
+    peers_->shutdown(make_error_code(errc::aborted), "destroyed", false);
+    // A goodbye queued behind a frame in flight must leave before the caller may exit the
+    // process; without it the peers would read the closed stream as a lost rank.
+    asio::co_spawn(ex_, peers_->flush_notices(std::chrono::seconds(1)),
+                   [&done](std::exception_ptr) { done.set_value(); });
   };
   asio::post(ex_, [&] {
     closed_ = true;

@@ -110,5 +110,18 @@ config::Param<std::int64_t> ib_zcopy_min{
     "COCCL_IB_ZCOPY_MIN", 64 << 10,
     "smallest transfer an ib connection moves as a block: zero-copy when both buffers are "
     "registered (register_buffer), after a rendezvous; every rank must use the same value"};
+config::Param<std::string> tcp_engine{
+    "COCCL_TCP_ENGINE", "auto",
+    "what drives tcp links: uring (io_uring: multishot receives, zero-copy sends, several "
+    "sockets per peer), asio (one socket per peer on Boost.Asio) or auto (uring where the kernel "
+    "allows it, else asio)"};
+config::Param<std::int64_t> tcp_sockets{
+    "COCCL_TCP_SOCKETS", 2,
+    "sockets per tcp link under the uring engine (1 to 16), puts striped over them in turn; a "
+    "link takes the smaller count of its two ends (1 where one end runs the asio engine)"};
+config::Param<std::int64_t> tcp_zc_min{
+    "COCCL_TCP_ZC_MIN", 1 << 20,
+    "smallest put the uring engine sends zero-copy (IORING_OP_SEND_ZC) from the caller's buffer; "
+    "smaller ones are copied into the socket"};
 
 }  // namespace coccl::params

@@ -37,5 +37,8 @@ extern config::Param<std::int64_t> ib_gid_index;    // COCCL_IB_GID_INDEX
 extern config::Param<std::int64_t> ib_qps_per_peer; // COCCL_IB_QPS_PER_PEER
 extern config::Param<std::int64_t> ib_split_bytes;  // COCCL_IB_SPLIT_BYTES
 extern config::Param<std::int64_t> ib_zcopy_min;    // COCCL_IB_ZCOPY_MIN
+extern config::Param<std::string> tcp_engine;       // COCCL_TCP_ENGINE
+extern config::Param<std::int64_t> tcp_sockets;     // COCCL_TCP_SOCKETS
+extern config::Param<std::int64_t> tcp_zc_min;      // COCCL_TCP_ZC_MIN
 
 }  // namespace coccl::params

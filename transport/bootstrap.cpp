@@ -8,6 +8,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <algorithm>
 #include <coccl/error.hpp>
 #include <cstring>
 #include <fstream>
@@ -451,7 +452,11 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       pending_(nranks),
       dialing_(nranks, false),
       failed_(nranks),
+      stripes_(nranks),
       recovery_box_(ex_) {
+  // A bad COCCL_TCP_ENGINE, or uring forced where the kernel refuses it, fails here; the choice
+  // is logged once.
+  if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
   auto addrs = local_addresses();
   tcp::endpoint ep(addrs.front(), 0);
   acceptor_.open(ep.protocol());
@@ -598,6 +603,21 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     table_box_.push(std::move(f.payload));
     co_return;
   }
+  if (f.type == FrameType::stripe) {
+    // A further socket of a tcp link this rank is answering: hand it to that answer.
+    try {
+      Reader r(f.payload);
+      int from = r.get<std::int32_t>();
+      int to = r.get<std::int32_t>();
+      auto index = r.get<std::uint32_t>();
+      if (to != rank_ || from < 0 || from >= rank_ || !stripes_[from])
+        bad("a stray socket for a tcp link");
+      stripes_[from]->push(Stripe{index, s});
+    } catch (const std::exception& e) {
+      drops_.dropped(e.what());
+    }
+    co_return;
+  }
   int from = -1;
   try {
     if (f.type != FrameType::connect) bad("unexpected frame");
@@ -615,6 +635,7 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     co_await answer(from, s, channel, std::move(f.payload));
   } catch (const std::exception& e) {
     if (!*alive) co_return;
+    stripes_[from].reset();
     failed_[from] = e.what();
     COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
   }
@@ -913,6 +934,21 @@ Peers::Kind Peers::kind_for(int peer) const {
   return same_host ? Kind::shm : Kind::tcp;
 }
 
+std::uint32_t Peers::prepare_tcp(int peer, Made& made) {
+  if (tcp_engine(rank_) == TcpEngine::asio) return 1;
+  std::string why;
+  made.ring = make_uring_ring(why);
+  if (!made.ring) {
+    if (params::tcp_engine.get() == "uring")
+      throw std::system_error(make_error_code(errc::unsupported),
+                              "COCCL_TCP_ENGINE=uring, but the link to rank " +
+                                  std::to_string(peer) + " cannot have an io_uring: " + why);
+    COCCL_INFO(net, rank_, "link to rank %d on asio: %s", peer, why.c_str());
+    return 1;
+  }
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>(params::tcp_sockets.get(), 1, 16));
+}
+
 void Peers::announce(int peer) {
   if (pending_[peer]) pending_[peer]->cancel();
   pending_[peer].reset();
@@ -989,6 +1025,7 @@ asio::awaitable<void> Peers::dial(int peer) {
   auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
                                        std::chrono::steady_clock::now() + limit, true);
   Made made;
+  const std::uint32_t want = kind == Kind::tcp ? prepare_tcp(peer, made) : 1;
   {
     runtime::CloseAfter guard(*sock, limit);
     if (shm) made.own = ShmSegment::create(seg_bytes);
@@ -1003,7 +1040,7 @@ asio::awaitable<void> Peers::dial(int peer) {
     const std::string name = made.own ? made.own->name() : "";
     const std::vector<std::uint8_t> request = encode_link_request(
         {rank_, peer, static_cast<std::uint8_t>(kind), options_.slots, options_.slot_bytes,
-         std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address)});
+         std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address), want});
     Channel channel = co_await Channel::initiate(*sock, secret_);
     co_await write_frame(*sock, channel, FrameType::connect, request);
     Frame f = co_await read_frame(*sock, channel, max_small_frame);
@@ -1011,6 +1048,21 @@ asio::awaitable<void> Peers::dial(int peer) {
       throw std::system_error(make_error_code(errc::remote_error), decode_notice(f.payload));
     if (f.type != FrameType::accept) bad("expected accept");
     LinkReply reply = decode_link_reply(f.payload);
+    const std::uint32_t sockets = reply.sockets;
+    if (sockets < 1 || sockets > want)
+      bad("rank " + std::to_string(peer) + " answered with " + std::to_string(sockets) +
+          " sockets");
+    // The link's further sockets, each authenticated like the first.
+    for (std::uint32_t index = 1; index < sockets; ++index) {
+      auto extra = co_await transport::dial(ex_, table_[peer].endpoint(),
+                                            std::chrono::steady_clock::now() + limit);
+      runtime::CloseAfter extra_guard(*extra, limit);
+      Writer sw;
+      sw.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint32_t>(index);
+      Channel extra_channel = co_await Channel::initiate(*extra, secret_);
+      co_await write_frame(*extra, extra_channel, FrameType::stripe, sw.bytes());
+      made.extra.push_back(std::move(*extra));
+    }
     if (shm) {
       made.theirs =
           ShmSegment::open(std::string(reply.shm_name.begin(), reply.shm_name.end()), seg_bytes);
@@ -1054,9 +1106,15 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
   {
     runtime::CloseAfter guard(*sock, limit);
     LinkRequest request = decode_link_request(payload);
+    const std::uint32_t their_sockets = request.sockets;
     if (request.kind != static_cast<std::uint8_t>(kind) || request.slots != options_.slots ||
-        request.slot_bytes != options_.slot_bytes)
+        request.slot_bytes != options_.slot_bytes || their_sockets < 1 || their_sockets > 16 ||
+        (kind != Kind::tcp && their_sockets != 1))
       bad("rank " + std::to_string(peer) + " uses different link settings");
+    // A link has as many sockets as the end that wants fewer.
+    const std::uint32_t sockets =
+        kind == Kind::tcp ? std::min(their_sockets, prepare_tcp(peer, made)) : 1;
+    if (sockets > 1) stripes_[peer] = std::make_unique<runtime::Mailbox<Stripe>>(ex_);
     if (shm) {
       made.theirs = ShmSegment::open(std::string(request.shm_name.begin(), request.shm_name.end()),
                                      seg_bytes);
@@ -1073,8 +1131,26 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
 #endif
     const std::string name = made.own ? made.own->name() : "";
     const std::vector<std::uint8_t> reply = encode_link_reply(
-        {std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address)});
+        {std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address), sockets});
     co_await write_frame(*sock, *channel, FrameType::accept, reply);
+    if (sockets > 1) {
+      std::vector<std::shared_ptr<asio::ip::tcp::socket>> extra(sockets - 1);
+      try {
+        for (std::uint32_t k = 1; k < sockets; ++k) {
+          Stripe stripe = co_await stripes_[peer]->pop(limit);
+          if (!*alive) co_return;
+          const std::uint32_t index = stripe.first;
+          if (index < 1 || index >= sockets || extra[index - 1])
+            bad("rank " + std::to_string(peer) + " sent a bad socket index");
+          extra[index - 1] = std::move(stripe.second);
+        }
+      } catch (...) {
+        if (!*alive) co_return;
+        throw;
+      }
+      stripes_[peer].reset();
+      for (auto& s : extra) made.extra.push_back(std::move(*s));
+    }
 #if COCCL_HAVE_IB
     if (made.link) {
       Frame ready = co_await read_frame(*sock, *channel, max_small_frame);
@@ -1105,23 +1181,37 @@ void Peers::abort_new_link(int peer, tcp::socket s, Made made) {
 void Peers::add_made(int peer, tcp::socket s, Made made) {
 #if COCCL_HAVE_IB
   if (made.link) {
-    add(peer,
+    auto c =
         std::make_unique<IbConnection>(rank_, peer, std::move(s), std::move(made.link),
-                                       ib_split_bytes(), ib_poller_, user_buffers_, on_failure_));
+                                       ib_split_bytes(), ib_poller_, user_buffers_, on_failure_);
+    c->start();
+    add(peer, std::move(c));
     return;
   }
 #endif
-  if (made.own)
-    add(peer, std::make_unique<ShmConnection>(rank_, peer, std::move(s), options_.slots,
-                                              options_.slot_bytes, std::move(made.own),
-                                              std::move(made.theirs), poller_, on_failure_));
-  else
-    add(peer, std::make_unique<TcpConnection>(rank_, peer, std::move(s), options_.slots,
-                                              options_.slot_bytes, on_failure_));
+  if (made.own) {
+    auto c = std::make_unique<ShmConnection>(rank_, peer, std::move(s), options_.slots,
+                                             options_.slot_bytes, std::move(made.own),
+                                             std::move(made.theirs), poller_, on_failure_);
+    c->start();
+    add(peer, std::move(c));
+  } else if (made.ring) {
+    std::vector<tcp::socket> sockets;
+    sockets.push_back(std::move(s));
+    for (auto& e : made.extra) sockets.push_back(std::move(e));
+    const std::size_t n = sockets.size();
+    add(peer, make_uring_connection(rank_, peer, std::move(sockets), std::move(made.ring),
+                                    options_.slots, options_.slot_bytes, thread_, on_failure_));
+    COCCL_INFO(net, rank_, "tcp link to rank %d on io_uring over %zu socket(s)", peer, n);
+  } else {
+    auto c = std::make_unique<TcpConnection>(rank_, peer, std::move(s), options_.slots,
+                                             options_.slot_bytes, on_failure_);
+    c->start();
+    add(peer, std::move(c));
+  }
 }
 
-void Peers::add(int peer, std::unique_ptr<SocketConnection> c) {
-  c->start();
+void Peers::add(int peer, std::unique_ptr<Connection> c) {
   COCCL_INFO(net, rank_, "connected to rank %d over %s", peer, c->kind());
   by_peer_[peer] = c.get();
   conns_.push_back(std::move(c));
@@ -1141,6 +1231,8 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   // The listener stays open until the communicator is destroyed: it answers status queries and
   // liveness probes, takes shrink requests (recovery), and answers link requests with the reason.
   table_box_.fail(asio::error::operation_aborted);
+  for (auto& box : stripes_)
+    if (box) box->fail(asio::error::operation_aborted);
   table_ready_.cancel();
   for (int p = 0; p < nranks_; ++p) announce(p);
   for (auto& c : conns_) {

@@ -28,6 +28,7 @@
 #include "transport/bootstrap_messages.hpp"
 #include "transport/connection.hpp"
 #include "transport/shm.hpp"
+#include "transport/tcp_uring.hpp"
 #if COCCL_HAVE_IB
 #include "transport/ib.hpp"
 #endif
@@ -175,10 +176,13 @@ class Peers {
   // setup never waits on the accepting rank's own progress (that could form a cycle).
   asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
                                std::shared_ptr<Channel> channel, std::vector<std::uint8_t> payload);
-  void add(int peer, std::unique_ptr<SocketConnection> c);
-  // What link setup made besides the socket: the shared segments (shm) or the RDMA link (ib).
+  void add(int peer, std::unique_ptr<Connection> c);
+  // What link setup made besides the socket: the shared segments (shm), the RDMA link (ib), or
+  // for tcp on io_uring the ring and the link's further sockets.
   struct Made {
     std::unique_ptr<ShmSegment> own, theirs;
+    UringRingPtr ring;
+    std::vector<asio::ip::tcp::socket> extra;
 #if COCCL_HAVE_IB
     std::unique_ptr<ib::Link> link;
 #endif
@@ -192,6 +196,9 @@ class Peers {
   // How this rank links to `peer`; both sides decide alike from the table and the settings.
   enum class Kind : std::uint8_t { tcp = 0, shm = 1, ib = 2 };
   Kind kind_for(int peer) const;
+  // tcp: makes the link's io_uring when this rank's engine is uring; returns how many sockets
+  // this side wants (1 on the asio engine).
+  std::uint32_t prepare_tcp(int peer, Made& made);
   asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
   // The rendezvous itself (rendezvous() adds telling the root on failure).
   asio::awaitable<void> join(RootAddress root);
@@ -242,6 +249,10 @@ class Peers {
   // A link to the peer is being made: dialled by this rank (higher peers) or answered (lower).
   std::vector<bool> dialing_;
   std::vector<std::string> failed_;  // why the link to a peer could not be made
+  // Per lower peer, while this rank answers its tcp link: the link's further sockets (index,
+  // socket) as they connect.
+  using Stripe = std::pair<std::uint32_t, std::shared_ptr<asio::ip::tcp::socket>>;
+  std::vector<std::unique_ptr<runtime::Mailbox<Stripe>>> stripes_;
   bool shut_ = false;
   StatusSource status_source_;
   StatusReader status_reader_;

@@ -53,7 +53,7 @@ std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nr
 std::vector<std::uint8_t> encode_link_request(const LinkRequest& q) {
   Writer w;
   w.put(q.from).put(q.to).put(q.kind).put(q.slots).put(q.slot_bytes);
-  w.put_bytes(q.shm_name).put_bytes(q.address);
+  w.put_bytes(q.shm_name).put_bytes(q.address).put(q.sockets);
   return std::move(w.bytes());
 }
 
@@ -74,12 +74,13 @@ LinkRequest decode_link_request(std::span<const std::uint8_t> payload) {
   q.slot_bytes = r.get<std::uint64_t>();
   q.shm_name = r.get_bytes();
   q.address = r.get_bytes();
+  q.sockets = r.get<std::uint32_t>();
   return q;
 }
 
 std::vector<std::uint8_t> encode_link_reply(const LinkReply& a) {
   Writer w;
-  w.put_bytes(a.shm_name).put_bytes(a.address);
+  w.put_bytes(a.shm_name).put_bytes(a.address).put(a.sockets);
   return std::move(w.bytes());
 }
 
@@ -88,6 +89,7 @@ LinkReply decode_link_reply(std::span<const std::uint8_t> payload) {
   LinkReply a;
   a.shm_name = r.get_bytes();
   a.address = r.get_bytes();
+  a.sockets = r.get<std::uint32_t>();
   return a;
 }
 

@@ -46,7 +46,8 @@ std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table);
 std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks);
 
 /// Lower rank -> higher rank: open a link of `kind` with these settings. `shm_name` names the
-/// dialler's shared segment (shm links), `address` is its RDMA address (ib links).
+/// dialler's shared segment (shm links), `address` is its RDMA address (ib links), `sockets` the
+/// number of sockets the dialler wants for a tcp link (1 for other kinds).
 struct LinkRequest {
   std::int32_t from;
   std::int32_t to;
@@ -55,6 +56,7 @@ struct LinkRequest {
   std::uint64_t slot_bytes;
   std::vector<std::uint8_t> shm_name;
   std::vector<std::uint8_t> address;
+  std::uint32_t sockets = 1;
 };
 std::vector<std::uint8_t> encode_link_request(const LinkRequest& r);
 /// The ranks of a request (from, to), read first: they decide whether it is answered at all.
@@ -62,10 +64,11 @@ std::pair<std::int32_t, std::int32_t> link_request_ranks(std::span<const std::ui
 LinkRequest decode_link_request(std::span<const std::uint8_t> payload);
 
 /// Higher rank -> lower rank: the link request accepted, with the answering rank's segment name
-/// and RDMA address.
+/// and RDMA address, and the link's socket count (at most the request's).
 struct LinkReply {
   std::vector<std::uint8_t> shm_name;
   std::vector<std::uint8_t> address;
+  std::uint32_t sockets = 1;
 };
 std::vector<std::uint8_t> encode_link_reply(const LinkReply& r);
 LinkReply decode_link_reply(std::span<const std::uint8_t> payload);

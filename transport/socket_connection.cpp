@@ -231,8 +231,15 @@ void SocketConnection::fail_departed(const char* needed) {
 }
 
 void SocketConnection::send_goodbye() {
-  if (closed_ || writing_) return;
+  if (closed_) return;
   LinkHeader h{LinkHeader::bye, 0, 0};
+  if (writing_) {
+    // A frame (a credit, say) is in flight: the goodbye follows it whole, as an abort notice
+    // would (close() lingers for it). Dropped, the peer would read the end of the stream as a
+    // lost rank.
+    if (notice_.empty()) notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    return;
+  }
   boost::system::error_code ignored;
   socket_.non_blocking(true, ignored);
   socket_.write_some(asio::buffer(&h, sizeof h), ignored);

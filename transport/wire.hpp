@@ -40,6 +40,7 @@ enum class FrameType : std::uint32_t {
   notice = 8,        // a rank that has failed -> a peer or the root: who and why; on a fresh
                      // connection, or in answer to a connection request
   recover = 9,     // rank -> rank listener, and the answer: liveness probe or shrink (recovery.hpp)
+  stripe = 10,     // lower rank -> higher rank: an extra socket of a tcp link being made
 };
 
 struct Frame {

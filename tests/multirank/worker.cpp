@@ -10,7 +10,14 @@
 // worker.hpp for the other exit codes).
 #include "tests/multirank/worker.hpp"
 
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -71,6 +78,27 @@ int report_error(Worker& w, const std::system_error& e, double seconds) {
 
 }  // namespace coccl::test
 
+namespace {
+
+// Flag "deny_uring": this process's io_uring_setup fails with EPERM, as under a container's
+// seccomp policy, so that the tcp engine's fallback can be tested on a kernel that has io_uring.
+bool deny_io_uring() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace coccl::test;
   if (argc < 5) {
@@ -82,6 +110,13 @@ int main(int argc, char** argv) {
   w.rank = std::atoi(argv[2]);
   w.n = std::atoi(argv[3]);
   w.args.assign(argv + 5, argv + argc);
+  if (auto it = std::find(w.args.begin(), w.args.end(), "deny_uring"); it != w.args.end()) {
+    w.args.erase(it);
+    if (!deny_io_uring()) {
+      std::perror("seccomp");
+      return exit_exception;
+    }
+  }
 
   const std::map<std::string, std::function<void(Worker&)>> checks{
       {"all_reduce", run_all_reduce},

@@ -1,0 +1,207 @@
+// coccl-tcp-loop: the physical reference for tcp on this machine. Two processes (a fork) connected
+// over loopback tcp: a one-way stream of `size`-byte sends (plain send(2) with one socket per
+// stream, or several streams at once), and an 8-byte ping-pong. No coccl code: what the kernel's
+// copies allow, for comparison with coccl's tcp links.
+//
+//   coccl-tcp-loop [--sizes 1M,16M,256M] [--streams N] [--seconds S]
+//
+// Prints one line per size: GB/s moved from sender to receiver (median of 5 timed batches), and
+// the ping-pong's one-way latency in microseconds.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const char* what) {
+  std::perror(what);
+  std::exit(1);
+}
+
+std::size_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  switch (*end) {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1024 * 1024; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+  }
+  return static_cast<std::size_t>(v);
+}
+
+void send_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k <= 0) die("send");
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+void recv_all(int fd, char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t k = ::recv(fd, p, n, 0);
+    if (k <= 0) die("recv");
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+int listen_any(int& port) {
+  int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("bind");
+  if (::listen(l, 64) != 0) die("listen");
+  socklen_t len = sizeof a;
+  ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return l;
+}
+
+int dial(int port) {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("connect");
+  int one = 1;
+  ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return s;
+}
+
+// Each stream moves `bytes` in `size`-byte sends; the receiver answers one byte per stream when
+// all arrived, so a batch's time covers delivery, not just the hand-off to the kernel.
+void run_batch(const std::vector<int>& fds, bool sender, std::size_t size, std::size_t bytes,
+               std::vector<char>& buf) {
+  std::vector<std::thread> threads;
+  for (int fd : fds)
+    threads.emplace_back([&, fd] {
+      std::vector<char> local(size);
+      char* p = fds.size() == 1 ? buf.data() : local.data();
+      char ack = 0;
+      for (std::size_t done = 0; done < bytes; done += size) {
+        if (sender)
+          send_all(fd, p, size);
+        else
+          recv_all(fd, p, size);
+      }
+      if (sender)
+        recv_all(fd, &ack, 1);
+      else
+        send_all(fd, &ack, 1);
+    });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::size_t> sizes{1 << 20, 16 << 20, 256 << 20};
+  int streams = 1;
+  double seconds = 0.5;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      std::string list = argv[++i];
+      for (std::size_t at = 0; at <= list.size();) {
+        std::size_t comma = std::min(list.find(',', at), list.size());
+        sizes.push_back(parse_size(list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    } else if (a == "--streams" && i + 1 < argc) {
+      streams = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--seconds" && i + 1 < argc) {
+      seconds = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: coccl-tcp-loop [--sizes 1M,16M] [--streams N] [--seconds S]\n");
+      return 2;
+    }
+  }
+  int port = 0;
+  int l = listen_any(port);
+  pid_t child = ::fork();
+  if (child < 0) die("fork");
+  const bool sender = child != 0;
+  std::vector<int> fds;
+  for (int s = 0; s < streams + 1; ++s) {
+    if (sender) {
+      int c = ::accept(l, nullptr, nullptr);
+      if (c < 0) die("accept");
+      int one = 1;
+      ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      fds.push_back(c);
+    } else {
+      fds.push_back(dial(port));
+    }
+  }
+  ::close(l);
+  // The last socket carries the ping-pong.
+  const int pp = fds.back();
+  fds.pop_back();
+  std::size_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<char> buf(max_size, 1);
+  for (std::size_t size : sizes) {
+    // Enough sends per batch to last about `seconds`/5 at a few GB/s, at least one.
+    const std::size_t per_stream =
+        std::max<std::size_t>(size, static_cast<std::size_t>(seconds / 5 * 2e9 / streams) / size *
+                                        size);
+    std::vector<double> rates;
+    for (int batch = 0; batch < 6; ++batch) {
+      auto t0 = Clock::now();
+      run_batch(fds, sender, size, per_stream, buf);
+      double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (batch > 0) rates.push_back(static_cast<double>(per_stream) * streams / dt / 1e9);
+    }
+    std::sort(rates.begin(), rates.end());
+    if (sender)
+      std::printf("size %zu streams %d: %.2f GB/s (median of %zu batches)\n", size, streams,
+                  rates[rates.size() / 2], rates.size());
+  }
+  // Ping-pong: one-way latency of an 8-byte message.
+  char msg[8] = {};
+  const int rounds = 20000;
+  std::vector<double> lat;
+  for (int batch = 0; batch < 5; ++batch) {
+    auto t0 = Clock::now();
+    for (int r = 0; r < rounds / 5; ++r) {
+      if (sender) {
+        send_all(pp, msg, sizeof msg);
+        recv_all(pp, msg, sizeof msg);
+      } else {
+        recv_all(pp, msg, sizeof msg);
+        send_all(pp, msg, sizeof msg);
+      }
+    }
+    lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                  (rounds / 5) / 2);
+  }
+  std::sort(lat.begin(), lat.end());
+  if (sender) {
+    std::printf("8 B ping-pong: %.2f us one way (median of %zu batches)\n", lat[lat.size() / 2],
+                lat.size());
+    int status = 0;
+    ::waitpid(child, &status, 0);
+  }
+  for (int fd : fds) ::close(fd);
+  ::close(pp);
+  return 0;
+}
