@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <latch>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -493,7 +494,8 @@ int many_transfers_main(int rank, int n, const std::string& id_hex) {
 }
 
 // The last rank leaves (exits without a word) after one all_reduce; the others' next all_reduce
-// must fail naming it, their waiting kernels must return, and the GPU must still work.
+// must fail naming it, their waiting kernels must return, the GPU must still work, and the
+// survivors' shrunk communicator must run device collectives.
 int dead_rank_main(int rank, int n, const std::string& id_hex) {
   CHECK_CUDA(cudaSetDevice(coccl::gpu_test::gpu_of(rank)));
   auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
@@ -550,7 +552,28 @@ int dead_rank_main(int rank, int n, const std::string& id_hex) {
     std::printf("FAIL rank %d: the GPU does not work after the failure\n", rank);
     return 1;
   }
-  std::printf("rank %d: failed as expected: %s\n", rank, why.c_str());
+  // NCCL's abort-then-shrink flow: the survivors' new communicator works on the same GPU, in the
+  // same process, through device kernels.
+  const int dead = n - 1;
+  coccl::Communicator survivors = comm.shrink(std::span<const int>(&dead, 1));
+  if (survivors.size() != n - 1 || survivors.rank() != rank) {
+    std::printf("FAIL rank %d: the shrunk communicator is rank %d of %d\n", rank,
+                survivors.rank(), survivors.size());
+    return 1;
+  }
+  CHECK_CUDA(cudaMemsetAsync(b.recv, 0, count * 4, st));
+  survivors.all_reduce(b.send, b.recv, count, DataType::float32, ReduceOp::sum, cs);
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  CHECK_CUDA(cudaMemcpy(out.data(), b.recv, count * 4, cudaMemcpyDeviceToHost));
+  const float survivors_want = static_cast<float>((n - 1) * n / 2);
+  if (std::count(out.begin(), out.end(), survivors_want) != static_cast<long>(count)) {
+    std::printf("FAIL rank %d: all_reduce of the survivors gave %g, want %g\n", rank, out[0],
+                survivors_want);
+    return 1;
+  }
+  std::printf("rank %d: failed as expected: %s; the survivors' communicator works\n", rank,
+              why.c_str());
+  survivors.destroy();
   comm.abort();
   cudaStreamDestroy(st);
   return 0;
@@ -639,7 +662,7 @@ TEST(DeviceCollectivesAcrossHosts, SendRecvGroupOf122TransfersIsExact) {
   expect_hosts_on_one_gpu_pass(3, 1, "many_transfers");
 }
 
-TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsWithItsRankAndGpuStaysUsable) {
+TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsAndTheirShrunkCommunicatorWorks) {
   expect_hosts_on_one_gpu_pass(3, 1, "dead_rank");
 }
 
