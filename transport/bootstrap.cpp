@@ -1096,6 +1096,14 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
       // Cancelled: the table is here, or this rank is shutting down (checked below).
     }
     if (!*alive) co_return;
+    if (shut_) {
+      // This rank failed while the request waited for its table: the dialler must learn why, or
+      // it would blame this rank for a closed stream.
+      runtime::CloseAfter guard(*sock, auth_timeout());
+      const auto notice = encode_notice(rank_, shut_why_);
+      co_await write_frame(*sock, *channel, FrameType::notice, notice);
+      co_return;
+    }
     if (table_.empty())
       bad("rank " + std::to_string(peer) + " connected before this rank had the address table");
   }
