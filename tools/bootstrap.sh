@@ -59,7 +59,7 @@ case "$mode" in
       mkdir -p "$root/build-asan"
       build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCOCCL_SANITIZE=address \
         -DCOCCL_ENABLE_CUDA=OFF -DCOCCL_BUILD_TOOLS=OFF
-      ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 COCCL_CHAOS_TRIALS=8 \
         ctest --test-dir "$root/build-asan" -j "$jobs" --output-on-failure --timeout 900
     fi
     if [ "${COCCL_SKIP_FUZZ:-0}" != 1 ]; then
