@@ -1657,10 +1657,13 @@ void Peers::retire(int peer, CloseReason why) {
   auto it = std::find_if(conns_.begin(), conns_.end(),
                          [c](const std::unique_ptr<Connection>& p) { return p.get() == c; });
   if (it == conns_.end()) return;
-  // Freed from the executor: the connection's own handlers may still be on the stack.
-  std::shared_ptr<Connection> gone(std::move(*it));
+  // Freed from the executor, not here: the caller may still use `c` on its way out. Kept by
+  // this object meanwhile, so that it never outlives the pollers it unregisters from.
+  retired_.push_back(std::move(*it));
   conns_.erase(it);
-  asio::post(ex_, [gone]() mutable { gone.reset(); });
+  asio::post(ex_, [this, alive = alive_] {
+    if (*alive) retired_.clear();
+  });
 }
 
 void Peers::arm_idle_timer() {

@@ -326,6 +326,7 @@ class Peers {
 #endif
   std::shared_ptr<UserBuffers> user_buffers_;
   std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
+  std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
   std::vector<Connection*> by_peer_;                // nranks entries
   // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
   // link is ready or failed; its expiry is the deadline).
