@@ -61,7 +61,7 @@ class Op {
   asio::awaitable<Connection*> link(int peer) {
     Connection* l = nullptr;
     try {
-      l = co_await c_.peers().get(peer);
+      l = co_await c_.peers().get(peer, a_.count * elt_);
       slot_bytes_ = l->slot_bytes();
     } catch (const LinkError&) {
       throw;
@@ -1045,6 +1045,8 @@ Task run_algorithm(CommImpl& c, const OpArgs& a) {
 }  // namespace
 
 asio::awaitable<void> run_op(CommImpl& c, const OpArgs& a) {
+  // The links this operation gets are not closed (budget, idleness) until it ends.
+  transport::Peers::Use use(c.peers());
   Op op(c, a);
   // Every collective checks its ring neighbours whatever its algorithm, so ranks whose views of
   // the operation (root, count, kind) give them different peers still meet one that sees the

@@ -169,8 +169,8 @@ void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error
 }
 
 asio::awaitable<void> create_on_proxy(std::shared_ptr<CommImpl> impl,
-                                      transport::RootAddress root) {
-  co_await impl->rendezvous(root);
+                                      std::vector<transport::RootAddress> roots) {
+  co_await impl->rendezvous(std::move(roots));
 }
 
 std::shared_ptr<CommImpl> impl_of(const Communicator& comm) { return comm.impl_; }
@@ -195,7 +195,8 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
     return nullptr;
   }
   std::promise<std::error_code> joined;
-  asio::co_spawn(impl->executor(), create_on_proxy(impl, root),
+  std::vector<transport::RootAddress> roots{root};
+  asio::co_spawn(impl->executor(), create_on_proxy(impl, std::move(roots)),
                  [&joined, impl](std::exception_ptr ep) {
                    std::error_code code;
                    if (ep) {
@@ -216,20 +217,35 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
 
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
                    std::shared_ptr<OpControl> control) {
+  submit_create(std::vector<UniqueId>{id}, rank, nranks, std::move(handler), std::move(control));
+}
+
+void submit_create(std::vector<UniqueId> ids, int rank, int nranks, CreateHandler handler,
+                   std::shared_ptr<OpControl> control) {
   auto e = engine();
   auto fallback = e->thread(0).executor();
   auto finish = [&handler, fallback](std::error_code ec, Communicator c) {
     runtime::complete_later(fallback, std::move(handler), ec, std::move(c));
   };
-  transport::RootAddress root;
+  std::vector<transport::RootAddress> roots;
   std::shared_ptr<CommImpl> impl;
   try {
     if (nranks <= 0) invalid("nranks must be positive, got " + std::to_string(nranks));
     if (rank < 0 || rank >= nranks)
       invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) +
               ")");
-    root = transport::decode(id);
-    impl = std::make_shared<CommImpl>(e, root.secret, rank, nranks);
+    if (ids.empty() || ids.size() > static_cast<std::size_t>(nranks))
+      invalid("1 to nranks (" + std::to_string(nranks) + ") ids are usable, got " +
+              std::to_string(ids.size()));
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j)
+        if (ids[j].bytes == ids[i].bytes)
+          invalid("id " + std::to_string(i) + " is the same as id " + std::to_string(j) +
+                  " (each root serves one share: pass distinct ids)");
+      roots.push_back(transport::decode(ids[i]));
+    }
+    // The first id's secret is the communicator's.
+    impl = std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks);
   } catch (const std::system_error& err) {
     COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
     if (control) control->failure = err.what();
@@ -243,7 +259,7 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
     control->ex = ex;
     slot = control->signal.slot();
   }
-  asio::co_spawn(ex, create_on_proxy(impl, root),
+  asio::co_spawn(ex, create_on_proxy(impl, std::move(roots)),
                  asio::bind_cancellation_slot(slot, [impl, h = std::move(boxed), fallback,
                                                      control](std::exception_ptr ep) mutable {
                    std::error_code ec;
@@ -275,10 +291,12 @@ void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
 
 }  // namespace detail
 
-Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
+namespace detail {
+
+Communicator create_scalable(const std::vector<UniqueId>& ids, int rank, int nranks) {
   if (runtime::on_proxy_thread())
     throw std::system_error(std::make_error_code(std::errc::resource_deadlock_would_occur),
-                            detail::blocking_on_proxy);
+                            blocking_on_proxy);
   struct Result {
     std::atomic<int> done{0};
     std::error_code ec;
@@ -286,9 +304,9 @@ Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
   };
   auto result = std::make_shared<Result>();
   // Carries the reason of a failure back (the completion has only the code).
-  auto control = detail::new_op_control();
-  detail::submit_create(
-      id, rank, nranks,
+  auto control = new_op_control();
+  submit_create(
+      ids, rank, nranks,
       [result](std::error_code ec, Communicator c) {
         result->ec = ec;
         result->comm = std::move(c);
@@ -304,6 +322,12 @@ Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
                                                  ? std::string()
                                                  : " (" + control->failure + ")"));
   return std::move(result->comm);
+}
+
+}  // namespace detail
+
+Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
+  return detail::create_scalable(std::vector<UniqueId>{id}, rank, nranks);
 }
 
 namespace {

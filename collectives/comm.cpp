@@ -91,7 +91,7 @@ CommImpl::~CommImpl() {
   done.get_future().wait();
 }
 
-asio::awaitable<void> CommImpl::rendezvous(transport::RootAddress root) {
+asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> roots) {
   peers_->set_status_source([w = weak_from_this()]() -> std::vector<std::uint8_t> {
     auto self = w.lock();
     // Nothing until the table is here: the asker reads that as "has not formed".
@@ -111,7 +111,7 @@ asio::awaitable<void> CommImpl::rendezvous(transport::RootAddress root) {
       return std::string("an unreadable status (") + e.what() + ")";
     }
   });
-  co_await peers_->rendezvous(root);
+  co_await peers_->rendezvous(std::move(roots));
   learn_topology();
   arm_watchdog();
 }
@@ -359,6 +359,13 @@ CommStatus CommImpl::status() {
     if (!s.trace.empty() && s.trace.back().seq == seq_) s.running_us = s.trace.back().us;
   }
   if (peers_) {
+    const auto links = peers_->link_stats();
+    s.links_open = links.open;
+    s.links_opened = links.opened;
+    s.links_closed_budget = links.closed_budget;
+    s.links_closed_idle = links.closed_idle;
+    s.ring_bytes = links.ring_bytes;
+    s.mem_budget = links.budget;
     const auto now = std::chrono::steady_clock::now();
     for (const auto& c : peers_->connections()) {
       const auto since = c->blocked_since();

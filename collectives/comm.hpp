@@ -56,8 +56,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// Any thread: the buffers registered with register_buffer.
   std::shared_ptr<transport::UserBuffers> user_buffers() const { return peers_->user_buffers(); }
 
-  /// Proxy thread: joins via the root.
-  asio::awaitable<void> rendezvous(transport::RootAddress root);
+  /// Proxy thread: joins via the roots (one, or several: see Peers::rendezvous).
+  asio::awaitable<void> rendezvous(std::vector<transport::RootAddress> roots);
 
   /// Any thread: validates and queues an operation.
   void submit(OpArgs args, OpHandler handler);
@@ -182,6 +182,10 @@ std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl,
 /// Makes the communicator's device state now, as its first device operation would (collective,
 /// blocking): for objects that must be ready before a graph is captured.
 std::error_code prepare_device(const std::shared_ptr<CommImpl>& impl);
+
+/// Communicator::create from several ids (ncclCommInitRankScalable): the hellos are spread over
+/// their roots. Every rank passes the same ids in the same order; throws as create.
+Communicator create_scalable(const std::vector<UniqueId>& ids, int rank, int nranks);
 
 /// A new UniqueId whose root listens on `engine`'s first proxy thread.
 UniqueId unique_id_on(runtime::Engine& engine);

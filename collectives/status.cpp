@@ -78,7 +78,13 @@ std::string CommStatus::json() const {
                     ",\"running_us\":" + std::to_string(running_us) +
                     ",\"waiting_for\":" + std::to_string(waiting_for) +
                     ",\"waiting_us\":" + std::to_string(waiting_us) +
-                    ",\"queued\":" + std::to_string(queued) + ",\"trace\":[";
+                    ",\"queued\":" + std::to_string(queued) +
+                    ",\"links_open\":" + std::to_string(links_open) +
+                    ",\"links_opened\":" + std::to_string(links_opened) +
+                    ",\"links_closed_budget\":" + std::to_string(links_closed_budget) +
+                    ",\"links_closed_idle\":" + std::to_string(links_closed_idle) +
+                    ",\"ring_bytes\":" + std::to_string(ring_bytes) +
+                    ",\"mem_budget\":" + std::to_string(mem_budget) + ",\"trace\":[";
   for (std::size_t i = 0; i < trace.size(); ++i) {
     const TraceEntry& e = trace[i];
     out += (i ? ",{" : "{");
@@ -237,6 +243,8 @@ std::vector<std::uint8_t> encode_status(const CommStatus& s) {
   w.put(s.started).put(s.finished);
   str(s.running_op);
   w.put(s.running_us).put<std::int32_t>(s.waiting_for).put(s.waiting_us).put(s.queued);
+  w.put<std::int32_t>(s.links_open).put(s.links_opened).put(s.links_closed_budget);
+  w.put(s.links_closed_idle).put(s.ring_bytes).put(s.mem_budget);
   w.put<std::uint32_t>(static_cast<std::uint32_t>(s.trace.size()));
   for (const TraceEntry& e : s.trace) {
     w.put(e.seq).put<std::uint8_t>(e.device ? 1 : 0);
@@ -269,6 +277,12 @@ CommStatus decode_status(std::span<const std::uint8_t> bytes) {
   s.waiting_for = r.get<std::int32_t>();
   s.waiting_us = r.get<std::uint64_t>();
   s.queued = r.get<std::uint64_t>();
+  s.links_open = r.get<std::int32_t>();
+  s.links_opened = r.get<std::uint64_t>();
+  s.links_closed_budget = r.get<std::uint64_t>();
+  s.links_closed_idle = r.get<std::uint64_t>();
+  s.ring_bytes = r.get<std::uint64_t>();
+  s.mem_budget = r.get<std::uint64_t>();
   const auto n = r.get<std::uint32_t>();
   // An entry takes at least 35 bytes: a count the answer cannot hold is refused up front.
   if (n > bytes.size() / 35) bad("status answer with an impossible number of entries");

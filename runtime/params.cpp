@@ -37,8 +37,19 @@ config::Param<std::int64_t> spin_us{
     "microseconds a proxy thread polls without progress before it sleeps on its event sources"};
 config::Param<std::int64_t> slot_bytes{
     "COCCL_SLOT_BYTES", 256 << 10, "bytes per slot of a connection's receive ring"};
-config::Param<std::int64_t> slots{"COCCL_SLOTS", 8,
-                                  "slots per connection receive ring (pipelining depth)"};
+config::Param<std::int64_t> slots{
+    "COCCL_SLOTS", 8,
+    "slots per connection receive ring (pipelining depth); a link made for an operation of fewer "
+    "bytes gets fewer, at least 2"};
+config::Param<std::int64_t> mem_budget{
+    "COCCL_MEM_BUDGET", std::int64_t{1} << 30,
+    "bytes of receive rings the links of one communicator may hold (0: no limit); a link that "
+    "would exceed it first closes the least recently used idle link, and an operation fails when "
+    "none can be closed"};
+config::Param<double> link_idle_s{
+    "COCCL_LINK_IDLE_S", 0.0,
+    "seconds after which a link no operation used is closed (both ends agree; the next "
+    "operation that needs it opens it again); 0: never"};
 config::Param<std::int64_t> oneshot_max{
     "COCCL_ALLREDUCE_ONESHOT_MAX", 64 << 10,
     "largest host all_reduce (bytes) run by the latency-bound one-shot algorithm"};

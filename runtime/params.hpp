@@ -19,6 +19,8 @@ extern config::Param<std::int64_t> proxy_threads;   // COCCL_PROXY_THREADS
 extern config::Param<std::int64_t> spin_us;         // COCCL_SPIN_US
 extern config::Param<std::int64_t> slot_bytes;      // COCCL_SLOT_BYTES
 extern config::Param<std::int64_t> slots;           // COCCL_SLOTS
+extern config::Param<std::int64_t> mem_budget;      // COCCL_MEM_BUDGET
+extern config::Param<double> link_idle_s;           // COCCL_LINK_IDLE_S
 extern config::Param<std::int64_t> oneshot_max;     // COCCL_ALLREDUCE_ONESHOT_MAX
 extern config::Param<std::int64_t> direct_max_ranks;  // COCCL_DIRECT_MAX_RANKS
 extern config::Param<std::int64_t> device_oneshot_max;  // COCCL_DEVICE_ONESHOT_MAX

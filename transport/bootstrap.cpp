@@ -94,16 +94,39 @@ struct Root : std::enable_shared_from_this<Root> {
   Admission admission;
   DropLog drops;
   int nranks = -1;
+  // Several roots (ncclCommInitRankScalable): this is root `index` of `roots`, serving the hellos
+  // of ranks [first, last); root 0 also takes the other roots' shares, and `expect` counts the
+  // ranks it must see (all of them at root 0, its own share elsewhere). `ids` is the digest of
+  // the id list that every hello and share must carry.
+  int roots = 1;
+  int index = 0;
+  int first = 0, last = 0;
+  int expect = 0;
+  std::uint64_t ids = 0;
   int arrived = 0;
-  bool formed = false;   // every hello arrived; the table went to rank 0
+  bool formed = false;   // every hello arrived; the table went to rank 0 (or the share on)
   bool expired = false;  // COCCL_TIMEOUT passed first: no more hellos, status queries only
   bool rank0_lost = false;  // everyone arrived, but the table could not be sent to rank 0
   std::map<int, std::string> failures;  // ranks whose set-up failed, and why (their notices)
   bool done = false;     // serving nothing more
   std::vector<PeerInfo> table;
   std::vector<bool> seen;
+  // The first rank of this root's share (rank 0 at root 0): it takes the table, or the share.
   std::shared_ptr<tcp::socket> rank0;
   std::optional<Channel> rank0_channel;
+
+  // Sets the communicator's shape from its first hello or share.
+  void shape(int n, int nroots, int at, std::uint64_t digest) {
+    nranks = n;
+    roots = nroots;
+    index = at;
+    ids = digest;
+    first = share_begin(at, n, nroots);
+    last = share_begin(at + 1, n, nroots);
+    expect = at == 0 ? n : last - first;
+    table.resize(n);
+    seen.assign(n, false);
+  }
 
   void finish() {
     done = true;
@@ -115,14 +138,27 @@ struct Root : std::enable_shared_from_this<Root> {
 };
 
 asio::awaitable<bool> root_distribute(std::shared_ptr<Root> root) {
-  auto payload = encode_table(root->table);
+  // Root 0 sends the whole table to rank 0; another root sends its share to its first rank,
+  // which passes it on to root 0.
+  std::vector<std::uint8_t> payload;
+  if (root->index == 0) {
+    payload = encode_table(root->table);
+  } else {
+    Share share{root->nranks, static_cast<std::uint32_t>(root->roots),
+                static_cast<std::uint32_t>(root->index), root->ids, root->first,
+                std::vector<PeerInfo>(root->table.begin() + root->first,
+                                      root->table.begin() + root->last)};
+    payload = encode_share(share);
+  }
   auto sock = root->rank0;
   try {
     runtime::CloseAfter guard(*sock, runtime::default_timeout());
-    co_await write_frame(*sock, *root->rank0_channel, FrameType::table, payload);
+    co_await write_frame(*sock, *root->rank0_channel,
+                         root->index == 0 ? FrameType::table : FrameType::share, payload);
     co_return true;
   } catch (const std::exception& e) {
-    COCCL_WARN(boot, -1, "bootstrap root: sending the table to rank 0 failed: %s", e.what());
+    COCCL_WARN(boot, -1, "bootstrap root: sending the table to rank %d failed: %s", root->first,
+               e.what());
   }
   co_return false;
 }
@@ -199,15 +235,93 @@ asio::awaitable<void> root_watch_rank0(std::shared_ptr<Root> root) {
   root->finish();
 }
 
+// Every rank (and share) the root must see has arrived: pass the table (or share) on.
+asio::awaitable<void> root_complete(std::shared_ptr<Root> root) {
+  root->formed = true;
+  root->deadline.cancel();
+  if (co_await root_distribute(root) && co_await root_table_taken(root)) {
+    // Root 0 serves status queries while rank 0 lives; another root's work ends with its share.
+    if (root->index == 0)
+      co_await root_watch_rank0(root);
+    else
+      root->finish();
+  } else {
+    // The others wait for a table that will not come; they ask who is missing when they give
+    // up: answer for one more COCCL_TIMEOUT.
+    root->rank0_lost = true;
+    root->deadline.expires_after(runtime::default_timeout());
+    root->deadline.async_wait([root](boost::system::error_code e) {
+      if (!e) root->finish();
+    });
+  }
+}
+
+// Root 0 of several: another root's share, passed on by its first rank. Answered with an empty
+// status frame when taken, else a notice with the reason (the rank fails with it).
+asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock,
+                                      Channel channel, std::vector<std::uint8_t> payload) {
+  std::string refusal;
+  Share share{};
+  try {
+    share = decode_share(payload);
+  } catch (const std::exception& e) {
+    refusal = e.what();
+  }
+  if (refusal.empty()) {
+    const std::string whose = "ranks " + std::to_string(share.first) + "-" +
+                              std::to_string(share.first + share.entries.size() - 1) +
+                              " (root " + std::to_string(share.index) + " of " +
+                              std::to_string(share.roots) + ")";
+    if (root->done || root->formed || root->expired) {
+      refusal = "the first root no longer takes shares (the communicator formed, or its "
+                "COCCL_TIMEOUT passed)";
+    } else if (root->nranks < 0) {
+      root->shape(share.nranks, static_cast<int>(share.roots), 0, share.ids);
+    } else if (root->index != 0) {
+      refusal = whose + " sent their share to a root that is not the first of their ids";
+    } else if (share.nranks != root->nranks || static_cast<int>(share.roots) != root->roots ||
+               share.ids != root->ids) {
+      refusal = whose + " were given other ids, or another number of ranks, than the ranks that "
+                "reached the first root (" + std::to_string(root->roots) + " ids, " +
+                std::to_string(root->nranks) + " ranks): every rank must pass the same ids in "
+                "the same order";
+    } else {
+      for (std::size_t i = 0; i < share.entries.size(); ++i)
+        if (root->seen[share.first + i]) refusal = "a second share from " + whose;
+    }
+  }
+  if (!refusal.empty()) {
+    COCCL_WARN(boot, -1, "bootstrap root: refused a share: %s", refusal.c_str());
+    if (root->nranks > 0 && share.first >= 0 && share.first < root->nranks &&
+        root->failures.size() < 1024)
+      root->failures[share.first] = refusal;
+  } else {
+    for (std::size_t i = 0; i < share.entries.size(); ++i) {
+      root->seen[share.first + i] = true;
+      root->table[share.first + i] = share.entries[i];
+    }
+    root->arrived += static_cast<int>(share.entries.size());
+  }
+  try {
+    runtime::CloseAfter guard(*sock, auth_timeout());
+    const std::vector<std::uint8_t> answer(refusal.begin(), refusal.end());
+    co_await write_frame(*sock, channel, refusal.empty() ? FrameType::status : FrameType::notice,
+                         answer);
+  } catch (const std::exception& e) {
+    COCCL_WARN(boot, -1, "bootstrap root: answering a share failed: %s", e.what());
+  }
+  if (refusal.empty() && root->arrived == root->expect) co_await root_complete(root);
+}
+
 asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock) {
-  int rank = -1, nranks = -1;
-  PeerInfo info{};
+  Hello hello{};
   std::optional<Channel> channel;
+  std::vector<std::uint8_t> share;
   try {
     auto ticket = root->admission.admit(sock);
     runtime::CloseAfter guard(*sock, auth_timeout());
     channel.emplace(co_await Channel::respond(*sock, root->secret));
-    Frame f = co_await read_frame(*sock, *channel, max_small_frame);
+    Frame f = co_await read_frame(*sock, *channel, max_table_frame);
     if (f.type == FrameType::status_query) {
       if (!f.payload.empty()) bad("a status query carries nothing");
       auto view = encode_root_view(*root);
@@ -223,53 +337,60 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
         root->failures[from] = decode_notice(f.payload);
       co_return;
     }
-    if (f.type != FrameType::hello) bad("expected a hello");
-    Hello hello = decode_hello(f.payload);
-    rank = hello.rank;
-    nranks = hello.nranks;
-    info = hello.info;
+    if (f.type == FrameType::share) {
+      share = std::move(f.payload);
+    } else {
+      if (f.type != FrameType::hello || f.payload.size() > max_small_frame) bad("expected a hello");
+      hello = decode_hello(f.payload);
+    }
   } catch (const std::exception& e) {
     // Wrong secret, garbage, a replayed frame, or a connection that never spoke (or was evicted
     // by newer ones): drop it, keep serving the rest.
     if (!root->done) root->drops.dropped(reason(e));
     co_return;
   }
+  if (!share.empty()) {
+    co_await root_take_share(root, sock, std::move(*channel), std::move(share));
+    co_return;
+  }
   if (root->done || root->formed || root->expired) co_return;
-  if (nranks <= 0 || rank < 0 || rank >= nranks || (root->nranks > 0 && nranks != root->nranks)) {
+  const int rank = hello.rank, nranks = hello.nranks;
+  if (nranks <= 0 || rank < 0 || rank >= nranks || hello.roots < 1 ||
+      hello.roots > static_cast<std::uint32_t>(nranks) ||
+      (root->nranks > 0 && nranks != root->nranks)) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped hello with rank %d of %d (expected size %d)",
                rank, nranks, root->nranks);
     co_return;
   }
-  if (root->nranks < 0) {
-    root->nranks = nranks;
-    root->table.resize(nranks);
-    root->seen.assign(nranks, false);
+  const int roots = static_cast<int>(hello.roots);
+  const int at = root_of(rank, nranks, roots);
+  if (root->nranks < 0) root->shape(nranks, roots, at, hello.ids);
+  std::string refusal;
+  if (roots != root->roots || hello.ids != root->ids)
+    refusal = "rank " + std::to_string(rank) + " was given other ids (" + std::to_string(roots) +
+              ") than the ranks that reached this root before it (" +
+              std::to_string(root->roots) + "): every rank must pass the same ids in the same "
+              "order";
+  else if (at != root->index)
+    refusal = "rank " + std::to_string(rank) + " says hello to root " +
+              std::to_string(root->index) + ", but its share belongs to root " +
+              std::to_string(at);
+  if (!refusal.empty()) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped a hello: %s", refusal.c_str());
+    if (root->failures.size() < 1024) root->failures[rank] = refusal;
+    co_return;
   }
   if (root->seen[rank]) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", rank);
     co_return;
   }
   root->seen[rank] = true;
-  root->table[rank] = info;
-  if (rank == 0) {
+  root->table[rank] = hello.info;
+  if (rank == root->first) {
     root->rank0 = sock;
     root->rank0_channel = std::move(channel);
   }
-  if (++root->arrived == root->nranks) {
-    root->formed = true;
-    root->deadline.cancel();
-    if (co_await root_distribute(root) && co_await root_table_taken(root)) {
-      co_await root_watch_rank0(root);
-    } else {
-      // The others wait for a table that rank 0 will not pass on; they ask who is missing when
-      // they give up: answer for one more COCCL_TIMEOUT.
-      root->rank0_lost = true;
-      root->deadline.expires_after(runtime::default_timeout());
-      root->deadline.async_wait([root](boost::system::error_code e) {
-        if (!e) root->finish();
-      });
-    }
-  }
+  if (++root->arrived == root->expect) co_await root_complete(root);
 }
 
 asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
@@ -453,7 +574,20 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       dialing_(nranks, false),
       failed_(nranks),
       stripes_(nranks),
-      recovery_box_(ex_) {
+      recovery_box_(ex_),
+      budget_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::mem_budget.get()))),
+      ring_of_(nranks, 0),
+      last_used_(nranks),
+      held_(nranks, 0),
+      closing_(nranks, false),
+      close_done_(nranks),
+      link_gen_(nranks, 0),
+      idle_timer_(ex_) {
+  stats_.budget = budget_;
+  const double idle_s = params::link_idle_s.get();
+  if (idle_s > 0)
+    idle_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(std::min(idle_s, 1e6)));
   // A bad COCCL_TCP_ENGINE, or uring forced where the kernel refuses it, fails here; the choice
   // is logged once.
   if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
@@ -490,6 +624,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
   if (ib_device_) thread_.add_poller(&ib_poller_);
 #endif
   accept_loop();
+  if (idle_.count() > 0) arm_idle_timer();
 }
 
 Peers::~Peers() {
@@ -592,6 +727,10 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     }
     co_return;
   }
+  if (f.type == FrameType::close) {
+    co_await serve_close(s, channel, std::move(f));
+    co_return;
+  }
   if (f.type == FrameType::table) {
     // The one table this rank needs; an extra one (a confused or hostile peer holding the
     // secret) is not queued.
@@ -624,6 +763,15 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     int to;
     std::tie(from, to) = link_request_ranks(f.payload);
     if (to != rank_ || from < 0 || from >= rank_) bad("connection request for the wrong rank");
+  } catch (const std::exception& e) {
+    drops_.dropped(e.what());
+    co_return;
+  }
+  // The peer agreed to close the link this rank asked about and may dial again before the answer
+  // is read here: the close settles first.
+  co_await await_close(from);
+  if (!*alive || shut_) co_return;
+  try {
     if (by_peer_[from] || dialing_[from])
       bad("a second connection request from rank " + std::to_string(from));
   } catch (const std::exception& e) {
@@ -683,12 +831,17 @@ asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> 
   co_await write_frame(*sock, channel, FrameType::table, payload);
 }
 
-asio::awaitable<void> Peers::rendezvous(RootAddress root) {
-  root_ = root;
+asio::awaitable<void> Peers::rendezvous(std::vector<RootAddress> roots) {
+  if (roots.empty() || static_cast<int>(roots.size()) > nranks_)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "bootstrap: " + std::to_string(roots.size()) + " ids for " +
+                                std::to_string(nranks_) + " ranks (1 to nranks are usable)");
+  root_ = roots.front();
+  roots_ = static_cast<int>(roots.size());
   std::exception_ptr failed;
   std::string why;
   try {
-    co_await join(root);
+    co_await join(std::move(roots));
   } catch (const std::exception& e) {
     failed = std::current_exception();
     why = e.what();
@@ -699,17 +852,42 @@ asio::awaitable<void> Peers::rendezvous(RootAddress root) {
   }
 }
 
-asio::awaitable<void> Peers::join(RootAddress root) {
+namespace {
+
+// The same for every rank given the same ids in the same order (and for no other list, short of
+// a hash collision).
+std::uint64_t digest_of(const std::vector<RootAddress>& roots) {
+  if (roots.size() == 1) return 0;
+  Writer w;
+  for (const RootAddress& r : roots) w.put(r.secret).put(PeerInfo::from(r.endpoint).addr).put(
+      r.endpoint.port());
+  auto d = detail::sha256(w.bytes().data(), w.bytes().size());
+  std::uint64_t v;
+  std::memcpy(&v, d.data(), sizeof v);
+  return v;
+}
+
+}  // namespace
+
+asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   auto limit = runtime::default_timeout();
   auto until = std::chrono::steady_clock::now() + limit;
+  // With several roots each takes the hellos of its share of the ranks; the first rank of a
+  // share other than root 0's passes that share on to root 0, which then has every entry.
+  const int nroots = static_cast<int>(roots.size());
+  const int at = root_of(rank_, nranks_, nroots);
+  const RootAddress root = roots[at];
   auto sock = co_await transport::dial(ex_, root.endpoint, until);
   std::optional<Channel> channel;
   {
-    const std::vector<std::uint8_t> hello = encode_hello({rank_, nranks_, self_info()});
+    Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
+    const std::vector<std::uint8_t> hello = encode_hello(h);
     runtime::CloseAfter guard(*sock, limit);
     channel.emplace(co_await Channel::initiate(*sock, root.secret));
     co_await write_frame(*sock, *channel, FrameType::hello, hello);
   }
+  if (at > 0 && rank_ == share_begin(at, nranks_, nroots))
+    co_await pass_share(sock, *channel, root, roots.front(), at);
   std::vector<std::uint8_t> payload;
   if (rank_ == 0) {
     runtime::CloseAfter guard(*sock, limit);
@@ -741,7 +919,7 @@ asio::awaitable<void> Peers::join(RootAddress root) {
       late = true;
     }
     if (late) {
-      const std::string why = co_await who_is_missing(root);
+      const std::string why = co_await who_is_missing(roots.front());
       throw std::system_error(make_error_code(errc::timed_out),
                               "bootstrap: rank " + std::to_string(rank_) +
                                   " got no address table within COCCL_TIMEOUT: " + why);
@@ -783,6 +961,47 @@ asio::awaitable<void> Peers::join(RootAddress root) {
     throw std::system_error(make_error_code(errc::peer_lost), unreachable);
   }
   COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
+}
+
+asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Channel& channel,
+                                        RootAddress mine, RootAddress first, int at) {
+  auto limit = runtime::default_timeout();
+  Frame f;
+  bool late = false;
+  {
+    runtime::CloseAfter guard(*sock, limit);
+    try {
+      f = co_await read_frame(*sock, channel, max_table_frame);
+    } catch (const boost::system::system_error&) {
+      late = true;
+    }
+    if (late) {
+      const std::string why = co_await who_is_missing(mine);
+      throw std::system_error(make_error_code(errc::timed_out),
+                              "bootstrap: no share of the address table from root " +
+                                  std::to_string(at) + " within COCCL_TIMEOUT: " + why);
+    }
+    if (f.type != FrameType::share) bad("expected a share of the address table");
+    decode_share(f.payload);
+    const std::vector<std::uint8_t> ack;
+    co_await write_frame(*sock, channel, FrameType::status, ack);
+  }
+  auto to_first = co_await transport::dial(ex_, first.endpoint,
+                                           std::chrono::steady_clock::now() + limit);
+  runtime::CloseAfter guard(*to_first, limit);
+  Channel first_channel = co_await Channel::initiate(*to_first, first.secret);
+  co_await write_frame(*to_first, first_channel, FrameType::share, f.payload);
+  Frame answer = co_await read_frame(*to_first, first_channel, max_small_frame);
+  if (answer.type == FrameType::notice) {
+    std::string why(answer.payload.begin(), answer.payload.end());
+    for (char& c : why)
+      if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            "bootstrap: the first root refused the share of root " +
+                                std::to_string(at) + ": " + why);
+  }
+  if (answer.type != FrameType::status || !answer.payload.empty())
+    bad("expected the first root to take the share");
 }
 
 asio::awaitable<void> Peers::tell_root(std::string why) {
@@ -884,9 +1103,20 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
       ++count;
     }
     if (count > 16) missing += " and " + std::to_string(count - 16) + " more";
+    std::string more;
+    if (roots_ > 1)
+      more = " (through " + std::to_string(roots_) + " roots; a share reaches the first root "
+             "once all of its ranks reached theirs)";
+    // A refused hello or share says why (other ids, a wrong share).
+    for (const std::string& f : view->failed)
+      if (!f.empty()) {
+        more += "; " + f;
+        break;
+      }
     co_return std::string(count == 1 ? "rank " : "ranks ") + missing +
         (count == 1 ? " has" : " have") + " not reached the bootstrap root (" +
-        std::to_string(view->arrived) + " of " + std::to_string(view->nranks) + " arrived)";
+        std::to_string(view->arrived) + " of " + std::to_string(view->nranks) + " arrived)" +
+        more;
   }
   if (view->rank0_lost)
     co_return "rank 0 reached the bootstrap root but could not take the address table from it "
@@ -954,16 +1184,23 @@ void Peers::announce(int peer) {
   pending_[peer].reset();
 }
 
-asio::awaitable<Connection*> Peers::get(int peer) {
+asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
   if (peer < 0 || peer >= nranks_ || peer == rank_)
     throw std::system_error(make_error_code(errc::internal), "no connection to self");
-  if (by_peer_[peer]) co_return by_peer_[peer];
+  // The running operation holds what it gets (Use), and the use counts for idleness.
+  auto touch = [this, peer] {
+    last_used_[peer] = std::chrono::steady_clock::now();
+    if (users_ > 0) held_[peer] = period_;
+    return by_peer_[peer];
+  };
+  co_await await_close(peer);
+  if (by_peer_[peer]) co_return touch();
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
   if (peer > rank_ && !dialing_[peer]) {
     dialing_[peer] = true;
     std::string gone;
     try {
-      co_await dial(peer);
+      co_await dial(peer, slots_for(bytes));
     } catch (const LinkError&) {
       dialing_[peer] = false;
       announce(peer);
@@ -989,8 +1226,9 @@ asio::awaitable<Connection*> Peers::get(int peer) {
       throw LinkError(make_error_code(errc::peer_lost),
                       "cannot connect to rank " + std::to_string(peer) + ": " + gone + because);
     }
+    dialing_[peer] = false;
     announce(peer);
-    co_return by_peer_[peer];
+    co_return touch();
   }
   // The link is being dialled by another coroutine of ours, or the peer (lower rank) dials it:
   // wait for it to be announced, until the deadline.
@@ -1003,7 +1241,7 @@ asio::awaitable<Connection*> Peers::get(int peer) {
   } catch (const boost::system::system_error& e) {
     ec = e.code();
   }
-  if (by_peer_[peer]) co_return by_peer_[peer];
+  if (by_peer_[peer]) co_return touch();
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
   if (!ec) {
     pending_[peer].reset();
@@ -1017,14 +1255,19 @@ asio::awaitable<Connection*> Peers::get(int peer) {
                   "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
 }
 
-asio::awaitable<void> Peers::dial(int peer) {
+asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   auto limit = runtime::default_timeout();
   const Kind kind = kind_for(peer);
   const bool shm = kind == Kind::shm;
-  std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
+  // A ring never larger than the whole budget (the budget's own check names one too small for
+  // the smallest ring).
+  if (budget_ > 0) slots = std::max<std::size_t>(2, std::min(slots, budget_ / options_.slot_bytes));
+  Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
+  std::size_t seg_bytes = ShmConnection::segment_bytes(slots, options_.slot_bytes);
   auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
                                        std::chrono::steady_clock::now() + limit, true);
   Made made;
+  made.slots = slots;
   const std::uint32_t want = kind == Kind::tcp ? prepare_tcp(peer, made) : 1;
   {
     runtime::CloseAfter guard(*sock, limit);
@@ -1032,14 +1275,14 @@ asio::awaitable<void> Peers::dial(int peer) {
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      made.link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes,
-                                             ib_qps(), ib_block_min());
+      made.link = std::make_unique<ib::Link>(ib_device_, slots, options_.slot_bytes, ib_qps(),
+                                             ib_block_min());
       address = made.link->address().encode();
     }
 #endif
     const std::string name = made.own ? made.own->name() : "";
     const std::vector<std::uint8_t> request = encode_link_request(
-        {rank_, peer, static_cast<std::uint8_t>(kind), options_.slots, options_.slot_bytes,
+        {rank_, peer, static_cast<std::uint8_t>(kind), slots, options_.slot_bytes,
          std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address), want});
     Channel channel = co_await Channel::initiate(*sock, secret_);
     co_await write_frame(*sock, channel, FrameType::connect, request);
@@ -1109,16 +1352,32 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
   }
   const Kind kind = kind_for(peer);
   const bool shm = kind == Kind::shm;
-  std::size_t seg_bytes = ShmConnection::segment_bytes(options_.slots, options_.slot_bytes);
   Made made;
   {
     runtime::CloseAfter guard(*sock, limit);
     LinkRequest request = decode_link_request(payload);
     const std::uint32_t their_sockets = request.sockets;
-    if (request.kind != static_cast<std::uint8_t>(kind) || request.slots != options_.slots ||
-        request.slot_bytes != options_.slot_bytes || their_sockets < 1 || their_sockets > 16 ||
-        (kind != Kind::tcp && their_sockets != 1))
+    // The dialler sizes the ring (fewer slots for a small operation), up to this rank's COCCL_SLOTS.
+    if (request.kind != static_cast<std::uint8_t>(kind) || request.slots < 2 ||
+        request.slots > options_.slots || request.slot_bytes != options_.slot_bytes ||
+        their_sockets < 1 || their_sockets > 16 || (kind != Kind::tcp && their_sockets != 1))
       bad("rank " + std::to_string(peer) + " uses different link settings");
+    made.slots = static_cast<std::size_t>(request.slots);
+    Reservation room;
+    std::string refused;
+    try {
+      room = co_await make_room(peer, made.slots * options_.slot_bytes);
+    } catch (const LinkError& e) {
+      refused = e.what();
+    }
+    if (!*alive) co_return;
+    if (!refused.empty()) {
+      // The dialler fails with the reason rather than a bare end of the connection.
+      const auto notice = encode_notice(rank_, refused);
+      co_await write_frame(*sock, *channel, FrameType::notice, notice);
+      throw LinkError(make_error_code(errc::invalid_argument), refused);
+    }
+    std::size_t seg_bytes = ShmConnection::segment_bytes(made.slots, options_.slot_bytes);
     // A link has as many sockets as the end that wants fewer.
     const std::uint32_t sockets =
         kind == Kind::tcp ? std::min(their_sockets, prepare_tcp(peer, made)) : 1;
@@ -1131,7 +1390,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      made.link = std::make_unique<ib::Link>(ib_device_, options_.slots, options_.slot_bytes,
+      made.link = std::make_unique<ib::Link>(ib_device_, made.slots, options_.slot_bytes,
                                              ib_qps(), ib_block_min());
       made.link->connect(ib::LinkAddress::decode(request.address));
       address = made.link->address().encode();
@@ -1187,42 +1446,247 @@ void Peers::abort_new_link(int peer, tcp::socket s, Made made) {
 }
 
 void Peers::add_made(int peer, tcp::socket s, Made made) {
+  const std::size_t ring = made.slots * options_.slot_bytes;
 #if COCCL_HAVE_IB
   if (made.link) {
     auto c =
         std::make_unique<IbConnection>(rank_, peer, std::move(s), std::move(made.link),
                                        ib_split_bytes(), ib_poller_, user_buffers_, on_failure_);
     c->start();
-    add(peer, std::move(c));
+    add(peer, std::move(c), ring);
     return;
   }
 #endif
   if (made.own) {
-    auto c = std::make_unique<ShmConnection>(rank_, peer, std::move(s), options_.slots,
+    auto c = std::make_unique<ShmConnection>(rank_, peer, std::move(s), made.slots,
                                              options_.slot_bytes, std::move(made.own),
                                              std::move(made.theirs), poller_, on_failure_);
     c->start();
-    add(peer, std::move(c));
+    add(peer, std::move(c), ring);
   } else if (made.ring) {
     std::vector<tcp::socket> sockets;
     sockets.push_back(std::move(s));
     for (auto& e : made.extra) sockets.push_back(std::move(e));
     const std::size_t n = sockets.size();
-    add(peer, make_uring_connection(rank_, peer, std::move(sockets), std::move(made.ring),
-                                    options_.slots, options_.slot_bytes, thread_, on_failure_));
+    add(peer,
+        make_uring_connection(rank_, peer, std::move(sockets), std::move(made.ring), made.slots,
+                              options_.slot_bytes, thread_, on_failure_),
+        ring);
     COCCL_INFO(net, rank_, "tcp link to rank %d on io_uring over %zu socket(s)", peer, n);
   } else {
-    auto c = std::make_unique<TcpConnection>(rank_, peer, std::move(s), options_.slots,
+    auto c = std::make_unique<TcpConnection>(rank_, peer, std::move(s), made.slots,
                                              options_.slot_bytes, on_failure_);
     c->start();
-    add(peer, std::move(c));
+    add(peer, std::move(c), ring);
   }
 }
 
-void Peers::add(int peer, std::unique_ptr<Connection> c) {
-  COCCL_INFO(net, rank_, "connected to rank %d over %s", peer, c->kind());
+void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes) {
+  COCCL_INFO(net, rank_, "connected to rank %d over %s (receive ring %zu bytes)", peer, c->kind(),
+             ring_bytes);
   by_peer_[peer] = c.get();
   conns_.push_back(std::move(c));
+  ring_of_[peer] = ring_bytes;
+  ring_bytes_ += ring_bytes;
+  ++link_gen_[peer];
+  ++stats_.opened;
+  last_used_[peer] = std::chrono::steady_clock::now();
+}
+
+Peers::LinkStats Peers::link_stats() const noexcept {
+  LinkStats s = stats_;
+  s.open = static_cast<int>(std::count_if(by_peer_.begin(), by_peer_.end(),
+                                          [](const Connection* c) { return c != nullptr; }));
+  s.ring_bytes = ring_bytes_;
+  return s;
+}
+
+std::size_t Peers::slots_for(std::size_t bytes) const noexcept {
+  if (bytes == 0) return options_.slots;
+  const std::size_t want = (bytes + options_.slot_bytes - 1) / options_.slot_bytes;
+  return std::clamp<std::size_t>(want, 2, options_.slots);
+}
+
+asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes) {
+  Reservation room;
+  if (budget_ == 0) co_return room;
+  const auto text = [](std::size_t n) { return std::to_string(n) + " bytes"; };
+  if (bytes > budget_)
+    throw LinkError(make_error_code(errc::invalid_argument),
+                    "COCCL_MEM_BUDGET (" + text(budget_) + ") cannot hold even one link: the "
+                    "link to rank " + std::to_string(peer) + " needs a receive ring of " +
+                    text(bytes) + " (at least 2 slots of COCCL_SLOT_BYTES=" +
+                    std::to_string(options_.slot_bytes) + "); raise COCCL_MEM_BUDGET or lower "
+                    "COCCL_SLOT_BYTES");
+  const auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
+  auto pause = std::chrono::milliseconds(1);
+  asio::steady_timer timer(ex_);
+  while (ring_bytes_ + reserved_ + bytes > budget_) {
+    if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+    // Links the running operation does not hold, least recently used first.
+    std::vector<int> idle;
+    for (int p = 0; p < nranks_; ++p)
+      if (p != peer && by_peer_[p] && !held(p) && !closing_[p]) idle.push_back(p);
+    const auto open = std::count_if(by_peer_.begin(), by_peer_.end(),
+                                    [](const Connection* c) { return c != nullptr; });
+    const std::string holding = std::to_string(open) + " open links hold " + text(ring_bytes_) +
+                                " of receive rings";
+    if (idle.empty() && reserved_ == 0)
+      throw LinkError(make_error_code(errc::invalid_argument),
+                      "COCCL_MEM_BUDGET (" + text(budget_) + ") is too small for this "
+                      "operation: its " + holding + " and none is idle, but the link to rank " +
+                      std::to_string(peer) + " needs " + text(bytes) + " more; raise "
+                      "COCCL_MEM_BUDGET");
+    std::sort(idle.begin(), idle.end(),
+              [this](int a, int b) { return last_used_[a] < last_used_[b]; });
+    bool closed = false;
+    for (int p : idle) {
+      if (!by_peer_[p] || held(p) || closing_[p] || !by_peer_[p]->settled()) continue;
+      if (co_await try_close(p, CloseReason::budget)) {
+        closed = true;
+        break;
+      }
+    }
+    if (closed) continue;
+    // The peers still use those links (or data for a later operation waits in them): try again
+    // shortly, until the deadline.
+    if (std::chrono::steady_clock::now() >= until)
+      throw LinkError(make_error_code(errc::timed_out),
+                      "COCCL_MEM_BUDGET (" + text(budget_) + "): no idle link could be closed "
+                      "within COCCL_TIMEOUT to make room for the link to rank " +
+                      std::to_string(peer) + " (" + holding + "; their peers kept using them)");
+    timer.expires_after(pause);
+    boost::system::error_code ignored;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  reserved_ += bytes;
+  room.peers = this;
+  room.bytes = bytes;
+  room.alive = alive_;
+  co_return room;
+}
+
+asio::awaitable<void> Peers::await_close(int peer) {
+  while (closing_[peer] && close_done_[peer]) {
+    auto done = close_done_[peer];
+    boost::system::error_code ignored;
+    co_await done->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+}
+
+asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
+  Connection* c = by_peer_[peer];
+  if (!c || closing_[peer] || held(peer) || !c->settled() || shut_) co_return false;
+  auto alive = alive_;
+  const std::uint64_t gen = link_gen_[peer];
+  closing_[peer] = true;
+  close_done_[peer] = std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
+  // The peer closes its end first when it agrees: that end of file is not a failure.
+  c->hold_failures();
+  bool agreed = false;
+  try {
+    const auto limit = auth_timeout();
+    auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
+                                         std::chrono::steady_clock::now() + limit, true);
+    runtime::CloseAfter guard(*sock, limit);
+    Channel channel = co_await Channel::initiate(*sock, secret_);
+    Writer w;
+    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put(static_cast<std::uint8_t>(why));
+    co_await write_frame(*sock, channel, FrameType::close, w.bytes());
+    Frame f = co_await read_frame(*sock, channel, max_small_frame);
+    agreed = f.type == FrameType::status && f.payload.size() == 1 && f.payload[0] == 1;
+  } catch (const std::exception& e) {
+    // Unreachable, or gone: the link itself reports that once failures are not held.
+    if (*alive)
+      COCCL_INFO(net, rank_, "asking rank %d to close the link failed: %s", peer, e.what());
+  }
+  if (!*alive) co_return false;
+  closing_[peer] = false;
+  if (auto done = std::exchange(close_done_[peer], nullptr)) done->cancel();
+  // The peer may have closed the link meanwhile on its own request (link_gen_ moved on).
+  if (link_gen_[peer] != gen || !by_peer_[peer]) co_return agreed;
+  if (agreed) {
+    retire(peer, why);
+    co_return true;
+  }
+  by_peer_[peer]->release_failures();
+  co_return false;
+}
+
+asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
+                                         std::shared_ptr<Channel> channel, Frame f) {
+  auto alive = alive_;
+  int from = -1;
+  CloseReason why = CloseReason::idle;
+  try {
+    Reader r(f.payload);
+    from = r.get<std::int32_t>();
+    const int to = r.get<std::int32_t>();
+    const auto reason = r.get<std::uint8_t>();
+    if (!r.done() || to != rank_ || from < 0 || from >= nranks_ || from == rank_ ||
+        (reason != static_cast<std::uint8_t>(CloseReason::budget) &&
+         reason != static_cast<std::uint8_t>(CloseReason::idle)))
+      bad("a malformed request to close a link");
+    why = static_cast<CloseReason>(reason);
+  } catch (const std::exception& e) {
+    drops_.dropped(e.what());
+    co_return;
+  }
+  // Agreed when this end is settled and not in use; when both ends ask at once, the lower rank's
+  // request wins.
+  Connection* c = by_peer_[from];
+  const bool agree = c && !dialing_[from] && !held(from) && c->settled() &&
+                     !(closing_[from] && rank_ < from);
+  if (agree) retire(from, why);
+  try {
+    runtime::CloseAfter guard(*s, auth_timeout());
+    const std::vector<std::uint8_t> answer{static_cast<std::uint8_t>(agree ? 1 : 0)};
+    co_await write_frame(*s, *channel, FrameType::status, answer);
+  } catch (const std::exception& e) {
+    // The asker keeps its end until it hears: a lost answer leaves it to fail on its own.
+    if (*alive && !shut_) drops_.dropped(reason(e));
+  }
+}
+
+void Peers::retire(int peer, CloseReason why) {
+  Connection* c = by_peer_[peer];
+  if (!c) return;
+  by_peer_[peer] = nullptr;
+  ++link_gen_[peer];
+  ring_bytes_ -= ring_of_[peer];
+  ring_of_[peer] = 0;
+  ++(why == CloseReason::budget ? stats_.closed_budget : stats_.closed_idle);
+  const char* what = why == CloseReason::budget ? "to stay under COCCL_MEM_BUDGET" : "idle";
+  COCCL_INFO(net, rank_, "closed the link to rank %d (%s)", peer, what);
+  c->hold_failures();
+  c->close(make_error_code(errc::aborted),
+           "link to rank " + std::to_string(peer) + " closed (" + what + ")");
+  auto it = std::find_if(conns_.begin(), conns_.end(),
+                         [c](const std::unique_ptr<Connection>& p) { return p.get() == c; });
+  if (it == conns_.end()) return;
+  // Freed from the executor, not here: the caller may still use `c` on its way out. Kept by
+  // this object meanwhile, so that it never outlives the pollers it unregisters from.
+  retired_.push_back(std::move(*it));
+  conns_.erase(it);
+  asio::post(ex_, [this, alive = alive_] {
+    if (*alive) retired_.clear();
+  });
+}
+
+void Peers::arm_idle_timer() {
+  idle_timer_.expires_after(std::max<std::chrono::steady_clock::duration>(
+      idle_ / 4, std::chrono::milliseconds(10)));
+  idle_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+    if (ec || !*alive || shut_) return;
+    const auto now = std::chrono::steady_clock::now();
+    for (int p = 0; p < nranks_; ++p) {
+      Connection* c = by_peer_[p];
+      if (!c || closing_[p] || held(p) || now - last_used_[p] < idle_ || !c->settled()) continue;
+      asio::co_spawn(ex_, try_close(p, CloseReason::idle), asio::detached);
+    }
+    arm_idle_timer();
+  });
 }
 
 void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
@@ -1242,6 +1706,7 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   for (auto& box : stripes_)
     if (box) box->fail(asio::error::operation_aborted);
   table_ready_.cancel();
+  idle_timer_.cancel();
   for (int p = 0; p < nranks_; ++p) announce(p);
   for (auto& c : conns_) {
     if (notify)

@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/deadline.hpp"
@@ -109,12 +110,45 @@ class Peers {
   /// This rank's entry (its listener).
   PeerInfo self_info() const;
 
-  /// Rendezvous through the root of `root`; fills the table. When it fails, this rank tells
-  /// the root why (for peers that find it gone).
-  asio::awaitable<void> rendezvous(RootAddress root);
+  /// Rendezvous through the roots of `roots` (1 to size() of them, the same list on every
+  /// rank); fills the table. With several, each takes the hellos of a near-equal share of the
+  /// ranks and the first of each share passes it on to roots[0]. When it fails, this rank tells
+  /// roots[0] why (for peers that find it gone).
+  asio::awaitable<void> rendezvous(std::vector<RootAddress> roots);
 
-  /// The connection to `peer`, made now if needed. Throws LinkError/system_error on failure.
-  asio::awaitable<Connection*> get(int peer);
+  /// The connection to `peer`, made now if needed. `bytes` (0: unknown) is the size of the
+  /// operation that asks: a link made for a small one gets a ring of fewer slots. A new link that
+  /// would take the receive rings past COCCL_MEM_BUDGET first closes the least recently used idle
+  /// link. Throws LinkError/system_error on failure (errc::out_of_memory when the budget cannot
+  /// hold the link).
+  asio::awaitable<Connection*> get(int peer, std::size_t bytes = 0);
+
+  /// While one exists, the links that get() returns are held by the running operation: they are
+  /// not closed (for the budget or idleness) under it. Held per operation: the hold of a link
+  /// ends when no Use is left.
+  class Use {
+   public:
+    explicit Use(Peers& peers) : peers_(peers) {
+      if (peers_.users_++ == 0) ++peers_.period_;
+    }
+    ~Use() { --peers_.users_; }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    Peers& peers_;
+  };
+
+  /// The links' counts and memory (CommStatus).
+  struct LinkStats {
+    int open = 0;
+    std::uint64_t opened = 0;         // links made, reopenings included
+    std::uint64_t closed_budget = 0;  // closed to make room under COCCL_MEM_BUDGET
+    std::uint64_t closed_idle = 0;    // closed after COCCL_LINK_IDLE_S unused
+    std::uint64_t ring_bytes = 0;     // receive rings of the open links
+    std::uint64_t budget = 0;         // COCCL_MEM_BUDGET (0: none)
+  };
+  LinkStats link_stats() const noexcept;
 
   /// Sends an abort notice on every open connection, then closes them (the listener stays for
   /// status queries and answers link requests with the reason).
@@ -171,15 +205,16 @@ class Peers {
   void accept_failed(boost::system::error_code ec);
   asio::awaitable<void> handle_incoming(std::shared_ptr<asio::ip::tcp::socket> s);
   // Lower rank: dial the peer and make the link.
-  asio::awaitable<void> dial(int peer);
+  asio::awaitable<void> dial(int peer, std::size_t slots);
   // Higher rank: answer a connection request at once, whatever this rank is doing, so link
   // setup never waits on the accepting rank's own progress (that could form a cycle).
   asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
                                std::shared_ptr<Channel> channel, std::vector<std::uint8_t> payload);
-  void add(int peer, std::unique_ptr<Connection> c);
+  void add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes);
   // What link setup made besides the socket: the shared segments (shm), the RDMA link (ib), or
   // for tcp on io_uring the ring and the link's further sockets.
   struct Made {
+    std::size_t slots = 0;  // of the receive ring, agreed in the link request
     std::unique_ptr<ShmSegment> own, theirs;
     UringRingPtr ring;
     std::vector<asio::ip::tcp::socket> extra;
@@ -189,6 +224,51 @@ class Peers {
   };
   // Wraps the socket and what was made in the connection of that kind and adds it.
   void add_made(int peer, asio::ip::tcp::socket s, Made made);
+  // Why a link is closed by agreement (counted at both ends).
+  enum class CloseReason : std::uint8_t { budget = 1, idle = 2 };
+  // Ring bytes promised to a link being made, given back when its making ends (the link, once
+  // added, counts in ring_bytes_).
+  struct Reservation {
+    Peers* peers = nullptr;
+    std::size_t bytes = 0;
+    std::shared_ptr<bool> alive;
+    Reservation() = default;
+    Reservation(Reservation&& o) noexcept
+        : peers(std::exchange(o.peers, nullptr)), bytes(o.bytes), alive(std::move(o.alive)) {}
+    Reservation& operator=(Reservation&& o) noexcept {
+      if (this != &o) {
+        give_back();
+        peers = std::exchange(o.peers, nullptr);
+        bytes = o.bytes;
+        alive = std::move(o.alive);
+      }
+      return *this;
+    }
+    ~Reservation() { give_back(); }
+    void give_back() noexcept {
+      if (peers && *alive) peers->reserved_ -= bytes;
+      peers = nullptr;
+    }
+  };
+  // Slots of a link made for an operation of `bytes` (0: unknown, the full ring).
+  std::size_t slots_for(std::size_t bytes) const noexcept;
+  // Makes room under the budget for a link to `peer` of `bytes` ring bytes, closing least recently
+  // used idle links (waiting for busy peers to let go, until the deadline). Throws LinkError
+  // naming COCCL_MEM_BUDGET when it cannot.
+  asio::awaitable<Reservation> make_room(int peer, std::size_t bytes);
+  // The link to `peer` is open and not held by the running operation.
+  bool held(int peer) const noexcept { return users_ > 0 && held_[peer] == period_; }
+  // Asks `peer` to close the link by agreement; true once it is closed (at both ends).
+  asio::awaitable<bool> try_close(int peer, CloseReason why);
+  // A peer's request to close the link: agreed when this end is settled and not using it.
+  asio::awaitable<void> serve_close(std::shared_ptr<asio::ip::tcp::socket> s,
+                                    std::shared_ptr<Channel> channel, Frame f);
+  // Closes the (agreed) link to `peer` here, without failing anything.
+  void retire(int peer, CloseReason why);
+  // Waits while a close of the link to `peer` is being agreed.
+  asio::awaitable<void> await_close(int peer);
+  // COCCL_LINK_IDLE_S: closes links unused that long, checked periodically.
+  void arm_idle_timer();
   // A link finished after shutdown(): made and at once aborted with shutdown()'s reason.
   void abort_new_link(int peer, asio::ip::tcp::socket s, Made made);
   // Wakes everyone waiting for the link to `peer` (made or failed).
@@ -201,7 +281,11 @@ class Peers {
   std::uint32_t prepare_tcp(int peer, Made& made);
   asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
   // The rendezvous itself (rendezvous() adds telling the root on failure).
-  asio::awaitable<void> join(RootAddress root);
+  asio::awaitable<void> join(std::vector<RootAddress> roots);
+  // The first rank of share `at` (> 0): takes the share from its root `mine` and passes it on to
+  // the first root.
+  asio::awaitable<void> pass_share(std::shared_ptr<asio::ip::tcp::socket> sock, Channel& channel,
+                                   RootAddress mine, RootAddress first, int at);
   // Why the table has not come, as the root sees it: the ranks that never arrived, else the
   // tree parent that did not pass it on.
   asio::awaitable<std::string> who_is_missing(const RootAddress& root);
@@ -242,6 +326,7 @@ class Peers {
 #endif
   std::shared_ptr<UserBuffers> user_buffers_;
   std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
+  std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
   std::vector<Connection*> by_peer_;                // nranks entries
   // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
   // link is ready or failed; its expiry is the deadline).
@@ -263,10 +348,27 @@ class Peers {
   // Rank 0: its connection to the root, held open while this Peers lives so that the root keeps
   // answering status queries for the communicator (it stops once this closes).
   std::shared_ptr<asio::ip::tcp::socket> root_link_;
-  std::optional<RootAddress> root_;  // from rendezvous()
+  std::optional<RootAddress> root_;  // the first root, from rendezvous()
+  int roots_ = 1;                    // how many roots rendezvous() was given
   runtime::Mailbox<RecoveryRequest> recovery_box_;
   std::uint64_t shrink_attempts_ = 0;
   bool shrinking_ = false;
+  // Links under a memory budget, and closed when idle.
+  std::size_t budget_;                          // COCCL_MEM_BUDGET bytes, 0: none
+  std::chrono::steady_clock::duration idle_{};  // COCCL_LINK_IDLE_S, 0: never
+  std::size_t ring_bytes_ = 0;                  // receive rings of the open links
+  std::size_t reserved_ = 0;                    // promised to links being made
+  std::vector<std::size_t> ring_of_;            // per peer: its open link's ring bytes
+  std::vector<std::chrono::steady_clock::time_point> last_used_;
+  int users_ = 0;                  // Use objects alive
+  std::uint64_t period_ = 0;       // counts the spans with users; held_ names the span
+  std::vector<std::uint64_t> held_;
+  std::vector<bool> closing_;      // this rank asks the peer to close the link
+  // Per peer while closing_: a timer used as an event, cancelled when the close is settled.
+  std::vector<std::shared_ptr<asio::steady_timer>> close_done_;
+  std::vector<std::uint64_t> link_gen_;  // counts the links made and closed with each peer
+  LinkStats stats_;
+  asio::steady_timer idle_timer_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -9,6 +9,7 @@ namespace coccl::transport {
 namespace {
 
 constexpr std::uint32_t hello_magic = 0x4f4c4548u;
+constexpr std::uint32_t share_magic = 0x52414853u;  // "SHAR"
 
 [[noreturn]] void bad(const std::string& what) {
   throw std::system_error(make_error_code(errc::bad_message), what);
@@ -18,7 +19,7 @@ constexpr std::uint32_t hello_magic = 0x4f4c4548u;
 
 std::vector<std::uint8_t> encode_hello(const Hello& h) {
   Writer w;
-  w.put(hello_magic).put(h.rank).put(h.nranks).put(h.info);
+  w.put(hello_magic).put(h.rank).put(h.nranks).put(h.info).put(h.roots).put(h.ids);
   return std::move(w.bytes());
 }
 
@@ -29,8 +30,51 @@ Hello decode_hello(std::span<const std::uint8_t> payload) {
   h.rank = r.get<std::int32_t>();
   h.nranks = r.get<std::int32_t>();
   h.info = r.get<PeerInfo>();
+  h.roots = r.get<std::uint32_t>();
+  h.ids = r.get<std::uint64_t>();
   if (!r.done()) bad("trailing bytes in hello");
   return h;
+}
+
+int root_of(int rank, int nranks, int roots) {
+  return static_cast<int>(static_cast<std::int64_t>(rank) * roots / nranks);
+}
+
+int share_begin(int index, int nranks, int roots) {
+  return static_cast<int>((static_cast<std::int64_t>(index) * nranks + roots - 1) / roots);
+}
+
+std::vector<std::uint8_t> encode_share(const Share& s) {
+  Writer w;
+  w.put(share_magic).put(s.nranks).put(s.roots).put(s.index).put(s.ids).put(s.first);
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(s.entries.size()));
+  for (const PeerInfo& p : s.entries) w.put(p);
+  return std::move(w.bytes());
+}
+
+Share decode_share(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != share_magic) bad("not a share of the address table");
+  Share s;
+  s.nranks = r.get<std::int32_t>();
+  s.roots = r.get<std::uint32_t>();
+  s.index = r.get<std::uint32_t>();
+  s.ids = r.get<std::uint64_t>();
+  s.first = r.get<std::int32_t>();
+  const auto count = r.get<std::uint32_t>();
+  if (s.nranks < 1 || s.roots < 2 || s.roots > static_cast<std::uint32_t>(s.nranks) ||
+      s.index < 1 || s.index >= s.roots)
+    bad("a share with impossible settings");
+  const int roots = static_cast<int>(s.roots), index = static_cast<int>(s.index);
+  if (s.first != share_begin(index, s.nranks, roots) ||
+      static_cast<std::int64_t>(count) != share_begin(index + 1, s.nranks, roots) - s.first)
+    bad("a share that is not the one its index names");
+  // The count is checked against the settings before anything is allocated for it.
+  if (count > payload.size() / sizeof(PeerInfo)) bad("a share longer than its payload");
+  s.entries.resize(count);
+  for (auto& p : s.entries) p = r.get<PeerInfo>();
+  if (!r.done()) bad("trailing bytes after a share");
+  return s;
 }
 
 std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table) {

@@ -32,14 +32,38 @@ struct PeerInfo {
   static constexpr std::uint8_t cap_ib = 1;
 };
 
-/// rank -> root: who the rank is and where it listens. The root checks the ranks.
+/// rank -> root: who the rank is and where it listens. The root checks the ranks. A communicator
+/// made from several ids (ncclCommInitRankScalable) has `roots` of them: rank r says hello to
+/// root_of(r), and `ids` is a digest of the whole list, the same on every rank given the same ids.
 struct Hello {
   std::int32_t rank;
   std::int32_t nranks;
   PeerInfo info;
+  std::uint32_t roots = 1;
+  std::uint64_t ids = 0;
 };
 std::vector<std::uint8_t> encode_hello(const Hello& h);
 Hello decode_hello(std::span<const std::uint8_t> payload);
+
+/// With `roots` roots, the root that rank `rank` of `nranks` says hello to, and the first rank of
+/// root `index`'s share (share_begin(roots) == nranks): ranks are split into near-equal
+/// consecutive shares.
+int root_of(int rank, int nranks, int roots);
+int share_begin(int index, int nranks, int roots);
+
+/// Root `index` (>= 1) -> the first rank of its share, which passes it on to root 0: the entries
+/// of ranks [first, first + entries.size()), with the settings the hellos carried.
+struct Share {
+  std::int32_t nranks;
+  std::uint32_t roots;
+  std::uint32_t index;
+  std::uint64_t ids;
+  std::int32_t first;
+  std::vector<PeerInfo> entries;
+};
+std::vector<std::uint8_t> encode_share(const Share& s);
+/// Also checks that the share is the one `index` of `roots` names (first rank and count).
+Share decode_share(std::span<const std::uint8_t> payload);
 
 /// The address table, one entry per rank; decoding checks it has `nranks` entries.
 std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table);

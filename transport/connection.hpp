@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace coccl::transport {
 
@@ -113,6 +114,24 @@ class Connection {
   /// Sender: waits until every block write started has finished reading its source.
   virtual asio::awaitable<void> flush_blocks() { no_blocks(); }
 
+  /// Nothing is in flight either way: every chunk this side put was released by the peer, every
+  /// chunk that arrived here was released, and no put or wait is parked. Two settled ends may
+  /// close the link and lose nothing (Peers closes idle links). Links that cannot tell say no.
+  virtual bool settled() const noexcept { return false; }
+
+  /// While failures are held, a failure of the link (the peer closing it, EOF) is kept instead of
+  /// reported: a link being closed by agreement ends without failing the communicator.
+  void hold_failures() noexcept { holding_ = true; }
+  /// Stops holding; a failure held meanwhile is reported now.
+  void release_failures() {
+    holding_ = false;
+    if (held_) {
+      auto [ec, why] = std::move(*held_);
+      held_.reset();
+      report_failure(ec, why);
+    }
+  }
+
   /// When a put or wait has been blocked on this peer since, if one is.
   std::optional<std::chrono::steady_clock::time_point> blocked_since() const noexcept {
     return blocked_since_;
@@ -127,6 +146,10 @@ class Connection {
   // Reports the first failure to the communicator.
   void report_failure(std::error_code ec, const std::string& why) {
     if (reported_) return;
+    if (holding_) {
+      if (!held_) held_.emplace(ec, why);
+      return;
+    }
     reported_ = true;
     if (on_failure_) on_failure_(peer_, ec, why);
   }
@@ -138,6 +161,8 @@ class Connection {
  private:
   FailureHandler on_failure_;
   bool reported_ = false;
+  bool holding_ = false;
+  std::optional<std::pair<std::error_code, std::string>> held_;
 };
 
 }  // namespace coccl::transport

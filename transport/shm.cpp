@@ -171,6 +171,12 @@ bool ShmConnection::can_recv() const noexcept {
   return recv_ring_->head.load(std::memory_order_acquire) > consumed_;
 }
 
+bool ShmConnection::settled() const noexcept {
+  return !closed_ && recv_ring_->head.load(std::memory_order_acquire) == released_ &&
+         send_ring_->tail.load(std::memory_order_acquire) == sent_ && !recv_waiter_ &&
+         !credit_waiter_ && idle_writer();
+}
+
 bool ShmConnection::check() {
   bool progress = false;
   if (recv_waiter_ && (closed_ || departed_ || can_recv())) {

@@ -71,6 +71,7 @@ class ShmConnection final : public SocketConnection {
   asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   asio::awaitable<Chunk> wait() override;
   void release() override;
+  bool settled() const noexcept override;
 
   /// Called by ShmPoller: resumes waiters whose condition holds; true if it resumed any.
   bool check();

@@ -77,6 +77,8 @@ class SocketConnection : public Connection {
   void fail_waiters();
   // Wakes them without an error so they re-check their condition.
   void fail_waiters_soft();
+  // Nothing queued or being written (credits included).
+  bool idle_writer() const noexcept { return queue_.empty() && !writing_; }
   // Resumes a suspended coroutine with `ec` from the executor (never inline).
   void resume(Waiter& w, boost::system::error_code ec = {});
   void resume_now(Resume& r, boost::system::error_code ec);

@@ -20,6 +20,10 @@ class TcpConnection final : public SocketConnection {
   asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   asio::awaitable<Chunk> wait() override;
   void release() override;
+  bool settled() const noexcept override {
+    return !closed_ && filled_ == released_ && sent_ == acked_ && !recv_waiter_ &&
+           !credit_waiter_ && idle_writer();
+  }
 
  private:
   asio::awaitable<void> on_put(const LinkHeader& h) override;

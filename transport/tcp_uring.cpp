@@ -177,6 +177,12 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   bool notice_pending() const noexcept override { return !notice_.empty(); }
   void close(std::error_code ec, const std::string& why) override;
 
+  bool settled() const noexcept override {
+    return !closed_ && filled_ == released_ && sent_ == acked_ && !recv_waiter_ &&
+           !credit_waiter_ && zc_wait_.empty() &&
+           std::all_of(socks_.begin(), socks_.end(),
+                       [](const Sock& s) { return !s.sending && s.queue.empty(); });
+  }
   bool poll() override { return reap() > 0; }
   bool waiting() const override {
     if (recv_waiter_ || credit_waiter_ || !zc_wait_.empty()) return true;

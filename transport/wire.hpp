@@ -41,6 +41,8 @@ enum class FrameType : std::uint32_t {
                      // connection, or in answer to a connection request
   recover = 9,     // rank -> rank listener, and the answer: liveness probe or shrink (recovery.hpp)
   stripe = 10,     // lower rank -> higher rank: an extra socket of a tcp link being made
+  share = 11,      // root k -> its first rank -> root 0: root k's part of the address table
+  close = 12,      // rank -> peer's listener: close our idle link? answered with a status frame
 };
 
 struct Frame {

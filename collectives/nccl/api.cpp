@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collectives/comm.hpp"
 #include "collectives/nccl/cuda.hpp"
 #include "collectives/nccl/exports.hpp"
 #include "collectives/nccl/state.hpp"
@@ -48,7 +49,7 @@ UniqueId to_id(const ncclUniqueId& id) {
   return u;
 }
 
-ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
+ncclResult_t init_rank(ncclComm_t* out, int nranks, std::vector<UniqueId> ids, int rank,
                        const ncclConfig_t* config, int device) {
   if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   *out = nullptr;
@@ -66,9 +67,8 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   c->device = device;
   c->blocking = blocking;
   *out = c;
-  UniqueId uid = to_id(id);
-  return start_setup(c, [c, uid] {
-    c->comm = Communicator::create(uid, c->rank.load(), c->nranks.load());
+  return start_setup(c, [c, ids = std::move(ids)] {
+    c->comm = detail::create_scalable(ids, c->rank.load(), c->nranks.load());
     prepare_device(c);
   });
 }
@@ -234,22 +234,38 @@ ncclResult_t pncclGetUniqueId(ncclUniqueId* out) {
 ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                      ncclConfig_t* config) {
   return guarded("ncclCommInitRankConfig", [&]() -> ncclResult_t {
-    return init_rank(comm, nranks, commId, rank, config, current_device());
+    return init_rank(comm, nranks, {to_id(commId)}, rank, config, current_device());
   });
 }
 
 ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   return guarded("ncclCommInitRank", [&]() -> ncclResult_t {
-    return init_rank(comm, nranks, commId, rank, nullptr, current_device());
+    return init_rank(comm, nranks, {to_id(commId)}, rank, nullptr, current_device());
   });
 }
 
 ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                        ncclUniqueId* commIds, ncclConfig_t* config) {
   return guarded("ncclCommInitRankScalable", [&]() -> ncclResult_t {
-    if (nId < 1 || !commIds)
-      return fail(ncclInvalidArgument, "ncclCommInitRankScalable: needs at least one id");
-    return init_rank(newcomm, nranks, commIds[0], myrank, config, current_device());
+    if (nId < 1)
+      return fail(ncclInvalidArgument,
+                  "ncclCommInitRankScalable: nId must be at least 1, got " + std::to_string(nId));
+    if (!commIds) return fail(ncclInvalidArgument, "ncclCommInitRankScalable: commIds is NULL");
+    if (nranks >= 1 && nId > nranks)
+      return fail(ncclInvalidArgument, "ncclCommInitRankScalable: nId (" + std::to_string(nId) +
+                                           ") is more than nranks (" + std::to_string(nranks) +
+                                           "): each id's root needs at least one rank");
+    // Every id is used: rank r says hello to the root of id r * nId / nranks (Peers::rendezvous).
+    std::vector<UniqueId> ids;
+    for (int i = 0; i < nId; ++i) {
+      ids.push_back(to_id(commIds[i]));
+      for (int j = 0; j < i; ++j)
+        if (ids[j].bytes == ids[i].bytes)
+          return fail(ncclInvalidArgument, "ncclCommInitRankScalable: commIds[" +
+                                               std::to_string(i) + "] is the same as commIds[" +
+                                               std::to_string(j) + "]: pass distinct ids");
+    }
+    return init_rank(newcomm, nranks, std::move(ids), myrank, config, current_device());
   });
 }
 
@@ -273,7 +289,7 @@ ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
     pncclGroupStart();
     ncclResult_t first = ncclSuccess;
     for (int i = 0; i < ndev; ++i) {
-      ncclResult_t r = init_rank(comms + i, ndev, id, i, nullptr, devlist ? devlist[i] : i);
+      ncclResult_t r = init_rank(comms + i, ndev, {to_id(id)}, i, nullptr, devlist ? devlist[i] : i);
       if (r != ncclSuccess && first == ncclSuccess) first = r;
     }
     ncclResult_t r = pncclGroupEnd();

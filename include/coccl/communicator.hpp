@@ -150,6 +150,10 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
 /// `control`, when set, lets the caller's cancellation slot stop the joining (cancel_create).
 void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
                    std::shared_ptr<OpControl> control = nullptr);
+/// The same from several ids, every rank passing the same list (ncclCommInitRankScalable): the
+/// hellos are spread over their roots.
+void submit_create(std::vector<UniqueId> ids, int rank, int nranks, CreateHandler handler,
+                   std::shared_ptr<OpControl> control = nullptr);
 /// Shrink (collectives/recovery.cpp): the survivors of `impl` not in `exclude` meet, then join
 /// the new communicator; `handler` gets it. Errors are logged with their reason.
 void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclude,
@@ -780,6 +784,8 @@ class Communicator {
  private:
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
   friend void detail::submit_create(UniqueId, int, int, detail::CreateHandler,
+                                    std::shared_ptr<detail::OpControl>);
+  friend void detail::submit_create(std::vector<UniqueId>, int, int, detail::CreateHandler,
                                     std::shared_ptr<detail::OpControl>);
   friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator&);
   friend class detail::CommImpl;

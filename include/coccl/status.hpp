@@ -69,6 +69,15 @@ struct CommStatus {
   std::uint64_t waiting_us = 0;
   /// Host operations queued behind the running one.
   std::uint64_t queued = 0;
+  /// Links to peers: open now; made so far (reopenings included); closed to stay under
+  /// COCCL_MEM_BUDGET, and closed after COCCL_LINK_IDLE_S unused (both ends count an agreed
+  /// close); the bytes of the open links' receive rings, and the budget they stay under (0: none).
+  int links_open = 0;
+  std::uint64_t links_opened = 0;
+  std::uint64_t links_closed_budget = 0;
+  std::uint64_t links_closed_idle = 0;
+  std::uint64_t ring_bytes = 0;
+  std::uint64_t mem_budget = 0;
   /// Recent operations, oldest first: host operations, then device ones (COCCL_COLLTRACE_SIZE of
   /// each at most).
   std::vector<TraceEntry> trace;

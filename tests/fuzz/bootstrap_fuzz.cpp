@@ -31,13 +31,14 @@ bool same_info(const PeerInfo& a, const PeerInfo& b) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::Input in(data, size);
   const auto which = in.get<std::uint8_t>();
-  switch (which % 7) {
+  switch (which % 8) {
     case 0: {
       auto payload = in.rest();
       fuzz::rejects(errc::bad_message, [&] {
         Hello h = decode_hello(payload);
         Hello again = decode_hello(encode_hello(h));
-        if (again.rank != h.rank || again.nranks != h.nranks || !same_info(again.info, h.info))
+        if (again.rank != h.rank || again.nranks != h.nranks || !same_info(again.info, h.info) ||
+            again.roots != h.roots || again.ids != h.ids)
           fuzz::violated("a hello changed in encoding");
       });
       break;
@@ -92,6 +93,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       });
 #endif
       (void)payload;
+      break;
+    }
+    case 7: {
+      // A share must be the one its index names, and survive encoding unchanged.
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] {
+        Share sh = decode_share(payload);
+        if (sh.first != share_begin(static_cast<int>(sh.index), sh.nranks,
+                                    static_cast<int>(sh.roots)))
+          fuzz::violated("a share that starts at the wrong rank");
+        same(encode_share(sh), payload);
+      });
       break;
     }
   }

@@ -82,7 +82,8 @@ void bootstrap_seeds() {
     payload.insert(payload.begin(), which);
     return payload;
   };
-  seed("bootstrap", "hello", with(0, encode_hello({2, 3, info(5000)})));
+  seed("bootstrap", "hello", with(0, encode_hello({2, 3, info(5000), 2, 0x1234})));
+  seed("bootstrap", "share", with(7, encode_share({5, 2, 1, 0x1234, 3, {info(5003), info(5004)}})));
   Bytes table = encode_table({info(5000), info(5001), info(5002)});
   table.insert(table.begin(), 3);
   seed("bootstrap", "table", with(1, table));

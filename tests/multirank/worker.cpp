@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
       {"op_mismatch", run_op_mismatch}, {"chaos", run_chaos},
       {"shrink", run_shrink}, {"shrink_mismatch", run_shrink_mismatch},
       {"shrink_absent", run_shrink_absent}, {"shrink_excluded", run_shrink_excluded},
-      {"grow", run_grow}, {"ftar", run_ftar},
+      {"grow", run_grow}, {"ftar", run_ftar}, {"links", run_links},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";

@@ -72,6 +72,9 @@ int run_split(Worker& w);
 int run_split_members(Worker& w);
 int run_async(Worker& w);
 
+/// Links under COCCL_MEM_BUDGET and COCCL_LINK_IDLE_S (links.cpp); flags budget, idle or tiny.
+int run_links(Worker& w);
+
 /// Recovery scenarios (recovery.cpp): shrink after killed ranks, grow, the FTAR loop.
 int run_shrink(Worker& w);
 int run_shrink_mismatch(Worker& w);
