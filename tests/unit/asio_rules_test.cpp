@@ -56,7 +56,7 @@ TEST(AsioRules, BlockingCallOnTheProxyThreadFailsAtOnce) {
   auto f = asio::co_spawn(
       c.get_executor(),
       [&]() -> asio::awaitable<std::error_code> {
-        std::error_code ec;
+        boost::system::error_code ec;
         c.all_reduce(&x, &y, 1, DataType::int32, ReduceOp::sum, ec);
         co_return ec;
       },
