@@ -133,10 +133,8 @@ std::shared_ptr<OpControl> control_for(const std::shared_ptr<CommImpl>& impl, Op
   auto slot = handler.get_cancellation_slot();
   if (slot.is_connected()) {
     control = std::make_shared<OpControl>();
-    slot.assign([op = std::weak_ptr<OpControl>(control),
-                 comm = std::weak_ptr<CommImpl>(impl)](asio::cancellation_type type) {
-      cancel_op(comm, op, type);
-    });
+    slot.assign([op = std::weak_ptr<OpControl>(control), comm = std::weak_ptr<CommImpl>(impl)](
+                    asio::cancellation_type type) { cancel_op(comm, op, type); });
   }
   if (deadline.count() > 0) {
     if (!control) control = std::make_shared<OpControl>();
@@ -197,7 +195,8 @@ void initiate_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> o
 }
 
 void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
-  if (ec == std::errc::resource_deadlock_would_occur) throw std::system_error(ec, blocking_on_proxy);
+  if (ec == std::errc::resource_deadlock_would_occur)
+    throw std::system_error(ec, blocking_on_proxy);
   throw std::system_error(ec, describe_error(impl, ec));
 }
 
@@ -374,10 +373,9 @@ Communicator Communicator::create(const UniqueId& id, int rank, int nranks,
       failure);
   result->done.wait(0, std::memory_order_acquire);
   if (result->ec)
-    throw std::system_error(result->ec,
-                            "coccl: rank " + std::to_string(rank) +
-                                " could not join the communicator" +
-                                (failure->empty() ? std::string() : " (" + *failure + ")"));
+    throw std::system_error(
+        result->ec, "coccl: rank " + std::to_string(rank) + " could not join the communicator" +
+                        (failure->empty() ? std::string() : " (" + *failure + ")"));
   return std::move(result->comm);
 }
 

@@ -27,7 +27,6 @@ std::string lower_case(std::string s) {
 }
 }  // namespace
 
-
 CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
                    int rank, int nranks, const CommunicatorOptions& options)
     : engine_(std::move(engine)),
@@ -39,8 +38,8 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       trace_(static_cast<std::size_t>(std::max<std::int64_t>(1, params::colltrace_size.get()))),
       algo_(lower_case(params::algo.get())),
       oneshot_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::oneshot_max.get()))),
-      direct_max_ranks_(static_cast<int>(
-          std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
+      direct_max_ranks_(
+          static_cast<int>(std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
       timeout_(options.timeout.count() > 0 ? std::chrono::steady_clock::duration(options.timeout)
                                            : runtime::default_timeout()),
       blocking_(options.blocking),
@@ -51,10 +50,11 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64};
   if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
       opts.transport != "ib")
-    throw std::system_error(make_error_code(errc::invalid_argument),
-                            "the transport (COCCL_TRANSPORT or Options::transport) must be auto, tcp, shm or ib, "
-                            "not '" +
-                                opts.transport + "'");
+    throw std::system_error(
+        make_error_code(errc::invalid_argument),
+        "the transport (COCCL_TRANSPORT or Options::transport) must be auto, tcp, shm or ib, "
+        "not '" +
+            opts.transport + "'");
   // Peers registers a poller on the proxy thread, so it is built there.
   std::promise<void> built;
   asio::post(ex_, [&] {
@@ -236,7 +236,6 @@ void CommImpl::cancel(const std::shared_ptr<OpControl>& op, asio::cancellation_t
   fail(make_error_code(errc::aborted), text);
 }
 
-
 void CommImpl::finished(OpControl& op) {
   if (op.pending > 0 && --op.pending > 0) return;
   op.state = OpControl::State::done;
@@ -246,8 +245,8 @@ void CommImpl::finished(OpControl& op) {
 void CommImpl::arm_deadline(const std::shared_ptr<OpControl>& op) {
   if (op->deadline.count() <= 0 || op->timer) return;
   op->timer = std::make_unique<asio::steady_timer>(ex_, op->start + op->deadline);
-  op->timer->async_wait([w = weak_from_this(), o = std::weak_ptr<OpControl>(op)](
-                            boost::system::error_code ec) {
+  op->timer->async_wait([w = weak_from_this(),
+                         o = std::weak_ptr<OpControl>(op)](boost::system::error_code ec) {
     auto self = w.lock();
     auto op = o.lock();
     if (ec || !self || !op || op->state == OpControl::State::done) return;
@@ -317,8 +316,8 @@ void CommImpl::submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> 
     enqueue_all(*this, members);
     return;
   }
-  asio::post(ex_, [self = shared_from_this(), members = std::make_shared<std::vector<Queued>>(
-                                                  std::move(members)),
+  asio::post(ex_, [self = shared_from_this(),
+                   members = std::make_shared<std::vector<Queued>>(std::move(members)),
                    enqueue_all]() { enqueue_all(*self, *members); });
 }
 void CommImpl::complete(OpHandler& h, std::error_code ec) {
@@ -383,7 +382,8 @@ std::optional<std::string> CommImpl::record_failure(std::error_code ec, const st
   std::lock_guard lock(error_mutex_);
   if (error_) return std::nullopt;
   error_ = ec;
-  error_text_ = "rank " + std::to_string(rank_) + (name_.empty() ? "" : " of '" + name_ + "'") + ": " + why;
+  error_text_ =
+      "rank " + std::to_string(rank_) + (name_.empty() ? "" : " of '" + name_ + "'") + ": " + why;
   return error_text_;
 }
 

@@ -71,8 +71,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   void submit(OpArgs args, OpHandler handler);
   /// Any thread: validates every member of a group, then queues them back to back; `handler`
   /// runs once, after the last, with the first error. The members share `control` (or none).
-  void submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> control,
-                    OpHandler handler);
+  void submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> control, OpHandler handler);
   /// Options::blocking and Options::name, as given at creation.
   bool blocking() const noexcept { return blocking_; }
   const std::string& name() const noexcept { return name_; }

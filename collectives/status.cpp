@@ -71,8 +71,8 @@ std::string seconds(std::uint64_t us) {
 
 std::string CommStatus::json() const {
   std::string out = "{\"rank\":" + std::to_string(rank) + ",\"nranks\":" + std::to_string(nranks) +
-                    ",\"pid\":" + std::to_string(pid) + ",\"name\":" + quoted(name) + ",\"error\":" + quoted(error) +
-                    ",\"started\":" + std::to_string(started) +
+                    ",\"pid\":" + std::to_string(pid) + ",\"name\":" + quoted(name) +
+                    ",\"error\":" + quoted(error) + ",\"started\":" + std::to_string(started) +
                     ",\"finished\":" + std::to_string(finished) +
                     ",\"running_op\":" + quoted(running_op) +
                     ",\"running_us\":" + std::to_string(running_us) +

@@ -23,20 +23,20 @@ asio::awaitable<void> rank_main(coccl::Communicator comm, int* failures) {
   const int n = comm.size(), me = comm.rank();
   std::vector<float> grad(1000, static_cast<float>(me + 1));
   auto [ec] = co_await comm.async_all_reduce(grad.data(), grad.data(), grad.size(),
-                                                      coccl::DataType::float32,
-                                                      coccl::ReduceOp::avg, asio::as_tuple(asio::use_awaitable));
+                                             coccl::DataType::float32, coccl::ReduceOp::avg,
+                                             asio::as_tuple(asio::use_awaitable));
   if (ec || grad[0] != (n + 1) / 2.0f) ++*failures;
 
   std::vector<int> ids(n);
   std::tie(ec) = co_await comm.async_all_gather(&me, ids.data(), 1, coccl::DataType::int32,
-                                      asio::as_tuple(asio::use_awaitable));
+                                                asio::as_tuple(asio::use_awaitable));
   std::vector<int> want(n);
   std::iota(want.begin(), want.end(), 0);
   if (ec || ids != want) ++*failures;
 
   int step = me == 0 ? 42 : 0;
   std::tie(ec) = co_await comm.async_broadcast(&step, &step, 1, coccl::DataType::int32, 0,
-                                     asio::as_tuple(asio::use_awaitable));
+                                               asio::as_tuple(asio::use_awaitable));
   if (ec || step != 42) ++*failures;
   std::printf("rank %d/%d: avg %.1f, gathered %d ids, step %d%s\n", me, n, grad[0], n, step,
               ec ? (" error: " + comm.last_error()).c_str() : "");

@@ -23,8 +23,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "perf_data.hpp"
@@ -180,15 +180,20 @@ asio::awaitable<std::error_code> launch(coccl::Communicator& c, const std::strin
                                         void* recv) {
   auto t = o.type;
   auto tok = asio::as_tuple(asio::use_awaitable);
-  if (coll == "allreduce") co_return std::get<0>(co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok));
+  if (coll == "allreduce")
+    co_return std::get<0>(co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok));
   if (coll == "broadcast")
     co_return std::get<0>(co_await c.async_broadcast(send, recv, s.count, t, o.root, tok));
-  if (coll == "reduce") co_return std::get<0>(co_await c.async_reduce(send, recv, s.count, t, o.op, o.root, tok));
-  if (coll == "allgather") co_return std::get<0>(co_await c.async_all_gather(send, recv, s.count, t, tok));
+  if (coll == "reduce")
+    co_return std::get<0>(co_await c.async_reduce(send, recv, s.count, t, o.op, o.root, tok));
+  if (coll == "allgather")
+    co_return std::get<0>(co_await c.async_all_gather(send, recv, s.count, t, tok));
   if (coll == "reducescatter")
     co_return std::get<0>(co_await c.async_reduce_scatter(send, recv, s.count, t, o.op, tok));
-  if (coll == "alltoall") co_return std::get<0>(co_await c.async_all_to_all(send, recv, s.count, t, tok));
-  if (coll == "gather") co_return std::get<0>(co_await c.async_gather(send, recv, s.count, t, o.root, tok));
+  if (coll == "alltoall")
+    co_return std::get<0>(co_await c.async_all_to_all(send, recv, s.count, t, tok));
+  if (coll == "gather")
+    co_return std::get<0>(co_await c.async_gather(send, recv, s.count, t, o.root, tok));
   co_return std::get<0>(co_await c.async_scatter(send, recv, s.count, t, o.root, tok));
 }
 
@@ -242,8 +247,9 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
           if (ec) throw std::system_error(ec, c.last_error());
           long long wrong = perf::count_wrong(coll, o, s.count, n, rank, rp);
           std::vector<long long> total{wrong};
-          std::tie(ec) = co_await c.async_all_reduce(total.data(), total.data(), 1, DataType::int64,
-                                           ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
+          std::tie(ec) =
+              co_await c.async_all_reduce(total.data(), total.data(), 1, DataType::int64,
+                                          ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
           row.wrong[place] = total[0];
         }
         for (int i = 0; i < o.warmup; ++i) {
@@ -264,7 +270,7 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
                       o.iters;
           // The slowest rank defines the collective's time.
           std::tie(ec) = co_await c.async_all_reduce(&us, &us, 1, DataType::float64, ReduceOp::max,
-                                           asio::as_tuple(asio::use_awaitable));
+                                                     asio::as_tuple(asio::use_awaitable));
           if (ec) throw std::system_error(ec, c.last_error());
           batches.push_back(us);
         }

@@ -139,12 +139,14 @@ asio::awaitable<void> server_loop(Communicator comm, Options o, ServerState* sta
     std::vector<coccl::Transfer> pull;
     for (int w = o.servers; w < o.ranks; ++w)
       pull.push_back(Communicator::send_op(state->shard.data(), len, DataType::float32, w));
-    check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))), comm);
+    check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))),
+          comm);
     std::vector<coccl::Transfer> push;
     for (int w = 0; w < workers; ++w)
       push.push_back(Communicator::recv_op(inbox.data() + w * len, len, DataType::float32,
                                            o.servers + w));
-    check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))), comm);
+    check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))),
+          comm);
     for (int w = 0; w < workers; ++w)
       for (std::size_t i = 0; i < len; ++i) state->shard[i] -= inbox[w * len + i];
     state->round = k + 1;
@@ -161,7 +163,8 @@ asio::awaitable<void> worker_loop(Communicator comm, Options o) {
       pull.push_back(Communicator::recv_op(params.data() + first, last - first,
                                            DataType::float32, s));
     }
-    check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))), comm);
+    check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))),
+          comm);
     for (int i = 0; i < o.params; ++i) grad[i] = gradient(i, me, k, params[i]);
     std::vector<coccl::Transfer> push;
     for (int s = 0; s < o.servers; ++s) {
@@ -169,7 +172,8 @@ asio::awaitable<void> worker_loop(Communicator comm, Options o) {
       push.push_back(Communicator::send_op(grad.data() + first, last - first, DataType::float32,
                                            s));
     }
-    check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))), comm);
+    check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))),
+          comm);
     if (me == o.kill_worker && k + 1 == o.kill_after) {
       std::printf("worker rank %d: killing itself after %d pushes\n", me, k + 1);
       std::fflush(stdout);
@@ -219,7 +223,7 @@ asio::awaitable<void> run_role(Communicator comm, Options o, ServerState* state,
   int port = server ? acceptor->local_endpoint().port() : 0;
   std::vector<int> ports(static_cast<std::size_t>(comm.size()));
   check(std::get<0>(co_await comm.async_all_gather(&port, ports.data(), 1, DataType::int32,
-                                       asio::as_tuple(asio::use_awaitable))),
+                                                   asio::as_tuple(asio::use_awaitable))),
         comm);
   if (server) {
     std::printf("server rank %d: parameters [%d, %d), status on 127.0.0.1:%d\n", comm.rank(),

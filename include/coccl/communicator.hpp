@@ -11,11 +11,11 @@
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/prefer.hpp>
 #include <boost/system/error_code.hpp>
+#include <chrono>
 #include <coccl/error.hpp>
 #include <coccl/status.hpp>
 #include <coccl/types.hpp>
 #include <coccl/unique_id.hpp>
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -272,8 +272,7 @@ class Communicator {
   /// Joins communicator `id` as `rank` of `nranks`; blocks until every rank has joined (or the
   /// timeout of `options`, by default COCCL_TIMEOUT, passes). Throws std::system_error on
   /// failure (errc::timed_out when a rank did not join in time).
-  static Communicator create(const UniqueId& id, int rank, int nranks,
-                             const Options& options = {});
+  static Communicator create(const UniqueId& id, int rank, int nranks, const Options& options = {});
 
   /// Asynchronous create; completion signature `void(boost::system::error_code, Communicator)`.
   template <typename Token>
@@ -400,9 +399,8 @@ class Communicator {
               int root) {
     block(make(detail::OpKind::reduce, send, recv, count, type, op, root));
   }
-  void reduce(const void* send, void* recv, std::size_t count, DataType type,
-              ReduceOp op,
-              int root, boost::system::error_code& ec) {
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+              boost::system::error_code& ec) {
     block(make(detail::OpKind::reduce, send, recv, count, type, op, root), ec);
   }
 
@@ -432,9 +430,8 @@ class Communicator {
                       ReduceOp op) {
     block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count,
-                      DataType type,
-                      ReduceOp op, boost::system::error_code& ec) {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                      boost::system::error_code& ec) {
     block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), ec);
   }
 
@@ -470,8 +467,7 @@ class Communicator {
     block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
                  std::move(recv_counts), std::move(recv_displs), type));
   }
-  void all_to_allv(const void* send,
-                   std::vector<std::size_t> send_counts,
+  void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
                    std::vector<std::size_t> send_displs, void* recv,
                    std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
                    DataType type, boost::system::error_code& ec) {
@@ -539,8 +535,7 @@ class Communicator {
     device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream);
   }
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                  cuda_stream stream,
-                  boost::system::error_code& ec) {
+                  cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream, ec);
   }
   /// Stream-ordered all_gather of device buffers.
@@ -549,8 +544,7 @@ class Communicator {
     device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream);
   }
   void all_gather(const void* send, void* recv, std::size_t count, DataType type,
-                  cuda_stream stream,
-                  boost::system::error_code& ec) {
+                  cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream, ec);
   }
   /// Stream-ordered reduce_scatter of device buffers.
@@ -558,9 +552,8 @@ class Communicator {
                       ReduceOp op, cuda_stream stream) {
     device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), stream);
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op, cuda_stream stream,
-                      boost::system::error_code& ec) {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                      cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), stream, ec);
   }
   /// Stream-ordered all_to_all of device buffers.
@@ -569,8 +562,7 @@ class Communicator {
     device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream);
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
-                  cuda_stream stream,
-                  boost::system::error_code& ec) {
+                  cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream, ec);
   }
   /// Stream-ordered broadcast of device buffers: every rank's recv = root's send (read on root
@@ -580,9 +572,9 @@ class Communicator {
     device(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream);
   }
   void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
-                 cuda_stream stream,
-                 boost::system::error_code& ec) {
-    device(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream, ec);
+                 cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream,
+           ec);
   }
   /// Stream-ordered reduce of device buffers: root's recv = op over ranks of send (avg divides by
   /// size()); recv is used on root only and may equal send there.
@@ -590,9 +582,8 @@ class Communicator {
               int root, cuda_stream stream) {
     device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream);
   }
-  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-              int root, cuda_stream stream,
-              boost::system::error_code& ec) {
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+              cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream, ec);
   }
   /// Stream-ordered gather of device buffers: root's recv[r*count ..] = rank r's send; recv is
@@ -602,8 +593,7 @@ class Communicator {
     device(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream);
   }
   void gather(const void* send, void* recv, std::size_t count, DataType type, int root,
-              cuda_stream stream,
-              boost::system::error_code& ec) {
+              cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream, ec);
   }
   /// Stream-ordered scatter of device buffers: rank r's recv = root's send[r*count ..]; send is
@@ -613,8 +603,7 @@ class Communicator {
     device(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream);
   }
   void scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
-               cuda_stream stream,
-               boost::system::error_code& ec) {
+               cuda_stream stream, boost::system::error_code& ec) {
     device(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream, ec);
   }
   /// Stream-ordered all_to_allv of device buffers (counts and displacements in elements, size()
@@ -630,10 +619,10 @@ class Communicator {
   void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
                    std::vector<std::size_t> send_displs, void* recv,
                    std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
-                   DataType type, cuda_stream stream,
-                   boost::system::error_code& ec) {
+                   DataType type, cuda_stream stream, boost::system::error_code& ec) {
     device(make_v(send, std::move(send_counts), std::move(send_displs), recv,
-                  std::move(recv_counts), std::move(recv_displs), type), stream, ec);
+                  std::move(recv_counts), std::move(recv_displs), type),
+           stream, ec);
   }
   /// Stream-ordered group of sends and receives of device buffers (at most 32 transfers on one
   /// host; across hosts at most 128 non-empty ones each way), matched like the host send_recv. A
@@ -664,9 +653,9 @@ class Communicator {
   }
 
   /// Enqueues the all_reduce on `stream` now (as the stream-ordered form), then completes with
-  /// `void(boost::system::error_code)` once the GPU has finished it: `co_await comm.async_all_reduce(...,
-  /// stream, asio::use_awaitable)` resumes when the result is in `recv`. The proxy thread polls a
-  /// CUDA event; no host callback is used.
+  /// `void(boost::system::error_code)` once the GPU has finished it: `co_await
+  /// comm.async_all_reduce(..., stream, asio::use_awaitable)` resumes when the result is in `recv`.
+  /// The proxy thread polls a CUDA event; no host callback is used.
   template <typename Token>
   auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
                         ReduceOp op, cuda_stream stream, Token&& token) {
@@ -827,7 +816,7 @@ class Communicator {
   /// Fills a Group with `fill(Group&)` and runs it blocking:
   /// `comm.group([&](coccl::Group& g) { g.all_reduce(...); g.send(...); });`.
   template <typename Fill>
-    requires std::invocable<Fill&, Group&>
+  requires std::invocable<Fill&, Group&>
   void group(Fill&& fill);
 
   /// Collective over this communicator: ranks passing the same `color` (>= 0) form a new
@@ -1020,8 +1009,7 @@ class Group {
   void all_gather(const void* send, void* recv, std::size_t count, DataType type) {
     add(Communicator::make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0));
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op) {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
     add(Communicator::make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
@@ -1038,8 +1026,7 @@ class Group {
     add(Communicator::make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root));
   }
   void scatter(const void* send, void* recv, std::size_t count, DataType type, int root) {
-    add(Communicator::make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum,
-                           root));
+    add(Communicator::make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root));
   }
   void barrier() {
     add(Communicator::make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8,
@@ -1094,7 +1081,7 @@ inline void Communicator::group(Group group, boost::system::error_code& ec) {
 }
 
 template <typename Fill>
-  requires std::invocable<Fill&, Group&>
+requires std::invocable<Fill&, Group&>
 void Communicator::group(Fill&& fill) {
   Group g;
   fill(g);

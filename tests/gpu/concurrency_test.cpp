@@ -352,8 +352,9 @@ int timeout_main(int rank, int n, const std::string& id_hex, bool awaited) {
     if (awaited) {
       boost::asio::io_context io;
       auto task = [&]() -> boost::asio::awaitable<void> {
-        std::tie(completion) = co_await comm.async_all_reduce(send, recv, count, DataType::int32,
-                                                    ReduceOp::sum, cs, boost::asio::as_tuple(boost::asio::use_awaitable));
+        std::tie(completion) =
+            co_await comm.async_all_reduce(send, recv, count, DataType::int32, ReduceOp::sum, cs,
+                                           boost::asio::as_tuple(boost::asio::use_awaitable));
       };
       boost::asio::co_spawn(io, task, boost::asio::detached);
       io.run();

@@ -192,17 +192,20 @@ boost::asio::awaitable<std::error_code> enqueue_async(coccl::Communicator& comm,
   const DataType f = DataType::float32;
   const auto tok = boost::asio::as_tuple(boost::asio::use_awaitable);
   if (coll == "allreduce")
-    co_return std::get<0>(co_await comm.async_all_reduce(b.send, b.recv, count, f, ReduceOp::sum, cs, tok));
+    co_return std::get<0>(
+        co_await comm.async_all_reduce(b.send, b.recv, count, f, ReduceOp::sum, cs, tok));
   if (coll == "allgather")
     co_return std::get<0>(co_await comm.async_all_gather(b.send, b.recv, count, f, cs, tok));
   if (coll == "reducescatter")
-    co_return std::get<0>(co_await comm.async_reduce_scatter(b.send, b.recv, count, f, ReduceOp::sum, cs, tok));
+    co_return std::get<0>(
+        co_await comm.async_reduce_scatter(b.send, b.recv, count, f, ReduceOp::sum, cs, tok));
   if (coll == "alltoall")
     co_return std::get<0>(co_await comm.async_all_to_all(b.send, b.recv, count, f, cs, tok));
   if (coll == "broadcast")
     co_return std::get<0>(co_await comm.async_broadcast(b.send, b.recv, count, f, root, cs, tok));
   if (coll == "reduce")
-    co_return std::get<0>(co_await comm.async_reduce(b.send, b.recv, count, f, ReduceOp::sum, root, cs, tok));
+    co_return std::get<0>(
+        co_await comm.async_reduce(b.send, b.recv, count, f, ReduceOp::sum, root, cs, tok));
   if (coll == "gather")
     co_return std::get<0>(co_await comm.async_gather(b.send, b.recv, count, f, root, cs, tok));
   if (coll == "scatter")

@@ -115,7 +115,7 @@ int run_chaos(Worker& w) {
           want.resize(c);
           for (std::size_t j = 0; j < c; ++j) want[j] = from * 100000 + static_cast<std::int32_t>(j) + i;
           std::vector<Transfer> ops{Communicator::send_op(send.data(), c, DataType::int32, to),
-                                         Communicator::recv_op(recv.data(), c, DataType::int32, from)};
+                                    Communicator::recv_op(recv.data(), c, DataType::int32, from)};
           w.comm.send_recv(std::move(ops));
           break;
         }
@@ -375,8 +375,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 1023;
     Bytes send(count * 4), recv(count * 4);
     fill_reduce(DataType::float32, ReduceOp::sum, me, salt, send.data(), 0, count);
-    auto [ec] = co_await comm.async_all_reduce(
-        send.data(), recv.data(), count, DataType::float32, ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await comm.async_all_reduce(send.data(), recv.data(), count, DataType::float32,
+                                               ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "all_reduce", ec);
     const Bytes want = reduce_reference(DataType::float32, ReduceOp::sum, n, salt, 0, count);
     w->expect_equal(describe("async_all_reduce", DataType::float32, ReduceOp::sum, count),
@@ -386,8 +386,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 100003;
     Bytes buf(count * 4);
     fill_reduce(DataType::int32, ReduceOp::max, me, salt + 1, buf.data(), 0, count);
-    auto [ec] = co_await comm.async_all_reduce(
-        buf.data(), buf.data(), count, DataType::int32, ReduceOp::max, asio::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await comm.async_all_reduce(buf.data(), buf.data(), count, DataType::int32,
+                                               ReduceOp::max, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "all_reduce in place", ec);
     const Bytes want = reduce_reference(DataType::int32, ReduceOp::max, n, salt + 1, 0, count);
     w->expect_equal(describe("async_all_reduce", DataType::int32, ReduceOp::max, count, "in_place"),
@@ -397,8 +397,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 4097;
     Bytes data(count), recv(count);
     fill_copy(n - 1, salt, data.data(), 0, count);
-    auto [ec] = co_await comm.async_broadcast(data.data(), recv.data(), count,
-                                                       DataType::uint8, n - 1, asio::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await comm.async_broadcast(data.data(), recv.data(), count, DataType::uint8,
+                                              n - 1, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "broadcast", ec);
     w->expect_equal(describe("async_broadcast", DataType::uint8, ReduceOp::sum, count),
                     DataType::uint8, recv.data(), data.data(), count);
@@ -407,8 +407,9 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 1023;
     Bytes send(count * n * 2), recv(count * 2);
     fill_reduce(DataType::float16, ReduceOp::avg, me, salt, send.data(), 0, count * n);
-    auto [ec] = co_await comm.async_reduce_scatter(
-        send.data(), recv.data(), count, DataType::float16, ReduceOp::avg, asio::as_tuple(asio::use_awaitable));
+    auto [ec] =
+        co_await comm.async_reduce_scatter(send.data(), recv.data(), count, DataType::float16,
+                                           ReduceOp::avg, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "reduce_scatter", ec);
     const Bytes want =
         reduce_reference(DataType::float16, ReduceOp::avg, n, salt, me * count, count);
@@ -418,8 +419,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
   {
     std::vector<std::int32_t> all(n);
     const std::int32_t mine = me * 10;
-    auto [ec] =
-        co_await comm.async_all_gather(&mine, all.data(), 1, DataType::int32, asio::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await comm.async_all_gather(&mine, all.data(), 1, DataType::int32,
+                                               asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "all_gather", ec);
     for (int r = 0; r < n; ++r)
       if (all[r] != r * 10) w->fail("async_all_gather", "rank " + std::to_string(r) + " wrong");

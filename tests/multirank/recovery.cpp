@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <future>
+#include <string>
 #include <utility>
 #include <vector>
-#include <string>
 
 #include "tests/multirank/worker.hpp"
 

@@ -248,8 +248,10 @@ TEST(NetPlan, RandomSendRecvGroupsPairEqualRoundsOnBothSides) {
       sent[t].resize(x.bytes);
       for (auto& b : sent[t]) b = static_cast<char>(rng());
       got[t].assign(x.bytes, 0);
-      args[x.src].p2p.push_back(coccl::Transfer{true, sent[t].data(), x.bytes, DataType::int8, x.dst});
-      args[x.dst].p2p.push_back(coccl::Transfer{false, got[t].data(), x.bytes, DataType::int8, x.src});
+      args[x.src].p2p.push_back(
+          coccl::Transfer{true, sent[t].data(), x.bytes, DataType::int8, x.dst});
+      args[x.dst].p2p.push_back(
+          coccl::Transfer{false, got[t].data(), x.bytes, DataType::int8, x.src});
     }
     SCOPED_TRACE("trial " + std::to_string(trial));
     follow(args, 2 * 64 * static_cast<std::size_t>(n));
