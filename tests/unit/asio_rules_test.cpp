@@ -4,22 +4,22 @@
 // deadlocking. The cancellation of operations in flight across ranks is in the multi-rank tests.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <coccl/coccl.hpp>
 #include <cstdint>
-#include <atomic>
 #include <functional>
 #include <future>
 #include <string>
@@ -120,7 +120,6 @@ TEST(AsioRules, CancellingACreateThatWaitsForAbsentRanksEndsIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
 
-
 // ---- Error type: completions pass boost::system::error_code (issue 15). ----
 
 TEST(AsioRules, UseAwaitableThrowsBoostSystemErrorWithCocclsCode) {
@@ -161,9 +160,9 @@ TEST(AsioRules, AsTupleAndRedirectErrorGiveTheCode) {
       [&]() -> asio::awaitable<void> {
         auto [ec] = co_await c.async_barrier(asio::as_tuple(asio::use_awaitable));
         ok = ec;
-        std::tie(from_tuple) = co_await c.async_all_reduce(
-            nullptr, nullptr, 1, DataType::int32, ReduceOp::sum,
-            asio::as_tuple(asio::use_awaitable));
+        std::tie(from_tuple) =
+            co_await c.async_all_reduce(nullptr, nullptr, 1, DataType::int32, ReduceOp::sum,
+                                        asio::as_tuple(asio::use_awaitable));
         co_await c.async_broadcast(&x, &y, 1, DataType::int32, 5,
                                    asio::redirect_error(asio::use_awaitable, redirected));
       },
@@ -414,9 +413,8 @@ TEST(Group, OperationsOfAGroupMatchTheReferenceOnThreeRanks) {
     std::int32_t mine = r;
     g.all_reduce(&mine, &mx, 1, DataType::int32, ReduceOp::max);
     EXPECT_EQ(g.size(), 3u);
-    c.async_group(std::move(g), asio::bind_executor(io, [&](boost::system::error_code e) {
-                    ec = e;
-                  }));
+    c.async_group(std::move(g),
+                  asio::bind_executor(io, [&](boost::system::error_code e) { ec = e; }));
     io.run();
     EXPECT_FALSE(ec) << ec.message();
     failures[r] += ranks != n;
@@ -455,10 +453,9 @@ TEST(Group, CancellingAGroupBeforeItStartsRemovesEveryMember) {
       asio::io_context io;
       asio::cancellation_signal sig;
       bool group_done = false;
-      c.async_all_reduce(&x, &sum, 1, DataType::int32, ReduceOp::sum,
-                         asio::bind_executor(io, [&](boost::system::error_code e) {
-                           first_ec = e;
-                         }));
+      c.async_all_reduce(
+          &x, &sum, 1, DataType::int32, ReduceOp::sum,
+          asio::bind_executor(io, [&](boost::system::error_code e) { first_ec = e; }));
       Group g;
       g.all_reduce(&x, &y, 1, DataType::int32, ReduceOp::sum);
       g.all_reduce(&x, &z, 1, DataType::int32, ReduceOp::sum);
