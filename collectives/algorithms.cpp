@@ -827,10 +827,10 @@ Task scatter_direct(Op& op) {
 }
 
 // A peer's transfers in order; blocks (see Connection) zero-copy where possible.
-Task p2p_sends(Op& op, int peer, std::vector<const P2POp*> list) {
+Task p2p_sends(Op& op, int peer, std::vector<const Transfer*> list) {
   Connection* l = co_await op.link(peer);
   bool written = false;
-  for (const P2POp* p : list) {
+  for (const Transfer* p : list) {
     if (l->uses_blocks(p->count) && co_await op.send_block(l, peer, cbytes(p->buffer), p->count)) {
       written = true;
       continue;
@@ -840,11 +840,11 @@ Task p2p_sends(Op& op, int peer, std::vector<const P2POp*> list) {
   if (written) co_await l->flush_blocks();
 }
 
-Task p2p_recvs(Op& op, int peer, std::vector<const P2POp*> list) {
+Task p2p_recvs(Op& op, int peer, std::vector<const Transfer*> list) {
   Connection* l = co_await op.link(peer);
   // Every block is offered up front (the link sends the offers as its window allows).
   std::vector<std::optional<std::uint64_t>> offers;
-  for (const P2POp* p : list)
+  for (const Transfer* p : list)
     offers.push_back(l->uses_blocks(p->count)
                          ? std::optional(l->offer(p->buffer, p->count, op.fingerprint()))
                          : std::nullopt);
@@ -858,8 +858,8 @@ Task p2p_recvs(Op& op, int peer, std::vector<const P2POp*> list) {
 // transfers to different peers never wait on each other.
 Task send_recv_group(Op& op) {
   const auto& a = op.args();
-  std::map<int, std::vector<const P2POp*>> sends, recvs;
-  std::vector<const P2POp*> self_sends, self_recvs;
+  std::map<int, std::vector<const Transfer*>> sends, recvs;
+  std::vector<const Transfer*> self_sends, self_recvs;
   for (const auto& p : a.p2p) {
     if (p.peer == op.rank())
       (p.is_send ? self_sends : self_recvs).push_back(&p);

@@ -95,15 +95,6 @@ UniqueId UniqueId::from_string(std::string_view text) {
 
 namespace detail {
 
-void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
-  if (!impl) {
-    runtime::complete_later(engine()->thread(0).executor(), std::move(handler),
-                            make_error_code(errc::aborted));
-    return;
-  }
-  impl->submit(std::move(args), std::move(handler));
-}
-
 std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
   // Taken, so that a later error of another kind never shows a stale reason.
   if (ec == errc::invalid_argument && !argument_error().empty()) {
@@ -111,11 +102,19 @@ std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_cod
     why.swap(argument_error());
     return why;
   }
+  if (ec == std::errc::operation_would_block)
+    return "a blocking call on a non-blocking communicator (Options::blocking is false); use the "
+           "async_ form";
   return impl ? impl->last_error() : "empty communicator";
 }
 
-std::shared_ptr<OpControl> new_op_control() { return std::make_shared<OpControl>(); }
+namespace {
 
+const char* const blocking_on_proxy =
+    "a blocking coccl call on a proxy thread (a coroutine on the communicator's executor) would "
+    "wait for the loop it blocks; co_await the async_ form there";
+
+// From a cancellation slot (any thread): cancels the operation on its proxy thread.
 void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpControl>& op,
                asio::cancellation_type type) {
   auto comm = impl.lock();
@@ -125,33 +124,37 @@ void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpContro
   });
 }
 
-void cancel_create(const std::weak_ptr<OpControl>& op, asio::cancellation_type type) {
-  auto o = op.lock();
-  if (!o || !o->ex) return;
-  // Only terminal cancellation stops a join: the other ranks' joins fail with it.
-  if ((type & asio::cancellation_type::terminal) == asio::cancellation_type::none) return;
-  asio::post(o->ex, [o, type] {
-    o->cancelled = true;
-    o->signal.emit(type);
-  });
+// The control of an operation: made when the caller's handler has a cancellation slot (wired to
+// it) or the operation has a deadline; null otherwise, so plain operations pay nothing.
+std::shared_ptr<OpControl> control_for(const std::shared_ptr<CommImpl>& impl, OpHandler& handler,
+                                       std::chrono::milliseconds deadline) {
+  if (!impl) return nullptr;
+  std::shared_ptr<OpControl> control;
+  auto slot = handler.get_cancellation_slot();
+  if (slot.is_connected()) {
+    control = std::make_shared<OpControl>();
+    slot.assign([op = std::weak_ptr<OpControl>(control), comm = std::weak_ptr<CommImpl>(impl)](
+                    asio::cancellation_type type) { cancel_op(comm, op, type); });
+  }
+  if (deadline.count() > 0) {
+    if (!control) control = std::make_shared<OpControl>();
+    control->deadline = deadline;
+    control->start = std::chrono::steady_clock::now();
+  }
+  return control;
 }
 
-namespace {
-
-const char* const blocking_on_proxy =
-    "a blocking coccl call on a proxy thread (a coroutine on the communicator's executor) would "
-    "wait for the loop it blocks; co_await the async_ form there";
-
-}  // namespace
-
-void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
-  if (ec == std::errc::resource_deadlock_would_occur) throw std::system_error(ec, blocking_on_proxy);
-  throw std::system_error(ec, describe_error(impl, ec));
-}
-
-void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
+// Waits on the calling thread for an operation that `start` initiates with the handler it is
+// given; refused on a proxy thread (it would wait for the loop it blocks) and on a non-blocking
+// communicator.
+template <typename Start>
+void wait_for(const std::shared_ptr<CommImpl>& impl, std::error_code& ec, Start start) {
   if (runtime::on_proxy_thread()) {
     ec = std::make_error_code(std::errc::resource_deadlock_would_occur);
+    return;
+  }
+  if (impl && !impl->blocking()) {
+    ec = std::make_error_code(std::errc::operation_would_block);
     return;
   }
   struct Result {
@@ -159,13 +162,52 @@ void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error
     std::error_code ec;
   };
   auto result = std::make_shared<Result>();
-  submit(impl, std::move(args), [result](std::error_code e) {
+  start(OpHandler([result](boost::system::error_code e) {
     result->ec = e;
     result->done.store(1, std::memory_order_release);
     result->done.notify_one();
-  });
+  }));
   result->done.wait(0, std::memory_order_acquire);
   ec = result->ec;
+}
+
+}  // namespace
+
+void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
+  if (!impl) {
+    runtime::complete_later(engine()->thread(0).executor(), std::move(handler),
+                            make_error_code(errc::aborted));
+    return;
+  }
+  args.control = control_for(impl, handler, args.deadline);
+  impl->submit(std::move(args), std::move(handler));
+}
+
+void initiate_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
+                    std::chrono::milliseconds deadline, OpHandler handler) {
+  if (!impl) {
+    runtime::complete_later(engine()->thread(0).executor(), std::move(handler),
+                            make_error_code(errc::aborted));
+    return;
+  }
+  auto control = control_for(impl, handler, deadline);
+  impl->submit_group(std::move(ops), std::move(control), std::move(handler));
+}
+
+void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
+  if (ec == std::errc::resource_deadlock_would_occur)
+    throw std::system_error(ec, blocking_on_proxy);
+  throw std::system_error(ec, describe_error(impl, ec));
+}
+
+void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
+  wait_for(impl, ec, [&](OpHandler h) { initiate(impl, std::move(args), std::move(h)); });
+}
+
+void run_blocking_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
+                        std::chrono::milliseconds deadline, std::error_code& ec) {
+  wait_for(impl, ec,
+           [&](OpHandler h) { initiate_group(impl, std::move(ops), deadline, std::move(h)); });
 }
 
 asio::awaitable<void> create_on_proxy(std::shared_ptr<CommImpl> impl,
@@ -215,18 +257,11 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
   return ec ? nullptr : impl;
 }
 
-void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
-                   std::shared_ptr<OpControl> control) {
-  submit_create(std::vector<UniqueId>{id}, rank, nranks, std::move(handler), std::move(control));
-}
-
-void submit_create(std::vector<UniqueId> ids, int rank, int nranks, CreateHandler handler,
-                   std::shared_ptr<OpControl> control) {
+void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
+                     const CommunicatorOptions& options, CreateHandler handler,
+                     std::shared_ptr<std::string> failure) {
   auto e = engine();
   auto fallback = e->thread(0).executor();
-  auto finish = [&handler, fallback](std::error_code ec, Communicator c) {
-    runtime::complete_later(fallback, std::move(handler), ec, std::move(c));
-  };
   std::vector<transport::RootAddress> roots;
   std::shared_ptr<CommImpl> impl;
   try {
@@ -234,6 +269,7 @@ void submit_create(std::vector<UniqueId> ids, int rank, int nranks, CreateHandle
     if (rank < 0 || rank >= nranks)
       invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) +
               ")");
+    if (options.timeout.count() < 0) invalid("Options::timeout must not be negative");
     if (ids.empty() || ids.size() > static_cast<std::size_t>(nranks))
       invalid("1 to nranks (" + std::to_string(nranks) + ") ids are usable, got " +
               std::to_string(ids.size()));
@@ -245,55 +281,90 @@ void submit_create(std::vector<UniqueId> ids, int rank, int nranks, CreateHandle
       roots.push_back(transport::decode(ids[i]));
     }
     // The first id's secret is the communicator's.
-    impl = std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks);
+    impl = std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks, options);
   } catch (const std::system_error& err) {
     COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
-    if (control) control->failure = err.what();
-    finish(err.code(), Communicator());
+    if (failure) *failure = err.what();
+    runtime::complete_later(fallback, std::move(handler), err.code(), Communicator());
     return;
   }
   auto ex = impl->executor();
-  auto boxed = std::make_unique<CreateHandler>(std::move(handler));
-  asio::cancellation_slot slot;
-  if (control) {
-    control->ex = ex;
-    slot = control->signal.slot();
+  // The joining coroutine stops on terminal cancellation (the caller's, or the options' timeout
+  // expiring); the other ranks' joins then fail with it.
+  auto control = std::make_shared<OpControl>();
+  control->ex = ex;
+  auto slot = handler.get_cancellation_slot();
+  if (slot.is_connected()) {
+    slot.assign([op = std::weak_ptr<OpControl>(control)](asio::cancellation_type type) {
+      auto o = op.lock();
+      if (!o || (type & asio::cancellation_type::terminal) == asio::cancellation_type::none) return;
+      asio::post(o->ex, [o, type] {
+        if (o->state == OpControl::State::done) return;
+        o->cancelled = true;
+        o->signal.emit(type);
+      });
+    });
   }
-  asio::co_spawn(ex, create_on_proxy(impl, std::move(roots)),
-                 asio::bind_cancellation_slot(slot, [impl, h = std::move(boxed), fallback,
-                                                     control](std::exception_ptr ep) mutable {
-                   std::error_code ec;
-                   if (ep && control && control->cancelled) {
-                     ec = std::make_error_code(std::errc::operation_canceled);
-                     impl->fail(make_error_code(errc::aborted), "creation cancelled by the caller");
-                     COCCL_INFO(init, impl->rank(), "communicator creation cancelled");
-                   } else if (ep) {
-                     try {
-                       std::rethrow_exception(ep);
-                     } catch (const std::system_error& err) {
-                       ec = err.code();
-                       impl->fail(ec, err.what(), false);
-                     } catch (const boost::system::system_error& err) {
-                       ec = make_error_code(errc::peer_lost);
-                       impl->fail(ec, err.what(), false);
-                     } catch (const std::exception& err) {
-                       ec = make_error_code(errc::internal);
-                       impl->fail(ec, err.what(), false);
-                     }
-                     COCCL_WARN(init, impl->rank(), "communicator creation failed: %s",
-                                impl->last_error().c_str());
-                     if (control) control->failure = impl->last_error();
-                   }
-                   Communicator c = ec ? Communicator() : Communicator(impl);
-                   runtime::complete_later(fallback, std::move(*h), ec, std::move(c));
-                 }));
+  struct Expiry {
+    asio::steady_timer timer;
+    bool fired = false;
+  };
+  std::shared_ptr<Expiry> expiry;
+  if (options.timeout.count() > 0) {
+    expiry = std::make_shared<Expiry>(Expiry{asio::steady_timer(ex, options.timeout)});
+    expiry->timer.async_wait([expiry, control](boost::system::error_code ec) {
+      if (ec || control->state == OpControl::State::done) return;
+      expiry->fired = true;
+      control->signal.emit(asio::cancellation_type::terminal);
+    });
+  }
+  auto boxed = std::make_unique<CreateHandler>(std::move(handler));
+  asio::co_spawn(
+      ex, create_on_proxy(impl, std::move(roots)),
+      asio::bind_cancellation_slot(
+          control->signal.slot(), [impl, h = std::move(boxed), fallback, control, expiry, failure,
+                                   timeout = options.timeout](std::exception_ptr ep) mutable {
+            control->state = OpControl::State::done;
+            if (expiry) expiry->timer.cancel();
+            std::error_code ec;
+            if (ep && expiry && expiry->fired) {
+              ec = make_error_code(errc::timed_out);
+              impl->fail(ec, "not every rank joined within the timeout of " +
+                                 std::to_string(timeout.count()) + " ms (Options::timeout)");
+            } else if (ep && control->cancelled) {
+              ec = std::make_error_code(std::errc::operation_canceled);
+              impl->fail(make_error_code(errc::aborted), "creation cancelled by the caller");
+              COCCL_INFO(init, impl->rank(), "communicator creation cancelled");
+            } else if (ep) {
+              try {
+                std::rethrow_exception(ep);
+              } catch (const std::system_error& err) {
+                ec = err.code();
+                impl->fail(ec, err.what(), false);
+              } catch (const boost::system::system_error& err) {
+                ec = make_error_code(errc::peer_lost);
+                impl->fail(ec, err.what(), false);
+              } catch (const std::exception& err) {
+                ec = make_error_code(errc::internal);
+                impl->fail(ec, err.what(), false);
+              }
+            }
+            if (ec && ec != std::errc::operation_canceled) {
+              COCCL_WARN(init, impl->rank(), "communicator creation failed: %s",
+                         impl->last_error().c_str());
+              if (failure) *failure = impl->last_error();
+            }
+            Communicator c = ec ? Communicator() : Communicator(impl);
+            runtime::complete_later(fallback, std::move(*h), ec, std::move(c));
+          }));
 }
 
 }  // namespace detail
 
 namespace detail {
 
-Communicator create_scalable(const std::vector<UniqueId>& ids, int rank, int nranks) {
+Communicator create_blocking(std::vector<UniqueId> ids, int rank, int nranks,
+                             const CommunicatorOptions& options) {
   if (runtime::on_proxy_thread())
     throw std::system_error(std::make_error_code(std::errc::resource_deadlock_would_occur),
                             blocking_on_proxy);
@@ -304,30 +375,29 @@ Communicator create_scalable(const std::vector<UniqueId>& ids, int rank, int nra
   };
   auto result = std::make_shared<Result>();
   // Carries the reason of a failure back (the completion has only the code).
-  auto control = new_op_control();
-  submit_create(
-      ids, rank, nranks,
-      [result](std::error_code ec, Communicator c) {
+  auto failure = std::make_shared<std::string>();
+  detail::initiate_create(
+      std::move(ids), rank, nranks, options,
+      [result](boost::system::error_code ec, Communicator c) {
         result->ec = ec;
         result->comm = std::move(c);
         result->done.store(1, std::memory_order_release);
         result->done.notify_one();
       },
-      control);
+      failure);
   result->done.wait(0, std::memory_order_acquire);
   if (result->ec)
-    throw std::system_error(result->ec, "coccl: rank " + std::to_string(rank) +
-                                            " could not join the communicator" +
-                                            (control->failure.empty()
-                                                 ? std::string()
-                                                 : " (" + control->failure + ")"));
+    throw std::system_error(
+        result->ec, "coccl: rank " + std::to_string(rank) + " could not join the communicator" +
+                        (failure->empty() ? std::string() : " (" + *failure + ")"));
   return std::move(result->comm);
 }
 
 }  // namespace detail
 
-Communicator Communicator::create(const UniqueId& id, int rank, int nranks) {
-  return detail::create_scalable(std::vector<UniqueId>{id}, rank, nranks);
+Communicator Communicator::create(const UniqueId& id, int rank, int nranks,
+                                  const Options& options) {
+  return detail::create_blocking(std::vector<UniqueId>{id}, rank, nranks, options);
 }
 
 namespace {
@@ -471,7 +541,7 @@ std::error_code Communicator::error() const {
   return impl_ ? impl_->error() : make_error_code(errc::aborted);
 }
 
-Communicator Communicator::split(int color, int key) {
+Communicator Communicator::split(int color, int key, const Options& options) {
   if (!impl_) invalid("empty communicator");
   const int n = size(), me = rank();
   // Everyone shares (color, key); the first member of each new group creates its root and shares
@@ -493,7 +563,7 @@ Communicator Communicator::split(int color, int key) {
   if (color < 0) return Communicator();
   int new_rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
-  return create(id, new_rank, static_cast<int>(members.size()));
+  return create(id, new_rank, static_cast<int>(members.size()), options);
 }
 
 Communicator Communicator::split_members(const std::vector<int>& members) {
@@ -524,7 +594,7 @@ Communicator Communicator::split_members(const std::vector<int>& members) {
   } else {
     recv(msg.data(), msg.size(), DataType::uint8, members[(mine - 1) / 2]);
   }
-  std::vector<detail::P2POp> forward;
+  std::vector<Transfer> forward;
   for (int c : {2 * mine + 1, 2 * mine + 2})
     if (c < m) forward.push_back(send_op(msg.data(), msg.size(), DataType::uint8, members[c]));
   if (!forward.empty()) send_recv(std::move(forward));

@@ -27,9 +27,8 @@ std::string lower_case(std::string s) {
 }
 }  // namespace
 
-
 CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
-                   int rank, int nranks)
+                   int rank, int nranks, const CommunicatorOptions& options)
     : engine_(std::move(engine)),
       thread_(engine_->next_thread()),
       ex_(thread_.executor()),
@@ -39,18 +38,23 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       trace_(static_cast<std::size_t>(std::max<std::int64_t>(1, params::colltrace_size.get()))),
       algo_(lower_case(params::algo.get())),
       oneshot_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::oneshot_max.get()))),
-      direct_max_ranks_(static_cast<int>(
-          std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
-      timeout_(runtime::default_timeout()) {
+      direct_max_ranks_(
+          static_cast<int>(std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
+      timeout_(options.timeout.count() > 0 ? std::chrono::steady_clock::duration(options.timeout)
+                                           : runtime::default_timeout()),
+      blocking_(options.blocking),
+      name_(options.name) {
   transport::LinkOptions opts{
-      params::transport.get(),
+      options.transport.empty() ? params::transport.get() : options.transport,
       static_cast<std::size_t>(std::max<std::int64_t>(2, params::slots.get())),
       static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64};
   if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
       opts.transport != "ib")
-    throw std::system_error(make_error_code(errc::invalid_argument),
-                            "COCCL_TRANSPORT must be auto, tcp, shm or ib, not '" +
-                                opts.transport + "'");
+    throw std::system_error(
+        make_error_code(errc::invalid_argument),
+        "the transport (COCCL_TRANSPORT or Options::transport) must be auto, tcp, shm or ib, "
+        "not '" +
+            opts.transport + "'");
   // Peers registers a poller on the proxy thread, so it is built there.
   std::promise<void> built;
   asio::post(ex_, [&] {
@@ -184,11 +188,12 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
 
 void CommImpl::enqueue(OpArgs args, OpHandler handler) {
   if (args.control && args.control->cancelled) {
-    args.control->state = OpControl::State::done;
+    finished(*args.control);
     runtime::complete_later(ex_, std::move(handler),
                             std::make_error_code(std::errc::operation_canceled));
     return;
   }
+  if (args.control) arm_deadline(args.control);
   queue_.push_back(Queued{std::move(args), std::move(handler)});
   if (!draining_) {
     draining_ = true;
@@ -200,14 +205,24 @@ void CommImpl::cancel(const std::shared_ptr<OpControl>& op, asio::cancellation_t
   if (op->state == OpControl::State::done) return;
   if (op->state == OpControl::State::queued) {
     op->cancelled = true;
-    auto it = std::find_if(queue_.begin(), queue_.end(),
-                           [&](const Queued& q) { return q.args.control == op; });
-    if (it == queue_.end()) return;  // still on its way to the queue: enqueue() drops it
-    OpHandler h = std::move(it->handler);
-    queue_.erase(it);
-    op->state = OpControl::State::done;
+    // Every member of a group shares `op`: all leave the queue. Members still on their way to
+    // the queue are dropped by enqueue().
+    std::vector<OpHandler> removed;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->args.control != op) {
+        ++it;
+        continue;
+      }
+      removed.push_back(std::move(it->handler));
+      it = queue_.erase(it);
+    }
+    if (removed.empty()) return;
     COCCL_INFO(coll, rank_, "an operation cancelled before it started was removed");
-    runtime::complete_later(ex_, std::move(h), std::make_error_code(std::errc::operation_canceled));
+    for (auto& h : removed) {
+      finished(*op);
+      runtime::complete_later(ex_, std::move(h),
+                              std::make_error_code(std::errc::operation_canceled));
+    }
     return;
   }
   // In flight: its data may be partly delivered, so only terminal cancellation acts, by
@@ -221,6 +236,90 @@ void CommImpl::cancel(const std::shared_ptr<OpControl>& op, asio::cancellation_t
   fail(make_error_code(errc::aborted), text);
 }
 
+void CommImpl::finished(OpControl& op) {
+  if (op.pending > 0 && --op.pending > 0) return;
+  op.state = OpControl::State::done;
+  if (op.timer) op.timer->cancel();
+}
+
+void CommImpl::arm_deadline(const std::shared_ptr<OpControl>& op) {
+  if (op->deadline.count() <= 0 || op->timer) return;
+  op->timer = std::make_unique<asio::steady_timer>(ex_, op->start + op->deadline);
+  op->timer->async_wait([w = weak_from_this(),
+                         o = std::weak_ptr<OpControl>(op)](boost::system::error_code ec) {
+    auto self = w.lock();
+    auto op = o.lock();
+    if (ec || !self || !op || op->state == OpControl::State::done) return;
+    // As terminal cancellation: the operation may be partly delivered, so the communicator
+    // stops, and every rank's operation fails.
+    self->closed_ = true;
+    char text[200];
+    if (op->state == OpControl::State::running)
+      std::snprintf(text, sizeof text,
+                    "%s #%llu passed its deadline of %lld ms (with_deadline); communicator aborted",
+                    self->op_name_, static_cast<unsigned long long>(self->seq_),
+                    static_cast<long long>(op->deadline.count()));
+    else
+      std::snprintf(text, sizeof text,
+                    "an operation queued behind #%llu passed its deadline of %lld ms "
+                    "(with_deadline); communicator aborted",
+                    static_cast<unsigned long long>(self->seq_),
+                    static_cast<long long>(op->deadline.count()));
+    self->fail(make_error_code(errc::timed_out), text);
+  });
+}
+
+void CommImpl::submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> control,
+                            OpHandler handler) {
+  for (const OpArgs& a : ops) {
+    if (std::string why = validate(a, rank_, size_); !why.empty()) {
+      COCCL_WARN(coll, rank_, "group: %s: %s", name_of(a.kind), why.c_str());
+      argument_error() = std::string("group: ") + name_of(a.kind) + ": " + why;
+      runtime::complete_later(ex_, std::move(handler), make_error_code(errc::invalid_argument));
+      return;
+    }
+  }
+  if (ops.empty()) {
+    runtime::complete_later(ex_, std::move(handler), std::error_code());
+    return;
+  }
+  // The members complete on this thread, in order; the last one completes the caller's handler
+  // with the first error.
+  struct Join {
+    std::size_t left;
+    std::error_code first;
+    OpHandler handler;
+  };
+  auto join = std::make_shared<Join>(Join{ops.size(), {}, std::move(handler)});
+  if (control) control->pending = ops.size();
+  std::vector<Queued> members;
+  members.reserve(ops.size());
+  for (OpArgs& a : ops) {
+    a.control = control;
+    members.push_back(Queued{std::move(a), OpHandler([join](boost::system::error_code ec) {
+                               if (ec && !join->first) join->first = ec;
+                               if (--join->left == 0)
+                                 runtime::complete(std::move(join->handler), join->first);
+                             })});
+  }
+  auto enqueue_all = [](CommImpl& self, std::vector<Queued>& members) {
+    for (Queued& q : members) {
+      if (self.closed_ || !self.peers_) {
+        if (q.args.control) self.finished(*q.args.control);
+        self.complete(q.handler, make_error_code(errc::aborted));
+        continue;
+      }
+      self.enqueue(std::move(q.args), std::move(q.handler));
+    }
+  };
+  if (thread_.in_thread()) {
+    enqueue_all(*this, members);
+    return;
+  }
+  asio::post(ex_, [self = shared_from_this(),
+                   members = std::make_shared<std::vector<Queued>>(std::move(members)),
+                   enqueue_all]() { enqueue_all(*self, *members); });
+}
 void CommImpl::complete(OpHandler& h, std::error_code ec) {
   // Straight to the handler's own executor (the caller's io_context, or inline for plain
   // callbacks). Dispatching through ex_ would keep a work-tracking copy of the caller's executor
@@ -243,7 +342,7 @@ asio::awaitable<void> CommImpl::drain() {
     Queued q = std::move(queue_.front());
     queue_.pop_front();
     if (auto ec = error()) {
-      if (q.args.control) q.args.control->state = OpControl::State::done;
+      if (q.args.control) finished(*q.args.control);
       complete(q.handler, ec);
       continue;
     }
@@ -268,7 +367,7 @@ asio::awaitable<void> CommImpl::drain() {
     if (ec && peers_) co_await peers_->flush_notices(std::chrono::seconds(1));
     trace_.end(seq_, !ec);
     finished_ = seq_;
-    if (q.args.control) q.args.control->state = OpControl::State::done;
+    if (q.args.control) finished(*q.args.control);
     complete(q.handler, ec);
   }
   draining_ = false;
@@ -283,7 +382,8 @@ std::optional<std::string> CommImpl::record_failure(std::error_code ec, const st
   std::lock_guard lock(error_mutex_);
   if (error_) return std::nullopt;
   error_ = ec;
-  error_text_ = "rank " + std::to_string(rank_) + ": " + why;
+  error_text_ =
+      "rank " + std::to_string(rank_) + (name_.empty() ? "" : " of '" + name_ + "'") + ": " + why;
   return error_text_;
 }
 
@@ -348,6 +448,7 @@ CommStatus CommImpl::status() {
   CommStatus s;
   s.rank = rank_;
   s.nranks = size_;
+  s.name = name_;
   s.pid = static_cast<int>(::getpid());
   s.error = last_error();
   s.started = seq_;

@@ -28,10 +28,18 @@ namespace asio = boost::asio;
 /// Thrown inside algorithms once the communicator has failed; carries its error.
 using transport::LinkError;
 
-/// An operation whose caller can cancel it. Fields are used on the proxy thread only.
+/// An operation (or a group of them) whose caller can cancel it or that has a deadline. Fields
+/// are used on the proxy thread only, once initiate() has set them up.
 struct OpControl {
   enum class State { queued, running, done };
   State state = State::queued;
+  /// Members of a group not finished yet (1 for a single operation): done when it reaches 0.
+  std::size_t pending = 1;
+  /// Communicator::with_deadline: the operation fails the communicator with errc::timed_out if
+  /// it is not done by `start + deadline`; `timer` waits for that on the proxy thread.
+  std::chrono::milliseconds deadline{0};
+  std::chrono::steady_clock::time_point start;
+  std::unique_ptr<asio::steady_timer> timer;
   /// Cancellation arrived before the operation started (it may arrive before the operation
   /// reaches the queue).
   bool cancelled = false;
@@ -46,7 +54,7 @@ struct OpControl {
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
  public:
   CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret, int rank,
-           int nranks);
+           int nranks, const CommunicatorOptions& options = {});
   ~CommImpl();
 
   int rank() const noexcept { return rank_; }
@@ -61,6 +69,12 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   /// Any thread: validates and queues an operation.
   void submit(OpArgs args, OpHandler handler);
+  /// Any thread: validates every member of a group, then queues them back to back; `handler`
+  /// runs once, after the last, with the first error. The members share `control` (or none).
+  void submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> control, OpHandler handler);
+  /// Options::blocking and Options::name, as given at creation.
+  bool blocking() const noexcept { return blocking_; }
+  const std::string& name() const noexcept { return name_; }
   /// Proxy thread: the caller cancelled `op`: removed if it has not started; a terminal
   /// cancellation of it in flight aborts the communicator.
   void cancel(const std::shared_ptr<OpControl>& op, asio::cancellation_type type);
@@ -133,6 +147,10 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   void complete(OpHandler& h, std::error_code ec);
   // Proxy thread: queues an operation that passed validation and starts the drain.
   void enqueue(OpArgs args, OpHandler handler);
+  // Proxy thread: an operation (or group member) of `op` has ended.
+  void finished(OpControl& op);
+  // Proxy thread: starts the deadline timer of `op` (once).
+  void arm_deadline(const std::shared_ptr<OpControl>& op);
 
   std::shared_ptr<runtime::Engine> engine_;
   runtime::ProxyThread& thread_;
@@ -157,6 +175,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   bool one_host_ = false;
   void learn_topology();
   std::chrono::steady_clock::duration timeout_;
+  bool blocking_ = true;
+  std::string name_;
 
   std::mutex device_mutex_;
   std::shared_ptr<void> device_state_;
@@ -183,9 +203,10 @@ std::error_code enqueue_device_a2av(const std::shared_ptr<CommImpl>& impl,
 /// blocking): for objects that must be ready before a graph is captured.
 std::error_code prepare_device(const std::shared_ptr<CommImpl>& impl);
 
-/// Communicator::create from several ids (ncclCommInitRankScalable): the hellos are spread over
-/// their roots. Every rank passes the same ids in the same order; throws as create.
-Communicator create_scalable(const std::vector<UniqueId>& ids, int rank, int nranks);
+/// Communicator::create from one id, or from several (ncclCommInitRankScalable: the hellos are
+/// spread over their roots; every rank passes the same ids in the same order); throws as create.
+Communicator create_blocking(std::vector<UniqueId> ids, int rank, int nranks,
+                             const CommunicatorOptions& options = {});
 
 /// A new UniqueId whose root listens on `engine`'s first proxy thread.
 UniqueId unique_id_on(runtime::Engine& engine);

@@ -480,7 +480,7 @@ int launch(const CommImpl& c, const DeviceState& d, const OpArgs& a, std::size_t
       // communicator, which makes the workspaces, must still be a collective one).
       kernels::P2p ops[kernels::max_p2p_ops];
       int nops = 0;
-      for (const P2POp& o : a.p2p) {
+      for (const Transfer& o : a.p2p) {
         ops[nops++] = kernels::P2p{o.is_send, o.buffer, o.count * size_of(o.type), o.peer};
       }
       rc = kernels::send_recv(ops, nops, d.ws, stream);

@@ -36,7 +36,7 @@ std::error_code make_net_plan(const OpArgs& a, int me, int n, std::size_t slot,
     };
     bool fits = true;
     if (a.kind == OpKind::p2p) {
-      for (const P2POp& o : a.p2p)
+      for (const Transfer& o : a.p2p)
         fits = fits && add(o.is_send, o.buffer, o.count * size_of(o.type), o.peer);
     } else {
       for (int q = 0; q < n; ++q) {
@@ -113,7 +113,7 @@ OpArgs net_round(const kernels::NetPlan& p, const OpArgs& op, char* in, char* ou
       for (std::uint32_t s = 0; s < nsegs; ++s) {
         std::uint64_t stage_off = 0, dev_off = 0, len = 0;
         if (!kernels::net_piece(p, segs[s], s, 0, k, stage_off, dev_off, len)) continue;
-        a.p2p.push_back(P2POp{send, area + stage_off, len, DataType::uint8, segs[s].peer});
+        a.p2p.push_back(Transfer{send, area + stage_off, len, DataType::uint8, segs[s].peer});
       }
     };
     add(p.in, p.nin, true, in);

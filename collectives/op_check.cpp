@@ -49,7 +49,7 @@ OpHeader make_op_header(const OpArgs& a, std::uint64_t op_seq, std::uint64_t pai
     case OpKind::barrier:
       break;
     case OpKind::p2p:
-      for (const P2POp& p : a.p2p)
+      for (const Transfer& p : a.p2p)
         if (p.peer == peer) (p.is_send ? out : in).add(p.type, p.count);
       break;
     case OpKind::all_to_allv:

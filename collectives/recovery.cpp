@@ -368,7 +368,7 @@ void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclu
         // Joining builds the new communicator on a proxy thread and waits for that, which
         // this proxy thread must not do: join from the system pool instead.
         asio::post(asio::system_executor(), [box, plan] {
-          submit_create(plan.id, plan.rank, plan.nranks, std::move(*box));
+          initiate_create(std::vector<UniqueId>{plan.id}, plan.rank, plan.nranks, CommunicatorOptions{}, std::move(*box));
         });
       });
 }
@@ -391,7 +391,7 @@ std::vector<int> Communicator::lost_ranks() {
   return found.get_future().get();
 }
 
-Communicator Communicator::shrink(std::span<const int> exclude, std::error_code& ec) {
+Communicator Communicator::shrink(std::span<const int> exclude, boost::system::error_code& ec) {
   ec.clear();
   try {
     return shrink(exclude);

@@ -71,8 +71,8 @@ std::string seconds(std::uint64_t us) {
 
 std::string CommStatus::json() const {
   std::string out = "{\"rank\":" + std::to_string(rank) + ",\"nranks\":" + std::to_string(nranks) +
-                    ",\"pid\":" + std::to_string(pid) + ",\"error\":" + quoted(error) +
-                    ",\"started\":" + std::to_string(started) +
+                    ",\"pid\":" + std::to_string(pid) + ",\"name\":" + quoted(name) +
+                    ",\"error\":" + quoted(error) + ",\"started\":" + std::to_string(started) +
                     ",\"finished\":" + std::to_string(finished) +
                     ",\"running_op\":" + quoted(running_op) +
                     ",\"running_us\":" + std::to_string(running_us) +
@@ -239,6 +239,7 @@ std::vector<std::uint8_t> encode_status(const CommStatus& s) {
   };
   w.put<std::uint32_t>(0x53544154u);  // "TATS"
   w.put<std::int32_t>(s.rank).put<std::int32_t>(s.nranks).put<std::int32_t>(s.pid);
+  str(s.name);
   str(s.error);
   w.put(s.started).put(s.finished);
   str(s.running_op);
@@ -269,6 +270,7 @@ CommStatus decode_status(std::span<const std::uint8_t> bytes) {
   s.rank = r.get<std::int32_t>();
   s.nranks = r.get<std::int32_t>();
   s.pid = r.get<std::int32_t>();
+  s.name = str();
   s.error = str();
   s.started = r.get<std::uint64_t>();
   s.finished = r.get<std::uint64_t>();

@@ -5,6 +5,7 @@
 // io_context that co_awaits an all_reduce, an all_gather and a broadcast.
 //
 //   coccl-example-coroutine [nranks]
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -21,21 +22,21 @@ namespace asio = boost::asio;
 asio::awaitable<void> rank_main(coccl::Communicator comm, int* failures) {
   const int n = comm.size(), me = comm.rank();
   std::vector<float> grad(1000, static_cast<float>(me + 1));
-  std::error_code ec = co_await comm.async_all_reduce(grad.data(), grad.data(), grad.size(),
-                                                      coccl::DataType::float32,
-                                                      coccl::ReduceOp::avg, asio::use_awaitable);
+  auto [ec] = co_await comm.async_all_reduce(grad.data(), grad.data(), grad.size(),
+                                             coccl::DataType::float32, coccl::ReduceOp::avg,
+                                             asio::as_tuple(asio::use_awaitable));
   if (ec || grad[0] != (n + 1) / 2.0f) ++*failures;
 
   std::vector<int> ids(n);
-  ec = co_await comm.async_all_gather(&me, ids.data(), 1, coccl::DataType::int32,
-                                      asio::use_awaitable);
+  std::tie(ec) = co_await comm.async_all_gather(&me, ids.data(), 1, coccl::DataType::int32,
+                                                asio::as_tuple(asio::use_awaitable));
   std::vector<int> want(n);
   std::iota(want.begin(), want.end(), 0);
   if (ec || ids != want) ++*failures;
 
   int step = me == 0 ? 42 : 0;
-  ec = co_await comm.async_broadcast(&step, &step, 1, coccl::DataType::int32, 0,
-                                     asio::use_awaitable);
+  std::tie(ec) = co_await comm.async_broadcast(&step, &step, 1, coccl::DataType::int32, 0,
+                                               asio::as_tuple(asio::use_awaitable));
   if (ec || step != 42) ++*failures;
   std::printf("rank %d/%d: avg %.1f, gathered %d ids, step %d%s\n", me, n, grad[0], n, step,
               ec ? (" error: " + comm.last_error()).c_str() : "");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
@@ -22,8 +23,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "perf_data.hpp"
@@ -178,17 +179,22 @@ asio::awaitable<std::error_code> launch(coccl::Communicator& c, const std::strin
                                         const Options& o, const Shape& s, const void* send,
                                         void* recv) {
   auto t = o.type;
-  auto tok = asio::use_awaitable;
-  if (coll == "allreduce") co_return co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok);
+  auto tok = asio::as_tuple(asio::use_awaitable);
+  if (coll == "allreduce")
+    co_return std::get<0>(co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok));
   if (coll == "broadcast")
-    co_return co_await c.async_broadcast(send, recv, s.count, t, o.root, tok);
-  if (coll == "reduce") co_return co_await c.async_reduce(send, recv, s.count, t, o.op, o.root, tok);
-  if (coll == "allgather") co_return co_await c.async_all_gather(send, recv, s.count, t, tok);
+    co_return std::get<0>(co_await c.async_broadcast(send, recv, s.count, t, o.root, tok));
+  if (coll == "reduce")
+    co_return std::get<0>(co_await c.async_reduce(send, recv, s.count, t, o.op, o.root, tok));
+  if (coll == "allgather")
+    co_return std::get<0>(co_await c.async_all_gather(send, recv, s.count, t, tok));
   if (coll == "reducescatter")
-    co_return co_await c.async_reduce_scatter(send, recv, s.count, t, o.op, tok);
-  if (coll == "alltoall") co_return co_await c.async_all_to_all(send, recv, s.count, t, tok);
-  if (coll == "gather") co_return co_await c.async_gather(send, recv, s.count, t, o.root, tok);
-  co_return co_await c.async_scatter(send, recv, s.count, t, o.root, tok);
+    co_return std::get<0>(co_await c.async_reduce_scatter(send, recv, s.count, t, o.op, tok));
+  if (coll == "alltoall")
+    co_return std::get<0>(co_await c.async_all_to_all(send, recv, s.count, t, tok));
+  if (coll == "gather")
+    co_return std::get<0>(co_await c.async_gather(send, recv, s.count, t, o.root, tok));
+  co_return std::get<0>(co_await c.async_scatter(send, recv, s.count, t, o.root, tok));
 }
 
 // Where the in-place form puts the send buffer inside the receive buffer.
@@ -241,8 +247,9 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
           if (ec) throw std::system_error(ec, c.last_error());
           long long wrong = perf::count_wrong(coll, o, s.count, n, rank, rp);
           std::vector<long long> total{wrong};
-          ec = co_await c.async_all_reduce(total.data(), total.data(), 1, DataType::int64,
-                                           ReduceOp::sum, asio::use_awaitable);
+          std::tie(ec) =
+              co_await c.async_all_reduce(total.data(), total.data(), 1, DataType::int64,
+                                          ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
           row.wrong[place] = total[0];
         }
         for (int i = 0; i < o.warmup; ++i) {
@@ -251,7 +258,7 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
         }
         std::vector<double> batches;
         for (int r = 0; r < o.repeat; ++r) {
-          ec = co_await c.async_barrier(asio::use_awaitable);
+          std::tie(ec) = co_await c.async_barrier(asio::as_tuple(asio::use_awaitable));
           auto t0 = std::chrono::steady_clock::now();
           for (int i = 0; i < o.iters; ++i) {
             ec = co_await launch(c, coll, o, s, sp, rp);
@@ -262,8 +269,8 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
                           .count() /
                       o.iters;
           // The slowest rank defines the collective's time.
-          ec = co_await c.async_all_reduce(&us, &us, 1, DataType::float64, ReduceOp::max,
-                                           asio::use_awaitable);
+          std::tie(ec) = co_await c.async_all_reduce(&us, &us, 1, DataType::float64, ReduceOp::max,
+                                                     asio::as_tuple(asio::use_awaitable));
           if (ec) throw std::system_error(ec, c.last_error());
           batches.push_back(us);
         }

@@ -1216,13 +1216,14 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
                       "rank " + std::to_string(rank_) + " cannot connect to rank " +
                           std::to_string(peer) + ": " + e.what());
     } catch (const std::exception& e) {
-      dialing_[peer] = false;
-      announce(peer);
       gone = e.what();
     }
     if (!gone.empty()) {
-      // The peer went away during set-up: if its own set-up failed, the root knows why.
+      // The peer went away during set-up: if its own set-up failed, the root knows why. Until
+      // then this rank still counts as linking to it, so that a status query names the peer.
       const std::string because = co_await gone_because(peer);
+      dialing_[peer] = false;
+      announce(peer);
       throw LinkError(make_error_code(errc::peer_lost),
                       "cannot connect to rank " + std::to_string(peer) + ": " + gone + because);
     }

@@ -68,7 +68,7 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, std::vector<UniqueId> ids, i
   c->blocking = blocking;
   *out = c;
   return start_setup(c, [c, ids = std::move(ids)] {
-    c->comm = detail::create_scalable(ids, c->rank.load(), c->nranks.load());
+    c->comm = detail::create_blocking(ids, c->rank.load(), c->nranks.load());
     prepare_device(c);
   });
 }

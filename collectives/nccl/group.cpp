@@ -382,7 +382,7 @@ ncclResult_t launch_collective(const Call& k, HostWaiter& waiter) {
 
 // All sends and receives of one communicator in a run, as one group of the C++ API.
 ncclResult_t launch_p2p(ncclComm* c, const std::vector<const Call*>& calls, HostWaiter& waiter) {
-  std::vector<detail::P2POp> ops;
+  std::vector<Transfer> ops;
   const void* probe = nullptr;
   for (const Call* k : calls) {
     if (k->count == 0) continue;
@@ -596,8 +596,8 @@ ncclResult_t pncclGroupEnd(void) {
   return guarded("ncclGroupEnd", [&]() -> ncclResult_t {
     if (group.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--group.depth > 0) return ncclSuccess;
-    Group g = std::move(group);
-    group = Group{};
+    coccl::nccl::Group g = std::move(group);
+    group = coccl::nccl::Group{};
     ncclResult_t r = finish_setups(g);
     if (g.error != ncclSuccess)
       return fail(g.error, "a call of the group failed, so none ran: " + g.error_text);
@@ -616,8 +616,8 @@ ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
     if (group.depth == 0)
       return fail(ncclInvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
     if (--group.depth > 0) return ncclSuccess;
-    Group g = std::move(group);
-    group = Group{};
+    coccl::nccl::Group g = std::move(group);
+    group = coccl::nccl::Group{};
     finish_setups(g);
     return fail(ncclInvalidUsage,
                 "ncclGroupSimulateEnd is not supported by coccl (no cost model); the group's "

@@ -136,15 +136,17 @@ asio::awaitable<void> server_loop(Communicator comm, Options o, ServerState* sta
   const std::size_t len = state->shard.size();
   std::vector<float> inbox(len * static_cast<std::size_t>(workers));
   for (int k = 0; k < o.rounds; ++k) {
-    std::vector<coccl::detail::P2POp> pull;
+    std::vector<coccl::Transfer> pull;
     for (int w = o.servers; w < o.ranks; ++w)
       pull.push_back(Communicator::send_op(state->shard.data(), len, DataType::float32, w));
-    check(co_await comm.async_send_recv(pull, asio::use_awaitable), comm);
-    std::vector<coccl::detail::P2POp> push;
+    check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))),
+          comm);
+    std::vector<coccl::Transfer> push;
     for (int w = 0; w < workers; ++w)
       push.push_back(Communicator::recv_op(inbox.data() + w * len, len, DataType::float32,
                                            o.servers + w));
-    check(co_await comm.async_send_recv(push, asio::use_awaitable), comm);
+    check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))),
+          comm);
     for (int w = 0; w < workers; ++w)
       for (std::size_t i = 0; i < len; ++i) state->shard[i] -= inbox[w * len + i];
     state->round = k + 1;
@@ -155,21 +157,23 @@ asio::awaitable<void> worker_loop(Communicator comm, Options o) {
   const int me = comm.rank();
   std::vector<float> params(static_cast<std::size_t>(o.params)), grad(params.size());
   for (int k = 0; k < o.rounds; ++k) {
-    std::vector<coccl::detail::P2POp> pull;
+    std::vector<coccl::Transfer> pull;
     for (int s = 0; s < o.servers; ++s) {
       const int first = shard_first(o, s), last = shard_first(o, s + 1);
       pull.push_back(Communicator::recv_op(params.data() + first, last - first,
                                            DataType::float32, s));
     }
-    check(co_await comm.async_send_recv(pull, asio::use_awaitable), comm);
+    check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))),
+          comm);
     for (int i = 0; i < o.params; ++i) grad[i] = gradient(i, me, k, params[i]);
-    std::vector<coccl::detail::P2POp> push;
+    std::vector<coccl::Transfer> push;
     for (int s = 0; s < o.servers; ++s) {
       const int first = shard_first(o, s), last = shard_first(o, s + 1);
       push.push_back(Communicator::send_op(grad.data() + first, last - first, DataType::float32,
                                            s));
     }
-    check(co_await comm.async_send_recv(push, asio::use_awaitable), comm);
+    check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))),
+          comm);
     if (me == o.kill_worker && k + 1 == o.kill_after) {
       std::printf("worker rank %d: killing itself after %d pushes\n", me, k + 1);
       std::fflush(stdout);
@@ -218,8 +222,8 @@ asio::awaitable<void> run_role(Communicator comm, Options o, ServerState* state,
   // Every rank learns the servers' status ports (workers contribute 0).
   int port = server ? acceptor->local_endpoint().port() : 0;
   std::vector<int> ports(static_cast<std::size_t>(comm.size()));
-  check(co_await comm.async_all_gather(&port, ports.data(), 1, DataType::int32,
-                                       asio::use_awaitable),
+  check(std::get<0>(co_await comm.async_all_gather(&port, ports.data(), 1, DataType::int32,
+                                                   asio::as_tuple(asio::use_awaitable))),
         comm);
   if (server) {
     std::printf("server rank %d: parameters [%d, %d), status on 127.0.0.1:%d\n", comm.rank(),
@@ -231,12 +235,12 @@ asio::awaitable<void> run_role(Communicator comm, Options o, ServerState* state,
   }
   // Every server has applied the last push; the first worker reads their status lines while they
   // wait in the second barrier, their endpoints still serving.
-  check(co_await comm.async_barrier(asio::use_awaitable), comm);
+  check(std::get<0>(co_await comm.async_barrier(asio::as_tuple(asio::use_awaitable))), comm);
   if (comm.rank() == o.servers) {
     ports.resize(static_cast<std::size_t>(o.servers));
     co_await read_statuses(ports);
   }
-  check(co_await comm.async_barrier(asio::use_awaitable), comm);
+  check(std::get<0>(co_await comm.async_barrier(asio::as_tuple(asio::use_awaitable))), comm);
 }
 
 int run_rank(Communicator comm, const Options& o) {

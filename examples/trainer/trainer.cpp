@@ -129,12 +129,12 @@ struct InFlight {
 asio::awaitable<std::error_code> all_reduce_bucket(coccl::Communicator comm, float* g,
                                                    std::size_t n, bool device, void* stream) {
   if (device)
-    co_return co_await comm.async_all_reduce(g, g, n, coccl::DataType::float32,
-                                             coccl::ReduceOp::sum,
-                                             static_cast<coccl::cuda_stream>(stream),
-                                             asio::use_awaitable);
-  co_return co_await comm.async_all_reduce(g, g, n, coccl::DataType::float32,
-                                           coccl::ReduceOp::sum, asio::use_awaitable);
+    co_return std::get<0>(co_await comm.async_all_reduce(
+        g, g, n, coccl::DataType::float32, coccl::ReduceOp::sum,
+        static_cast<coccl::cuda_stream>(stream), asio::as_tuple(asio::use_awaitable)));
+  co_return std::get<0>(co_await comm.async_all_reduce(g, g, n, coccl::DataType::float32,
+                                                       coccl::ReduceOp::sum,
+                                                       asio::as_tuple(asio::use_awaitable)));
 }
 
 // Starts bucket b's all_reduce. co_spawn from the loop's own thread runs the new coroutine up to
@@ -183,8 +183,9 @@ asio::awaitable<std::vector<StepStats>> train(coccl::Communicator comm, trainer:
     }
     if (flight.first_error) throw std::system_error(flight.first_error, comm.last_error());
     const auto t2 = Clock::now();
-    std::error_code ec = co_await comm.async_all_reduce(&loss, &loss, 1, coccl::DataType::float64,
-                                                        coccl::ReduceOp::sum, asio::use_awaitable);
+    auto [ec] =
+        co_await comm.async_all_reduce(&loss, &loss, 1, coccl::DataType::float64,
+                                       coccl::ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
     if (ec) throw std::system_error(ec, comm.last_error());
     model->sgd_step(o.lr, o.momentum);
     model->synchronize();

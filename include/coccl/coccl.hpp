@@ -4,9 +4,9 @@
 //   auto id = coccl::UniqueId::create();            // on one rank; ship id.bytes to the others
 //   auto comm = coccl::Communicator::create(id, rank, nranks);
 //   comm.all_reduce(in, out, n, coccl::DataType::float32, coccl::ReduceOp::sum);
-//   std::error_code ec = co_await comm.async_all_reduce(in, out, n, coccl::DataType::float32,
-//                                                       coccl::ReduceOp::sum,
-//                                                       boost::asio::use_awaitable);
+//   auto [ec] = co_await comm.async_all_reduce(in, out, n, coccl::DataType::float32,
+//                                              coccl::ReduceOp::sum,
+//                                              boost::asio::as_tuple(boost::asio::use_awaitable));
 #pragma once
 
 #include <coccl/communicator.hpp>

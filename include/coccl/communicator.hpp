@@ -10,10 +10,13 @@
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/prefer.hpp>
+#include <boost/system/error_code.hpp>
+#include <chrono>
 #include <coccl/error.hpp>
 #include <coccl/status.hpp>
 #include <coccl/types.hpp>
 #include <coccl/unique_id.hpp>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,6 +33,45 @@ namespace coccl {
 using cuda_stream = CUstream_st*;
 
 class Communicator;
+class Group;
+
+/// One transfer of a group of sends and receives (Communicator::send_recv): `count` elements of
+/// `type` to rank `peer` (a send: `buffer` is only read) or from it (a receive). Make one with
+/// Transfer::send or Transfer::recv.
+struct Transfer {
+  bool is_send = false;
+  void* buffer = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::float32;
+  int peer = 0;
+
+  /// A send of `count` elements of `buf` to `peer`.
+  static Transfer send(const void* buf, std::size_t count, DataType type, int peer) {
+    return {true, const_cast<void*>(buf), count, type, peer};
+  }
+  /// A receive of `count` elements from `peer` into `buf`.
+  static Transfer recv(void* buf, std::size_t count, DataType type, int peer) {
+    return {false, buf, count, type, peer};
+  }
+};
+
+/// Settings of one communicator, in the spirit of ncclConfig_t. A field left at its default takes
+/// the environment's setting, so `Options{}` behaves as the environment says.
+struct CommunicatorOptions {
+  /// When false, the blocking forms of operations (`x(...)`, with or without `error_code&`) never
+  /// block: they fail at once with std::errc::operation_would_block, nothing sent, and the caller
+  /// uses the `async_x` forms. Creation itself is not affected (create() blocks, async_create()
+  /// does not).
+  bool blocking = true;
+  /// How long a rank waits for a peer, in creation and in every operation, before the
+  /// communicator fails with errc::timed_out; zero takes COCCL_TIMEOUT.
+  std::chrono::milliseconds timeout{0};
+  /// The transport between ranks: "auto", "tcp", "shm" or "ib"; empty takes COCCL_TRANSPORT.
+  std::string transport;
+  /// A name for the communicator, shown in status() (CommStatus::name) and in log lines; empty
+  /// for none.
+  std::string name;
+};
 
 namespace detail {
 
@@ -49,15 +91,6 @@ enum class OpKind : int {
   barrier,
 };
 
-/// One point-to-point transfer of a group.
-struct P2POp {
-  bool is_send;
-  void* buffer;  // const for sends
-  std::size_t count;
-  DataType type;
-  int peer;
-};
-
 /// The proxy's record of one operation whose caller can cancel it (defined by the library).
 struct OpControl;
 
@@ -71,31 +104,41 @@ struct OpArgs {
   ReduceOp op = ReduceOp::sum;
   int root = 0;
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
-  std::vector<P2POp> p2p;
-  /// Set when the caller's handler has a cancellation slot.
+  std::vector<Transfer> p2p;
+  /// Per-operation deadline from submission (Communicator::with_deadline); zero for none.
+  std::chrono::milliseconds deadline{0};
+  /// Set by the library when the caller can cancel the operation or it has a deadline.
   std::shared_ptr<OpControl> control;
 };
 
-using OpHandler = boost::asio::any_completion_handler<void(std::error_code)>;
-using CreateHandler = boost::asio::any_completion_handler<void(std::error_code, Communicator)>;
+using OpHandler = boost::asio::any_completion_handler<void(boost::system::error_code)>;
+using CreateHandler =
+    boost::asio::any_completion_handler<void(boost::system::error_code, Communicator)>;
 
-void submit(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler);
-std::shared_ptr<OpControl> new_op_control();
-/// From a cancellation slot (any thread): cancels the operation on its proxy thread.
-void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpControl>& op,
-               boost::asio::cancellation_type type);
+/// The one initiation point of host operations: validates nothing here, wires `handler`'s
+/// cancellation slot (if connected) and the deadline to the operation, and queues it (a single
+/// operation, or a group whose members are queued together and complete `handler` once, with the
+/// first error).
+void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler);
+void initiate_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
+                    std::chrono::milliseconds deadline, OpHandler handler);
+/// The blocking forms: waits for the operation (or group) on the calling thread.
+void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
+void run_blocking_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
+                        std::chrono::milliseconds deadline, std::error_code& ec);
 /// Throws the error of a failed blocking operation, with the communicator's description.
 [[noreturn]] void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec);
 
 /// A caller's completion handler as an operation keeps it: the operation holds outstanding work
 /// on the handler's associated executor until the handler has run (so `io.run()` does not return
-/// before), and the handler's cancellation slot is cleared, on the handler's own executor, before
-/// the handler runs.
+/// before), and the handler's cancellation slot (passed on, so initiate() can wire it) is
+/// cleared, on the handler's own executor, before the handler runs.
 template <typename Handler>
 class Tracked {
  public:
   using executor_type = boost::asio::associated_executor_t<Handler>;
   using allocator_type = boost::asio::associated_allocator_t<Handler>;
+  using cancellation_slot_type = boost::asio::associated_cancellation_slot_t<Handler>;
 
   explicit Tracked(Handler h)
       : work_(boost::asio::prefer(boost::asio::get_associated_executor(h),
@@ -107,6 +150,9 @@ class Tracked {
   }
   allocator_type get_allocator() const noexcept {
     return boost::asio::get_associated_allocator(handler_);
+  }
+  cancellation_slot_type get_cancellation_slot() const noexcept {
+    return boost::asio::get_associated_cancellation_slot(handler_);
   }
 
   template <typename... Args>
@@ -125,20 +171,6 @@ class Tracked {
   Handler handler_;
 };
 
-/// Wraps a caller's handler for submit(): tracked work, and the handler's cancellation slot (if
-/// any) wired to the operation described by `args`.
-template <typename Handler>
-OpHandler track(Handler handler, const std::shared_ptr<CommImpl>& impl, OpArgs& args) {
-  auto slot = boost::asio::get_associated_cancellation_slot(handler);
-  if (slot.is_connected() && impl) {
-    args.control = new_op_control();
-    slot.assign([op = std::weak_ptr<OpControl>(args.control),
-                 comm = std::weak_ptr<CommImpl>(impl)](boost::asio::cancellation_type type) {
-      cancel_op(comm, op, type);
-    });
-  }
-  return OpHandler(Tracked<Handler>(std::move(handler)));
-}
 /// Enqueues a device operation on `stream` from the calling thread; returns the error (nothing
 /// enqueued) or success.
 std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs& args,
@@ -147,20 +179,17 @@ std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpAr
 /// finished (the proxy thread polls a CUDA event; no host callback).
 void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
                       std::error_code failed, OpHandler handler);
-/// `control`, when set, lets the caller's cancellation slot stop the joining (cancel_create).
-void submit_create(UniqueId id, int rank, int nranks, CreateHandler handler,
-                   std::shared_ptr<OpControl> control = nullptr);
-/// The same from several ids, every rank passing the same list (ncclCommInitRankScalable): the
-/// hellos are spread over their roots.
-void submit_create(std::vector<UniqueId> ids, int rank, int nranks, CreateHandler handler,
-                   std::shared_ptr<OpControl> control = nullptr);
+/// Joins the communicator of `ids` (every rank passing the same list; with several, as
+/// ncclCommInitRankScalable, the hellos are spread over their roots); `handler`'s cancellation
+/// slot (if connected) stops the joining on terminal cancellation, and `options.timeout` bounds
+/// it. `failure`, when set, receives the reason of a failure before the handler runs.
+void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
+                     const CommunicatorOptions& options, CreateHandler handler,
+                     std::shared_ptr<std::string> failure = nullptr);
 /// Shrink (collectives/recovery.cpp): the survivors of `impl` not in `exclude` meet, then join
 /// the new communicator; `handler` gets it. Errors are logged with their reason.
 void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclude,
                    CreateHandler handler);
-/// From a cancellation slot (any thread): stops a create in progress.
-void cancel_create(const std::weak_ptr<OpControl>& op, boost::asio::cancellation_type type);
-void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
 /// The text of `ec` from an operation this thread just started on `impl`: for
 /// errc::invalid_argument the reason the arguments were refused, else the communicator's
 /// last_error().
@@ -205,52 +234,63 @@ class BufferRegistration {
 /// communicator run one after another in the order they were started, and every rank must start
 /// the same collectives in the same order (a mismatch is detected and fails with errc::mismatch).
 ///
-/// Each operation has two forms:
+/// Each operation has three forms:
 ///  - `async_x(..., token)`: an Asio asynchronous operation with completion signature
-///    `void(std::error_code)`. It never completes inside the initiating call, and it holds
-///    outstanding work on the handler's associated executor until the handler has run (so
-///    `io.run()` returns only after it). With `asio::use_awaitable`, `co_await` yields the
-///    std::error_code. The buffers must stay valid until completion. The handler's cancellation
-///    slot is honoured: an operation that has not started yet is removed and completes with
+///    `void(boost::system::error_code)`, as Asio's own operations have. It never completes inside
+///    the initiating call, and it holds outstanding work on the handler's associated executor
+///    until the handler has run (so `io.run()` returns only after it). With
+///    `asio::use_awaitable`, `co_await` throws boost::system::system_error on failure;
+///    `asio::as_tuple(asio::use_awaitable)` and `asio::redirect_error` give the code instead. The
+///    buffers must stay valid until completion. The handler's cancellation slot is honoured: an
+///    operation that has not started yet is removed and completes with
 ///    std::errc::operation_canceled (any cancellation type); terminal cancellation of an operation
 ///    in flight aborts the communicator (every rank's operation fails, errc::aborted here and
 ///    errc::remote_error on the peers, naming this rank); partial and total cancellation of an
 ///    operation in flight are ignored, as its data may already be partly delivered.
 ///    Communicator::async_create honours terminal cancellation too.
-///  - `x(...)`: blocks the calling thread; throws std::system_error on failure, or, with a trailing
-///    `std::error_code&`, reports the error there. Called on a proxy thread (from a coroutine on
-///    get_executor()) it would wait for the loop it blocks: it fails at once with
-///    std::errc::resource_deadlock_would_occur instead.
+///  - `x(...)`: blocks the calling thread; throws std::system_error on failure (the blocking
+///    forms keep the standard exception, with the communicator's description as its what()).
+///  - `x(..., boost::system::error_code& ec)`: blocks the calling thread and reports the error in
+///    `ec`.
+///  Called on a proxy thread (from a coroutine on get_executor()) a blocking form would wait for
+///  the loop it blocks: it fails at once with std::errc::resource_deadlock_would_occur instead.
+///
+/// Error codes: coccl's codes (coccl::errc, category "coccl") travel inside
+/// boost::system::error_code through Boost.System's interoperation with <system_error>, so
+/// `ec == coccl::errc::peer_lost` and `ec.message()` work on either type, and a
+/// boost::system::error_code converts to a std::error_code of coccl's own category without loss.
 ///
 /// Failures are terminal: after a peer is lost, times out (COCCL_TIMEOUT) or a mismatch is found,
 /// the operation in flight and every later one fail with the same error, and last_error() names
 /// the rank and operation. Host-memory buffers only in this header; counts are in elements.
 class Communicator {
  public:
+  /// Settings of a communicator (see CommunicatorOptions); the environment by default.
+  using Options = CommunicatorOptions;
+
   /// An empty handle (no communicator).
   Communicator() = default;
 
-  /// Joins communicator `id` as `rank` of `nranks`; blocks until every rank has joined (or
-  /// COCCL_TIMEOUT passes). Throws std::system_error on failure.
-  static Communicator create(const UniqueId& id, int rank, int nranks);
+  /// Joins communicator `id` as `rank` of `nranks`; blocks until every rank has joined (or the
+  /// timeout of `options`, by default COCCL_TIMEOUT, passes). Throws std::system_error on
+  /// failure (errc::timed_out when a rank did not join in time).
+  static Communicator create(const UniqueId& id, int rank, int nranks, const Options& options = {});
 
-  /// Asynchronous create; completion signature `void(std::error_code, Communicator)`.
+  /// Asynchronous create; completion signature `void(boost::system::error_code, Communicator)`.
   template <typename Token>
   static auto async_create(const UniqueId& id, int rank, int nranks, Token&& token) {
-    return boost::asio::async_initiate<Token, void(std::error_code, Communicator)>(
-        [](auto handler, UniqueId id, int rank, int nranks) {
-          std::shared_ptr<detail::OpControl> control;
-          auto slot = boost::asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected()) {
-            control = detail::new_op_control();
-            slot.assign([op = std::weak_ptr<detail::OpControl>(control)](
-                            boost::asio::cancellation_type type) { detail::cancel_create(op, type); });
-          }
-          detail::submit_create(id, rank, nranks,
-                                detail::CreateHandler(detail::Tracked(std::move(handler))),
-                                std::move(control));
+    return async_create(id, rank, nranks, Options{}, std::forward<Token>(token));
+  }
+  /// The same with `options`.
+  template <typename Token>
+  static auto async_create(const UniqueId& id, int rank, int nranks, Options options,
+                           Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, Communicator)>(
+        [](auto handler, UniqueId id, int rank, int nranks, Options options) {
+          detail::initiate_create(std::vector<UniqueId>{id}, rank, nranks, options,
+                                  detail::CreateHandler(detail::Tracked(std::move(handler))));
         },
-        token, id, rank, nranks);
+        token, id, rank, nranks, std::move(options));
   }
 
   /// Creates a communicator of every process of a launched job, the rank and size coming from
@@ -307,6 +347,19 @@ class Communicator {
   /// Bytes this rank has sent zero-copy from registered buffers (see register_buffer).
   std::uint64_t zero_copy_bytes() const;
 
+  /// A handle to this communicator whose operations each carry a deadline of `limit` from their
+  /// start (the initiating call): an operation not finished by then fails with errc::timed_out
+  /// and, as terminal cancellation does, aborts the communicator, so that every rank's operation
+  /// fails (errc::remote_error on the peers, naming this rank and the deadline). Beside the
+  /// communicator's timeout (Options::timeout, COCCL_TIMEOUT), which bounds each wait for a peer
+  /// rather than a whole operation. Host operations and groups; zero removes the deadline.
+  /// `comm.with_deadline(100ms).all_reduce(...)`.
+  Communicator with_deadline(std::chrono::milliseconds limit) const {
+    Communicator c(*this);
+    c.deadline_ = limit;
+    return c;
+  }
+
   // ---- Collectives. `send` may equal `recv` (in place) where both exist. ----
 
   /// recv[i] = op over all ranks of send[i], for i < count.
@@ -319,7 +372,7 @@ class Communicator {
     block(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0));
   }
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                  std::error_code& ec) {
+                  boost::system::error_code& ec) {
     block(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), ec);
   }
 
@@ -334,7 +387,7 @@ class Communicator {
     block(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root));
   }
   void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
-                 std::error_code& ec) {
+                 boost::system::error_code& ec) {
     block(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), ec);
   }
 
@@ -348,9 +401,8 @@ class Communicator {
               int root) {
     block(make(detail::OpKind::reduce, send, recv, count, type, op, root));
   }
-  void reduce(const void* send, void* recv, std::size_t count, DataType type,
-              ReduceOp op,
-              int root, std::error_code& ec) {
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+              boost::system::error_code& ec) {
     block(make(detail::OpKind::reduce, send, recv, count, type, op, root), ec);
   }
 
@@ -365,7 +417,7 @@ class Communicator {
     block(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0));
   }
   void all_gather(const void* send, void* recv, std::size_t count, DataType type,
-                  std::error_code& ec) {
+                  boost::system::error_code& ec) {
     block(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), ec);
   }
 
@@ -380,9 +432,8 @@ class Communicator {
                       ReduceOp op) {
     block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count,
-                      DataType type,
-                      ReduceOp op, std::error_code& ec) {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                      boost::system::error_code& ec) {
     block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), ec);
   }
 
@@ -396,7 +447,7 @@ class Communicator {
     block(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0));
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
-                  std::error_code& ec) {
+                  boost::system::error_code& ec) {
     block(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), ec);
   }
 
@@ -418,11 +469,10 @@ class Communicator {
     block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
                  std::move(recv_counts), std::move(recv_displs), type));
   }
-  void all_to_allv(const void* send,
-                   std::vector<std::size_t> send_counts,
+  void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
                    std::vector<std::size_t> send_displs, void* recv,
                    std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
-                   DataType type, std::error_code& ec) {
+                   DataType type, boost::system::error_code& ec) {
     block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
                  std::move(recv_counts), std::move(recv_displs), type), ec);
   }
@@ -437,7 +487,7 @@ class Communicator {
     block(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root));
   }
   void gather(const void* send, void* recv, std::size_t count, DataType type, int root,
-              std::error_code& ec) {
+              boost::system::error_code& ec) {
     block(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), ec);
   }
 
@@ -451,7 +501,7 @@ class Communicator {
     block(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root));
   }
   void scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
-               std::error_code& ec) {
+               boost::system::error_code& ec) {
     block(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), ec);
   }
 
@@ -486,20 +536,36 @@ class Communicator {
                   cuda_stream stream) {
     device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream);
   }
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                  cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream, ec);
+  }
   /// Stream-ordered all_gather of device buffers.
   void all_gather(const void* send, void* recv, std::size_t count, DataType type,
                   cuda_stream stream) {
     device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream);
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type,
+                  cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream, ec);
   }
   /// Stream-ordered reduce_scatter of device buffers.
   void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
                       ReduceOp op, cuda_stream stream) {
     device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), stream);
   }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                      cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), stream, ec);
+  }
   /// Stream-ordered all_to_all of device buffers.
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
                   cuda_stream stream) {
     device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream);
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type,
+                  cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream, ec);
   }
   /// Stream-ordered broadcast of device buffers: every rank's recv = root's send (read on root
   /// only; in place when root's send == recv).
@@ -507,11 +573,20 @@ class Communicator {
                  cuda_stream stream) {
     device(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream);
   }
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum, root), stream,
+           ec);
+  }
   /// Stream-ordered reduce of device buffers: root's recv = op over ranks of send (avg divides by
   /// size()); recv is used on root only and may equal send there.
   void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
               int root, cuda_stream stream) {
     device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream);
+  }
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+              cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream, ec);
   }
   /// Stream-ordered gather of device buffers: root's recv[r*count ..] = rank r's send; recv is
   /// used on root only (in place when send == recv + root*count there).
@@ -519,11 +594,19 @@ class Communicator {
               cuda_stream stream) {
     device(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream);
   }
+  void gather(const void* send, void* recv, std::size_t count, DataType type, int root,
+              cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream, ec);
+  }
   /// Stream-ordered scatter of device buffers: rank r's recv = root's send[r*count ..]; send is
   /// read on root only (in place when recv == send + root*count there).
   void scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
                cuda_stream stream) {
     device(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream);
+  }
+  void scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
+               cuda_stream stream, boost::system::error_code& ec) {
+    device(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream, ec);
   }
   /// Stream-ordered all_to_allv of device buffers (counts and displacements in elements, size()
   /// entries each, read at the call: a captured graph replays the sizes of the capture).
@@ -535,29 +618,46 @@ class Communicator {
                   std::move(recv_counts), std::move(recv_displs), type),
            stream);
   }
+  void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
+                   std::vector<std::size_t> send_displs, void* recv,
+                   std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                   DataType type, cuda_stream stream, boost::system::error_code& ec) {
+    device(make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                  std::move(recv_counts), std::move(recv_displs), type),
+           stream, ec);
+  }
   /// Stream-ordered group of sends and receives of device buffers (at most 32 transfers on one
   /// host; across hosts at most 128 non-empty ones each way), matched like the host send_recv. A
   /// send's kernel finishes once its receiver has the data. Ranks not named need not call it;
   /// transfers between two ranks must be issued in the same order on both.
-  void send_recv(std::vector<detail::P2POp> ops, cuda_stream stream) {
-    detail::OpArgs a;
-    a.kind = detail::OpKind::p2p;
-    a.p2p = std::move(ops);
-    device(a, stream);
+  void send_recv(std::vector<Transfer> transfers, cuda_stream stream) {
+    device(make_p2p(std::move(transfers)), stream);
+  }
+  void send_recv(std::vector<Transfer> transfers, cuda_stream stream,
+                 boost::system::error_code& ec) {
+    device(make_p2p(std::move(transfers)), stream, ec);
   }
   /// Stream-ordered single send (a device group of one).
   void send(const void* buf, std::size_t count, DataType type, int peer, cuda_stream stream) {
-    send_recv({send_op(buf, count, type, peer)}, stream);
+    send_recv({Transfer::send(buf, count, type, peer)}, stream);
+  }
+  void send(const void* buf, std::size_t count, DataType type, int peer, cuda_stream stream,
+            boost::system::error_code& ec) {
+    send_recv({Transfer::send(buf, count, type, peer)}, stream, ec);
   }
   /// Stream-ordered single receive (a device group of one).
   void recv(void* buf, std::size_t count, DataType type, int peer, cuda_stream stream) {
-    send_recv({recv_op(buf, count, type, peer)}, stream);
+    send_recv({Transfer::recv(buf, count, type, peer)}, stream);
+  }
+  void recv(void* buf, std::size_t count, DataType type, int peer, cuda_stream stream,
+            boost::system::error_code& ec) {
+    send_recv({Transfer::recv(buf, count, type, peer)}, stream, ec);
   }
 
   /// Enqueues the all_reduce on `stream` now (as the stream-ordered form), then completes with
-  /// `void(std::error_code)` once the GPU has finished it: `co_await comm.async_all_reduce(...,
-  /// stream, asio::use_awaitable)` resumes when the result is in `recv`. The proxy thread polls a
-  /// CUDA event; no host callback is used.
+  /// `void(boost::system::error_code)` once the GPU has finished it: `co_await
+  /// comm.async_all_reduce(..., stream, asio::use_awaitable)` resumes when the result is in `recv`.
+  /// The proxy thread polls a CUDA event; no host callback is used.
   template <typename Token>
   auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
                         ReduceOp op, cuda_stream stream, Token&& token) {
@@ -625,11 +725,20 @@ class Communicator {
                         stream, token);
   }
   template <typename Token>
-  auto async_send_recv(std::vector<detail::P2POp> ops, cuda_stream stream, Token&& token) {
-    detail::OpArgs a;
-    a.kind = detail::OpKind::p2p;
-    a.p2p = std::move(ops);
-    return async_device(std::move(a), stream, token);
+  auto async_send_recv(std::vector<Transfer> transfers, cuda_stream stream, Token&& token) {
+    return async_device(make_p2p(std::move(transfers)), stream, token);
+  }
+  template <typename Token>
+  auto async_send(const void* buf, std::size_t count, DataType type, int peer, cuda_stream stream,
+                  Token&& token) {
+    return async_send_recv(std::vector<Transfer>{Transfer::send(buf, count, type, peer)}, stream,
+                           std::forward<Token>(token));
+  }
+  template <typename Token>
+  auto async_recv(void* buf, std::size_t count, DataType type, int peer, cuda_stream stream,
+                  Token&& token) {
+    return async_send_recv(std::vector<Transfer>{Transfer::recv(buf, count, type, peer)}, stream,
+                           std::forward<Token>(token));
   }
 
   /// Completes on every rank once all ranks have entered it.
@@ -642,7 +751,7 @@ class Communicator {
   void barrier() {
     block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0));
   }
-  void barrier(std::error_code& ec) {
+  void barrier(boost::system::error_code& ec) {
     block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0), ec);
   }
 
@@ -651,60 +760,71 @@ class Communicator {
   /// ranks in one direction are matched in order; a send's count must equal the matching
   /// receive's. Ranks not named by any transfer need not call it.
   template <typename Token>
-  auto async_send_recv(std::vector<detail::P2POp> ops, Token&& token) {
-    detail::OpArgs a;
-    a.kind = detail::OpKind::p2p;
-    a.p2p = std::move(ops);
-    return run(std::move(a), token);
+  auto async_send_recv(std::vector<Transfer> transfers, Token&& token) {
+    return run(make_p2p(std::move(transfers)), token);
   }
-  void send_recv(std::vector<detail::P2POp> ops) {
-    detail::OpArgs a;
-    a.kind = detail::OpKind::p2p;
-    a.p2p = std::move(ops);
-    block(std::move(a));
+  void send_recv(std::vector<Transfer> transfers) { block(make_p2p(std::move(transfers))); }
+  void send_recv(std::vector<Transfer> transfers, boost::system::error_code& ec) {
+    block(make_p2p(std::move(transfers)), ec);
   }
-  void send_recv(std::vector<detail::P2POp> ops, std::error_code& ec) {
-    detail::OpArgs a;
-    a.kind = detail::OpKind::p2p;
-    a.p2p = std::move(ops);
-    block(std::move(a), ec);
+  /// The same as Transfer::send (kept for existing callers).
+  static Transfer send_op(const void* buf, std::size_t count, DataType type, int peer) {
+    return Transfer::send(buf, count, type, peer);
   }
-  /// A send of `count` elements to `peer` (for send_recv groups).
-  static detail::P2POp send_op(const void* buf, std::size_t count, DataType type, int peer) {
-    return {true, const_cast<void*>(buf), count, type, peer};
-  }
-  /// A receive of `count` elements from `peer` (for send_recv groups).
-  static detail::P2POp recv_op(void* buf, std::size_t count, DataType type, int peer) {
-    return {false, buf, count, type, peer};
+  /// The same as Transfer::recv (kept for existing callers).
+  static Transfer recv_op(void* buf, std::size_t count, DataType type, int peer) {
+    return Transfer::recv(buf, count, type, peer);
   }
   /// Single send and receive (a group of one).
   template <typename Token>
   auto async_send(const void* buf, std::size_t count, DataType type, int peer, Token&& token) {
-    return async_send_recv(std::vector<detail::P2POp>{send_op(buf, count, type, peer)},
+    return async_send_recv(std::vector<Transfer>{Transfer::send(buf, count, type, peer)},
                            std::forward<Token>(token));
   }
   template <typename Token>
   auto async_recv(void* buf, std::size_t count, DataType type, int peer, Token&& token) {
-    return async_send_recv(std::vector<detail::P2POp>{recv_op(buf, count, type, peer)},
+    return async_send_recv(std::vector<Transfer>{Transfer::recv(buf, count, type, peer)},
                            std::forward<Token>(token));
   }
   void send(const void* buf, std::size_t count, DataType type, int peer) {
-    send_recv({send_op(buf, count, type, peer)});
+    send_recv({Transfer::send(buf, count, type, peer)});
   }
-  void send(const void* buf, std::size_t count, DataType type, int peer, std::error_code& ec) {
-    send_recv({send_op(buf, count, type, peer)}, ec);
+  void send(const void* buf, std::size_t count, DataType type, int peer,
+            boost::system::error_code& ec) {
+    send_recv({Transfer::send(buf, count, type, peer)}, ec);
   }
   void recv(void* buf, std::size_t count, DataType type, int peer) {
-    send_recv({recv_op(buf, count, type, peer)});
+    send_recv({Transfer::recv(buf, count, type, peer)});
   }
-  void recv(void* buf, std::size_t count, DataType type, int peer, std::error_code& ec) {
-    send_recv({recv_op(buf, count, type, peer)}, ec);
+  void recv(void* buf, std::size_t count, DataType type, int peer, boost::system::error_code& ec) {
+    send_recv({Transfer::recv(buf, count, type, peer)}, ec);
   }
+
+  /// Operations issued together and completed together, as ncclGroupStart/End gives C users:
+  /// the group's operations (collected in a Group, see there) enter this communicator's queue
+  /// back to back, so no operation started from another thread falls between them, and the
+  /// group completes once, after its last operation, with the first error of any (later members
+  /// still run, or fail with the communicator's error). Every rank must issue the same
+  /// collectives in the same order, as outside a group; sends and receives added one after
+  /// another form one send_recv, so they progress together. Arguments are checked for every
+  /// operation before any is queued: a bad one fails the whole group with
+  /// errc::invalid_argument, nothing sent. Cancellation and with_deadline() apply to the group
+  /// as one operation (cancelling it before it starts removes every member). An empty group
+  /// completes at once with success.
+  template <typename Token>
+  auto async_group(Group group, Token&& token);
+  void group(Group group);
+  void group(Group group, boost::system::error_code& ec);
+  /// Fills a Group with `fill(Group&)` and runs it blocking:
+  /// `comm.group([&](coccl::Group& g) { g.all_reduce(...); g.send(...); });`.
+  template <typename Fill>
+  requires std::invocable<Fill&, Group&>
+  void group(Fill&& fill);
 
   /// Collective over this communicator: ranks passing the same `color` (>= 0) form a new
   /// communicator, ordered by `key` then by rank. A negative color joins none and returns an empty
   /// handle. Throws std::system_error on failure.
-  Communicator split(int color, int key);
+  Communicator split(int color, int key, const Options& options = {});
 
   /// Makes a communicator of the ranks `members` of this one, new rank i being members[i]. Every
   /// member passes the same list; the other ranks do not call it (collective over the members
@@ -748,12 +868,12 @@ class Communicator {
   /// this way too).
   Communicator shrink(std::span<const int> exclude);
   /// As above; on failure sets `ec` and returns an empty handle (the reason is logged).
-  Communicator shrink(std::span<const int> exclude, std::error_code& ec);
-  /// Asynchronous shrink; completion signature `void(std::error_code, Communicator)`. Not
+  Communicator shrink(std::span<const int> exclude, boost::system::error_code& ec);
+  /// Asynchronous shrink; completion signature `void(boost::system::error_code, Communicator)`. Not
   /// cancellable (the other survivors wait for this one). The reason of a failure is logged.
   template <typename Token>
   auto async_shrink(std::vector<int> exclude, Token&& token) {
-    return boost::asio::async_initiate<Token, void(std::error_code, Communicator)>(
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, Communicator)>(
         [](auto handler, std::shared_ptr<detail::CommImpl> impl, std::vector<int> exclude) {
           detail::submit_shrink(impl, std::move(exclude),
                                 detail::CreateHandler(detail::Tracked(std::move(handler))));
@@ -783,12 +903,12 @@ class Communicator {
 
  private:
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
-  friend void detail::submit_create(UniqueId, int, int, detail::CreateHandler,
-                                    std::shared_ptr<detail::OpControl>);
-  friend void detail::submit_create(std::vector<UniqueId>, int, int, detail::CreateHandler,
-                                    std::shared_ptr<detail::OpControl>);
+  friend void detail::initiate_create(std::vector<UniqueId>, int, int,
+                                      const CommunicatorOptions&, detail::CreateHandler,
+                                      std::shared_ptr<std::string>);
   friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator&);
   friend class detail::CommImpl;
+  friend class Group;
 
   static detail::OpArgs make(detail::OpKind k, const void* send, void* recv, std::size_t count,
                              DataType type, ReduceOp op, int root) {
@@ -813,12 +933,19 @@ class Communicator {
     a.recv_displs = std::move(rd);
     return a;
   }
+  static detail::OpArgs make_p2p(std::vector<Transfer> transfers) {
+    detail::OpArgs a;
+    a.kind = detail::OpKind::p2p;
+    a.p2p = std::move(transfers);
+    return a;
+  }
   template <typename Token>
   auto run(detail::OpArgs args, Token& token) {
-    return boost::asio::async_initiate<Token, void(std::error_code)>(
+    args.deadline = deadline_;
+    return boost::asio::async_initiate<Token, void(boost::system::error_code)>(
         [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args) {
-          detail::OpHandler h = detail::track(std::move(handler), impl, args);
-          detail::submit(impl, std::move(args), std::move(h));
+          detail::initiate(impl, std::move(args),
+                           detail::OpHandler(detail::Tracked(std::move(handler))));
         },
         token, impl_, std::move(args));
   }
@@ -826,9 +953,12 @@ class Communicator {
     if (auto ec = detail::enqueue_device(impl_, args, stream))
       throw std::system_error(ec, detail::describe_error(impl_, ec));
   }
+  void device(const detail::OpArgs& args, cuda_stream stream, boost::system::error_code& ec) {
+    ec = detail::enqueue_device(impl_, args, stream);
+  }
   template <typename Token>
   auto async_device(detail::OpArgs args, cuda_stream stream, Token& token) {
-    return boost::asio::async_initiate<Token, void(std::error_code)>(
+    return boost::asio::async_initiate<Token, void(boost::system::error_code)>(
         [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args,
            cuda_stream stream) {
           std::error_code ec = detail::enqueue_device(impl, args, stream);
@@ -840,14 +970,125 @@ class Communicator {
   }
   void block(detail::OpArgs args) {
     std::error_code ec;
-    block(std::move(args), ec);
+    args.deadline = deadline_;
+    detail::run_blocking(impl_, std::move(args), ec);
     if (ec) detail::throw_op_error(impl_, ec);
   }
-  void block(detail::OpArgs args, std::error_code& ec) {
-    detail::run_blocking(impl_, std::move(args), ec);
+  void block(detail::OpArgs args, boost::system::error_code& ec) {
+    std::error_code e;
+    args.deadline = deadline_;
+    detail::run_blocking(impl_, std::move(args), e);
+    ec = e;
   }
 
   std::shared_ptr<detail::CommImpl> impl_;
+  std::chrono::milliseconds deadline_{0};
 };
+
+/// The operations of one group (Communicator::group, async_group), collected in call order; each
+/// has the arguments and meaning of the Communicator operation of its name. Adding an operation
+/// only records it (nothing is checked or sent until the group runs); the buffers must stay
+/// valid until the group completes. Move-only, like the operations it holds.
+class Group {
+ public:
+  Group() = default;
+  Group(Group&&) noexcept = default;
+  Group& operator=(Group&&) noexcept = default;
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+  ~Group() = default;
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+    add(Communicator::make(detail::OpKind::all_reduce, send, recv, count, type, op, 0));
+  }
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
+    add(Communicator::make(detail::OpKind::broadcast, send, recv, count, type, ReduceOp::sum,
+                           root));
+  }
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+              int root) {
+    add(Communicator::make(detail::OpKind::reduce, send, recv, count, type, op, root));
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type) {
+    add(Communicator::make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0));
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+    add(Communicator::make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
+    add(Communicator::make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0));
+  }
+  void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
+                   std::vector<std::size_t> send_displs, void* recv,
+                   std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                   DataType type) {
+    add(Communicator::make_v(send, std::move(send_counts), std::move(send_displs), recv,
+                             std::move(recv_counts), std::move(recv_displs), type));
+  }
+  void gather(const void* send, void* recv, std::size_t count, DataType type, int root) {
+    add(Communicator::make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root));
+  }
+  void scatter(const void* send, void* recv, std::size_t count, DataType type, int root) {
+    add(Communicator::make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root));
+  }
+  void barrier() {
+    add(Communicator::make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8,
+                           ReduceOp::sum, 0));
+  }
+  /// Sends and receives added one after another join one send_recv.
+  void send(const void* buf, std::size_t count, DataType type, int peer) {
+    transfer(Transfer::send(buf, count, type, peer));
+  }
+  void recv(void* buf, std::size_t count, DataType type, int peer) {
+    transfer(Transfer::recv(buf, count, type, peer));
+  }
+  void send_recv(std::vector<Transfer> transfers) {
+    for (auto& t : transfers) transfer(t);
+  }
+  /// Number of operations (a run of sends and receives counts once).
+  std::size_t size() const noexcept { return ops_.size(); }
+  bool empty() const noexcept { return ops_.empty(); }
+
+ private:
+  friend class Communicator;
+  void add(detail::OpArgs a) { ops_.push_back(std::move(a)); }
+  void transfer(const Transfer& t) {
+    if (ops_.empty() || ops_.back().kind != detail::OpKind::p2p)
+      ops_.push_back(Communicator::make_p2p({}));
+    ops_.back().p2p.push_back(t);
+  }
+  std::vector<detail::OpArgs> ops_;
+};
+
+template <typename Token>
+auto Communicator::async_group(Group group, Token&& token) {
+  return boost::asio::async_initiate<Token, void(boost::system::error_code)>(
+      [](auto handler, std::shared_ptr<detail::CommImpl> impl, std::vector<detail::OpArgs> ops,
+         std::chrono::milliseconds deadline) {
+        detail::initiate_group(impl, std::move(ops), deadline,
+                               detail::OpHandler(detail::Tracked(std::move(handler))));
+      },
+      token, impl_, std::move(group.ops_), deadline_);
+}
+
+inline void Communicator::group(Group group) {
+  std::error_code ec;
+  detail::run_blocking_group(impl_, std::move(group.ops_), deadline_, ec);
+  if (ec) detail::throw_op_error(impl_, ec);
+}
+
+inline void Communicator::group(Group group, boost::system::error_code& ec) {
+  std::error_code e;
+  detail::run_blocking_group(impl_, std::move(group.ops_), deadline_, e);
+  ec = e;
+}
+
+template <typename Fill>
+requires std::invocable<Fill&, Group&>
+void Communicator::group(Fill&& fill) {
+  Group g;
+  fill(g);
+  group(std::move(g));
+}
 
 }  // namespace coccl

@@ -1,7 +1,10 @@
 // coccl/error.hpp: coccl's error codes and error category.
 //
-// Every asynchronous operation completes with a std::error_code. Codes of coccl's own category are
-// listed in coccl::errc; errors from the operating system keep std::system_category(). A
+// Every asynchronous operation completes with a boost::system::error_code, as Asio's own do;
+// coccl's codes are defined here for <system_error> (category "coccl", listed in coccl::errc) and
+// travel inside boost::system::error_code through Boost.System's interoperation: comparing with
+// coccl::errc, message() and converting back to std::error_code work on either type. Errors from
+// the operating system keep the system category. Blocking operations throw std::system_error. A
 // communicator also keeps a human-readable description of its last error (naming the peer rank
 // and the operation) available from Communicator::last_error().
 #pragma once

@@ -54,6 +54,8 @@ struct CommStatus {
   int nranks = 0;
   /// Process id of the rank.
   int pid = 0;
+  /// Options::name of the communicator (empty when none was given).
+  std::string name;
   /// last_error(): empty while the communicator is healthy.
   std::string error;
   /// Sequence numbers of the last host operation started and of the last one finished (done or

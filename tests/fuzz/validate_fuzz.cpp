@@ -50,8 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (a.kind == OpKind::p2p) {
     for (int i = 0; i < shape % 8; ++i) {
       const auto flags = in.get<std::uint8_t>();
-      a.p2p.push_back(P2POp{(flags & 1) != 0, buffer(flags >> 1), count(in),
-                            static_cast<DataType>(in.get<std::int8_t>()), in.get<std::int8_t>()});
+      a.p2p.push_back(Transfer{(flags & 1) != 0, buffer(flags >> 1), count(in),
+                               static_cast<DataType>(in.get<std::int8_t>()),
+                               in.get<std::int8_t>()});
     }
   }
   const std::string why = validate(a, rank, n);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -351,8 +352,9 @@ int timeout_main(int rank, int n, const std::string& id_hex, bool awaited) {
     if (awaited) {
       boost::asio::io_context io;
       auto task = [&]() -> boost::asio::awaitable<void> {
-        completion = co_await comm.async_all_reduce(send, recv, count, DataType::int32,
-                                                    ReduceOp::sum, cs, boost::asio::use_awaitable);
+        std::tie(completion) =
+            co_await comm.async_all_reduce(send, recv, count, DataType::int32, ReduceOp::sum, cs,
+                                           boost::asio::as_tuple(boost::asio::use_awaitable));
       };
       boost::asio::co_spawn(io, task, boost::asio::detached);
       io.run();

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -190,27 +191,30 @@ boost::asio::awaitable<std::error_code> enqueue_async(coccl::Communicator& comm,
   const std::size_t count = c.count;
   const int n = comm.size(), root = root_of(n);
   const DataType f = DataType::float32;
-  const auto& tok = boost::asio::use_awaitable;
+  const auto tok = boost::asio::as_tuple(boost::asio::use_awaitable);
   if (coll == "allreduce")
-    co_return co_await comm.async_all_reduce(b.send, b.recv, count, f, ReduceOp::sum, cs, tok);
+    co_return std::get<0>(
+        co_await comm.async_all_reduce(b.send, b.recv, count, f, ReduceOp::sum, cs, tok));
   if (coll == "allgather")
-    co_return co_await comm.async_all_gather(b.send, b.recv, count, f, cs, tok);
+    co_return std::get<0>(co_await comm.async_all_gather(b.send, b.recv, count, f, cs, tok));
   if (coll == "reducescatter")
-    co_return co_await comm.async_reduce_scatter(b.send, b.recv, count, f, ReduceOp::sum, cs, tok);
+    co_return std::get<0>(
+        co_await comm.async_reduce_scatter(b.send, b.recv, count, f, ReduceOp::sum, cs, tok));
   if (coll == "alltoall")
-    co_return co_await comm.async_all_to_all(b.send, b.recv, count, f, cs, tok);
+    co_return std::get<0>(co_await comm.async_all_to_all(b.send, b.recv, count, f, cs, tok));
   if (coll == "broadcast")
-    co_return co_await comm.async_broadcast(b.send, b.recv, count, f, root, cs, tok);
+    co_return std::get<0>(co_await comm.async_broadcast(b.send, b.recv, count, f, root, cs, tok));
   if (coll == "reduce")
-    co_return co_await comm.async_reduce(b.send, b.recv, count, f, ReduceOp::sum, root, cs, tok);
+    co_return std::get<0>(
+        co_await comm.async_reduce(b.send, b.recv, count, f, ReduceOp::sum, root, cs, tok));
   if (coll == "gather")
-    co_return co_await comm.async_gather(b.send, b.recv, count, f, root, cs, tok);
+    co_return std::get<0>(co_await comm.async_gather(b.send, b.recv, count, f, root, cs, tok));
   if (coll == "scatter")
-    co_return co_await comm.async_scatter(b.send, b.recv, count, f, root, cs, tok);
-  std::vector<coccl::detail::P2POp> ops;
+    co_return std::get<0>(co_await comm.async_scatter(b.send, b.recv, count, f, root, cs, tok));
+  std::vector<coccl::Transfer> ops;
   ops.push_back(coccl::Communicator::send_op(b.send, count, f, (comm.rank() + 1) % n));
   ops.push_back(coccl::Communicator::recv_op(b.recv, count, f, (comm.rank() + n - 1) % n));
-  co_return co_await comm.async_send_recv(std::move(ops), cs, tok);
+  co_return std::get<0>(co_await comm.async_send_recv(std::move(ops), cs, tok));
 }
 
 int rank_main(int rank, int n, const std::string& id_hex) {
@@ -457,7 +461,7 @@ int many_transfers_main(int rank, int n, const std::string& id_hex) {
   CHECK_CUDA(cudaMalloc(&b.send, send_total + 2 * 64));
   CHECK_CUDA(cudaMalloc(&b.recv, recv_total + 2 * 64));
   std::vector<std::int8_t> hs(send_total + 2 * 64), hr(recv_total + 2 * 64, -1);
-  std::vector<coccl::detail::P2POp> ops;
+  std::vector<coccl::Transfer> ops;
   std::size_t so = 0, ro = 0;
   char* send = static_cast<char*>(b.send);
   char* recv = static_cast<char*>(b.recv);

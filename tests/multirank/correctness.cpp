@@ -337,7 +337,7 @@ void run_send_recv(Worker& w) {
                     : static_cast<std::size_t>(1000 + s + 3 * d);
     };
     std::vector<Bytes> out, in;
-    std::vector<detail::P2POp> ops;
+    std::vector<Transfer> ops;
     out.reserve(2 * n);
     in.reserve(2 * n);
     for (int p = n - 1; p >= 0; --p)

@@ -1,6 +1,7 @@
 // Scenarios beyond plain correctness: failures (loop, mismatch, abort), split and the
 // asynchronous interface.
 #include <algorithm>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -113,8 +114,8 @@ int run_chaos(Worker& w) {
           recv.resize(c);
           want.resize(c);
           for (std::size_t j = 0; j < c; ++j) want[j] = from * 100000 + static_cast<std::int32_t>(j) + i;
-          std::vector<detail::P2POp> ops{Communicator::send_op(send.data(), c, DataType::int32, to),
-                                         Communicator::recv_op(recv.data(), c, DataType::int32, from)};
+          std::vector<Transfer> ops{Communicator::send_op(send.data(), c, DataType::int32, to),
+                                    Communicator::recv_op(recv.data(), c, DataType::int32, from)};
           w.comm.send_recv(std::move(ops));
           break;
         }
@@ -238,7 +239,7 @@ int run_abort(Worker& w) {
     std::fflush(stdout);
     w.comm.abort();
     std::printf("aborted after %.3f s\n", since(start));
-    std::error_code ec;
+    boost::system::error_code ec;
     std::int32_t one = 1, sum = 0;
     other_handle.all_reduce(&one, &sum, 1, DataType::int32, ReduceOp::sum, ec);
     if (ec != make_error_code(errc::aborted))
@@ -374,8 +375,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 1023;
     Bytes send(count * 4), recv(count * 4);
     fill_reduce(DataType::float32, ReduceOp::sum, me, salt, send.data(), 0, count);
-    std::error_code ec = co_await comm.async_all_reduce(
-        send.data(), recv.data(), count, DataType::float32, ReduceOp::sum, asio::use_awaitable);
+    auto [ec] = co_await comm.async_all_reduce(send.data(), recv.data(), count, DataType::float32,
+                                               ReduceOp::sum, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "all_reduce", ec);
     const Bytes want = reduce_reference(DataType::float32, ReduceOp::sum, n, salt, 0, count);
     w->expect_equal(describe("async_all_reduce", DataType::float32, ReduceOp::sum, count),
@@ -385,8 +386,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 100003;
     Bytes buf(count * 4);
     fill_reduce(DataType::int32, ReduceOp::max, me, salt + 1, buf.data(), 0, count);
-    std::error_code ec = co_await comm.async_all_reduce(
-        buf.data(), buf.data(), count, DataType::int32, ReduceOp::max, asio::use_awaitable);
+    auto [ec] = co_await comm.async_all_reduce(buf.data(), buf.data(), count, DataType::int32,
+                                               ReduceOp::max, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "all_reduce in place", ec);
     const Bytes want = reduce_reference(DataType::int32, ReduceOp::max, n, salt + 1, 0, count);
     w->expect_equal(describe("async_all_reduce", DataType::int32, ReduceOp::max, count, "in_place"),
@@ -396,8 +397,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 4097;
     Bytes data(count), recv(count);
     fill_copy(n - 1, salt, data.data(), 0, count);
-    std::error_code ec = co_await comm.async_broadcast(data.data(), recv.data(), count,
-                                                       DataType::uint8, n - 1, asio::use_awaitable);
+    auto [ec] = co_await comm.async_broadcast(data.data(), recv.data(), count, DataType::uint8,
+                                              n - 1, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "broadcast", ec);
     w->expect_equal(describe("async_broadcast", DataType::uint8, ReduceOp::sum, count),
                     DataType::uint8, recv.data(), data.data(), count);
@@ -406,8 +407,9 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     const std::size_t count = 1023;
     Bytes send(count * n * 2), recv(count * 2);
     fill_reduce(DataType::float16, ReduceOp::avg, me, salt, send.data(), 0, count * n);
-    std::error_code ec = co_await comm.async_reduce_scatter(
-        send.data(), recv.data(), count, DataType::float16, ReduceOp::avg, asio::use_awaitable);
+    auto [ec] =
+        co_await comm.async_reduce_scatter(send.data(), recv.data(), count, DataType::float16,
+                                           ReduceOp::avg, asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "reduce_scatter", ec);
     const Bytes want =
         reduce_reference(DataType::float16, ReduceOp::avg, n, salt, me * count, count);
@@ -417,8 +419,8 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
   {
     std::vector<std::int32_t> all(n);
     const std::int32_t mine = me * 10;
-    std::error_code ec =
-        co_await comm.async_all_gather(&mine, all.data(), 1, DataType::int32, asio::use_awaitable);
+    auto [ec] = co_await comm.async_all_gather(&mine, all.data(), 1, DataType::int32,
+                                               asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "all_gather", ec);
     for (int r = 0; r < n; ++r)
       if (all[r] != r * 10) w->fail("async_all_gather", "rank " + std::to_string(r) + " wrong");
@@ -429,17 +431,17 @@ asio::awaitable<void> async_round(Worker* w, std::uint64_t salt) {
     Bytes out(count * 8), in(count * 8);
     fill_copy(me, salt, out.data(), 0, out.size());
     // Built outside the co_await: GCC 12 rejects an initializer list inside it.
-    std::vector<detail::P2POp> ops;
+    std::vector<Transfer> ops;
     ops.push_back(Communicator::send_op(out.data(), count, DataType::float64, next));
     ops.push_back(Communicator::recv_op(in.data(), count, DataType::float64, prev));
-    std::error_code ec = co_await comm.async_send_recv(std::move(ops), asio::use_awaitable);
+    auto [ec] = co_await comm.async_send_recv(std::move(ops), asio::as_tuple(asio::use_awaitable));
     check_ec(*w, "send_recv", ec);
     Bytes want(count * 8);
     fill_copy(prev, salt, want.data(), 0, want.size());
     w->expect_equal(describe("async_send_recv", DataType::float64, ReduceOp::sum, count, "ring"),
                     DataType::float64, in.data(), want.data(), count);
   }
-  std::error_code ec = co_await comm.async_barrier(asio::use_awaitable);
+  auto [ec] = co_await comm.async_barrier(asio::as_tuple(asio::use_awaitable));
   check_ec(*w, "barrier", ec);
 }
 

@@ -57,7 +57,7 @@ struct Registered {
     const int n = w.n, me = w.rank;
     const std::uint64_t s = ++salt;
     std::vector<Bytes> out(n), in(n);
-    std::vector<detail::P2POp> ops;
+    std::vector<Transfer> ops;
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       out[p] = data_of(me, s + p, 0, total);

@@ -38,7 +38,7 @@ std::error_code code_of(const std::function<void()>& f) {
 // A valid all_reduce on this rank; true if it produced the sum over `nranks` ranks.
 bool all_reduce_works(Communicator& c, int nranks) {
   std::int32_t in[4] = {1, 2, 3, 4}, out[4] = {};
-  std::error_code ec;
+  boost::system::error_code ec;
   c.all_reduce(in, out, 4, DataType::int32, ReduceOp::sum, ec);
   if (ec) return false;
   for (int i = 0; i < 4; ++i)
@@ -86,7 +86,7 @@ float buf_a[64], buf_b[64];
 
 TEST_P(BadArgs, NullSendBufferWithCount) {
   expect_invalid([](Communicator& c) {
-    std::error_code ec;
+    boost::system::error_code ec;
     c.all_reduce(nullptr, buf_b, 4, DataType::float32, ReduceOp::sum, ec);
     return ec;
   });
@@ -94,7 +94,7 @@ TEST_P(BadArgs, NullSendBufferWithCount) {
 
 TEST_P(BadArgs, NullRecvBufferWithCount) {
   expect_invalid([](Communicator& c) {
-    std::error_code ec;
+    boost::system::error_code ec;
     c.all_reduce(buf_a, nullptr, 4, DataType::float32, ReduceOp::sum, ec);
     return ec;
   });
@@ -120,7 +120,7 @@ TEST_P(BadArgs, NullBufferOfASend) {
 
 TEST_P(BadArgs, AllReduceCountOverflow) {
   expect_invalid([](Communicator& c) {
-    std::error_code ec;
+    boost::system::error_code ec;
     c.all_reduce(buf_a, buf_b, huge, DataType::float32, ReduceOp::sum, ec);
     return ec;
   });
@@ -128,7 +128,7 @@ TEST_P(BadArgs, AllReduceCountOverflow) {
 
 TEST_P(BadArgs, AllReduceCountOverflowOfBytes) {
   expect_invalid([](Communicator& c) {
-    std::error_code ec;
+    boost::system::error_code ec;
     c.all_reduce(buf_a, buf_b, huge / 4 + 1, DataType::float32, ReduceOp::sum, ec);
     return ec;
   });
@@ -156,7 +156,7 @@ TEST_P(BadArgs, SendCountOverflow) {
 
 TEST_P(BadArgs, UnknownDataType) {
   expect_invalid([](Communicator& c) {
-    std::error_code ec;
+    boost::system::error_code ec;
     c.all_reduce(buf_a, buf_b, 4, bad_type, ReduceOp::sum, ec);
     return ec;
   });
@@ -175,7 +175,7 @@ TEST_P(BadArgs, UnknownDataTypeOfASend) {
 
 TEST_P(BadArgs, UnknownReduceOp) {
   expect_invalid([](Communicator& c) {
-    std::error_code ec;
+    boost::system::error_code ec;
     c.all_reduce(buf_a, buf_b, 4, DataType::float32, bad_op, ec);
     return ec;
   });
@@ -369,7 +369,7 @@ TEST(UseAfterDestroy, OperationOnACopyFailsWithAborted) {
   Communicator c = Communicator::create(UniqueId::create(), 0, 1);
   Communicator copy = c;
   c.destroy();
-  std::error_code ec;
+  boost::system::error_code ec;
   copy.all_reduce(buf_a, buf_b, 4, DataType::float32, ReduceOp::sum, ec);
   EXPECT_EQ(ec, errc::aborted);
 }
@@ -386,14 +386,14 @@ TEST(UseAfterDestroy, DestroyedHandleIsEmptyAndFailsWithAborted) {
   Communicator c = Communicator::create(UniqueId::create(), 0, 1);
   c.destroy();
   EXPECT_FALSE(c);
-  std::error_code ec;
+  boost::system::error_code ec;
   c.all_reduce(buf_a, buf_b, 4, DataType::float32, ReduceOp::sum, ec);
   EXPECT_EQ(ec, errc::aborted);
 }
 
 TEST(UseAfterDestroy, OperationOnACopyFailsWithAbortedOnTwoRanks) {
   UniqueId id = UniqueId::create();
-  std::vector<std::error_code> got(2);
+  std::vector<boost::system::error_code> got(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
@@ -418,7 +418,7 @@ TEST(UseAfterDestroy, DestroyingTwiceIsHarmless) {
 
 TEST(EmptyCommunicator, OperationsFailWithAborted) {
   Communicator c;
-  std::error_code ec;
+  boost::system::error_code ec;
   c.all_reduce(buf_a, buf_b, 1, DataType::float32, ReduceOp::sum, ec);
   EXPECT_EQ(ec, errc::aborted);
 }

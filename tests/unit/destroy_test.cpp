@@ -18,7 +18,7 @@ TEST(Destroy, RightAfterACollectiveDoesNotFailTheSlowerPeer) {
   constexpr int rounds = 1000;
   for (int round = 0; round < rounds; ++round) {
     UniqueId id = UniqueId::create();
-    std::vector<std::error_code> ec(2);
+    std::vector<boost::system::error_code> ec(2);
     std::vector<std::string> why(2);
     std::vector<std::thread> threads;
     for (int r = 0; r < 2; ++r)

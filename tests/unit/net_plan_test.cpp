@@ -36,10 +36,10 @@ void run_round(const std::vector<OpArgs>& ops, const std::vector<bool>& active) 
   ASSERT_LT(first, n);
   const OpKind kind = ops[first].kind;
   if (kind == OpKind::p2p) {
-    std::map<std::pair<int, int>, std::vector<const P2POp*>> sends, recvs;
+    std::map<std::pair<int, int>, std::vector<const Transfer*>> sends, recvs;
     for (int r = 0; r < n; ++r)
       if (active[r])
-        for (const P2POp& o : ops[r].p2p)
+        for (const Transfer& o : ops[r].p2p)
           (o.is_send ? sends[{r, o.peer}] : recvs[{o.peer, r}]).push_back(&o);
     for (auto& [pair, list] : sends) {
       auto& match = recvs[pair];
@@ -248,8 +248,10 @@ TEST(NetPlan, RandomSendRecvGroupsPairEqualRoundsOnBothSides) {
       sent[t].resize(x.bytes);
       for (auto& b : sent[t]) b = static_cast<char>(rng());
       got[t].assign(x.bytes, 0);
-      args[x.src].p2p.push_back(P2POp{true, sent[t].data(), x.bytes, DataType::int8, x.dst});
-      args[x.dst].p2p.push_back(P2POp{false, got[t].data(), x.bytes, DataType::int8, x.src});
+      args[x.src].p2p.push_back(
+          coccl::Transfer{true, sent[t].data(), x.bytes, DataType::int8, x.dst});
+      args[x.dst].p2p.push_back(
+          coccl::Transfer{false, got[t].data(), x.bytes, DataType::int8, x.src});
     }
     SCOPED_TRACE("trial " + std::to_string(trial));
     follow(args, 2 * 64 * static_cast<std::size_t>(n));
@@ -344,7 +346,7 @@ TEST(NetPlan, TooManyTransfersOneWayAreUnsupported) {
   OpArgs a;
   a.kind = OpKind::p2p;
   for (int i = 0; i <= kernels::net_max_segs; ++i)
-    a.p2p.push_back(P2POp{true, b.data(), 8, DataType::int8, 1});
+    a.p2p.push_back(Transfer{true, b.data(), 8, DataType::int8, 1});
   kernels::NetPlan p;
   EXPECT_EQ(make_net_plan(a, 0, 2, 4096, p), make_error_code(errc::unsupported));
   a.p2p.pop_back();
@@ -355,8 +357,8 @@ TEST(NetPlan, TooManyTransfersOneWayAreUnsupported) {
 TEST(NetPlan, AGroupWithOnlyEmptyTransfersHasNoRounds) {
   OpArgs a;
   a.kind = OpKind::p2p;
-  a.p2p.push_back(P2POp{true, nullptr, 0, DataType::int8, 1});
-  a.p2p.push_back(P2POp{false, nullptr, 0, DataType::int8, 1});
+  a.p2p.push_back(Transfer{true, nullptr, 0, DataType::int8, 1});
+  a.p2p.push_back(Transfer{false, nullptr, 0, DataType::int8, 1});
   kernels::NetPlan p;
   EXPECT_FALSE(make_net_plan(a, 0, 2, 4096, p));
   EXPECT_EQ(p.rounds, 0u);
