@@ -1721,8 +1721,7 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
 namespace {
 
 // One question and its answer on a fresh authenticated connection, all before `until`.
-asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep,
-                           const Secret& secret, std::size_t max_answer,
+asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Secret secret, std::size_t max_answer,
                            std::chrono::steady_clock::time_point until) {
   auto sock = co_await transport::dial(ex, ep, until);
   auto left = std::max<std::chrono::steady_clock::duration>(
@@ -1753,7 +1752,7 @@ asio::awaitable<RootView> query_root(asio::any_io_executor ex, const RootAddress
 }
 
 asio::awaitable<std::vector<std::uint8_t>> query_rank(asio::any_io_executor ex,
-                                                      const PeerInfo& peer, const Secret& secret,
+                                                      const PeerInfo& peer, Secret secret,
                                                       std::chrono::steady_clock::time_point until) {
   Frame f = co_await ask(ex, peer.endpoint(), secret, max_status_frame, until);
   co_return std::move(f.payload);

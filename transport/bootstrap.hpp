@@ -79,7 +79,7 @@ asio::awaitable<RootView> query_root(asio::any_io_executor ex, const RootAddress
 /// Asks the rank listening at `peer` for its status (the bytes its Peers' status source gives;
 /// empty while it has not joined yet). Throws as query_root.
 asio::awaitable<std::vector<std::uint8_t>> query_rank(asio::any_io_executor ex,
-                                                      const PeerInfo& peer, const Secret& secret,
+                                                      const PeerInfo& peer, Secret secret,
                                                       std::chrono::steady_clock::time_point until);
 
 /// Largest status answer a rank sends and a query accepts.

@@ -139,7 +139,7 @@ Channel Channel::dialler_side(const Secret& secret, const Nonce& mine,
   return Channel(key, true);
 }
 
-asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, const Secret& secret) {
+asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, Secret secret) {
   Nonce mine;
   detail::random_bytes(mine);
   std::array<std::uint8_t, dialler_hello_size> hello = dialler_hello(mine);
@@ -149,7 +149,7 @@ asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, const 
   co_return dialler_side(secret, mine, answer);
 }
 
-asio::awaitable<Channel> Channel::respond(asio::ip::tcp::socket& socket, const Secret& secret) {
+asio::awaitable<Channel> Channel::respond(asio::ip::tcp::socket& socket, Secret secret) {
   std::array<std::uint8_t, dialler_hello_size> hello{};
   // Magic and version first, so that a stranger writing anything else is dropped at once.
   co_await asio::async_read(socket, asio::buffer(hello.data(), 8), asio::use_awaitable);

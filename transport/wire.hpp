@@ -69,12 +69,13 @@ class Channel {
 
   /// The dialler's side: sends its nonce, reads the listener's and checks the listener's proof.
   /// Throws std::system_error(errc::bad_message) when the listener does not know the secret, and
-  /// boost::system::system_error on socket errors.
-  static asio::awaitable<Channel> initiate(asio::ip::tcp::socket& socket, const Secret& secret);
+  /// boost::system::system_error on socket errors. Both sides copy the secret: the handshake may
+  /// outlive its caller's object (a listener destroyed while a stranger's hello is in flight).
+  static asio::awaitable<Channel> initiate(asio::ip::tcp::socket& socket, Secret secret);
   /// The listener's side: reads the dialler's nonce (a fixed, small number of bytes), answers with
   /// its own nonce and proof. The dialler has proved nothing yet: the first frame read on the
   /// channel authenticates it.
-  static asio::awaitable<Channel> respond(asio::ip::tcp::socket& socket, const Secret& secret);
+  static asio::awaitable<Channel> respond(asio::ip::tcp::socket& socket, Secret secret);
 
   /// The dialler's hello for its nonce `mine`.
   static std::array<std::uint8_t, dialler_hello_size> dialler_hello(const Nonce& mine);
