@@ -7,7 +7,7 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/communicator.hpp>
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <deque>
 #include <functional>
 #include <memory>

@@ -1,7 +1,7 @@
 #include "collectives/device_budget.hpp"
 
 #include <algorithm>
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <limits>
 
 namespace coccl::detail {

@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <mutex>
 #include <set>
 #include <utility>

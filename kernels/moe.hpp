@@ -19,7 +19,7 @@
 // stream has been synchronised.
 #pragma once
 
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <coccl/types.hpp>
 #include <cstddef>
 #include <cstdint>

@@ -18,7 +18,7 @@
 //   ordered pair of ranks moves its transfers in the same rounds on both sides.
 #pragma once
 
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <cstddef>
 #include <cstdint>
 

@@ -17,9 +17,6 @@ config::Param<std::string> algo{
     "direct, ring or bruck; reduce_scatter direct, ring or rd; broadcast and reduce chain or "
     "tree; device collectives across hosts flat or hierarchical",
     "NCCL_ALGO"};
-config::Param<std::string> proto{"COCCL_PROTO", "",
-                                 "force a device protocol: LL or Simple (empty: choose by size)",
-                                 "NCCL_PROTO"};
 config::Param<std::string> transport{
     "COCCL_TRANSPORT", "auto",
     "transport between ranks: auto (shm on one host, tcp across hosts), tcp, shm or ib (RDMA "

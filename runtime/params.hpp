@@ -11,7 +11,6 @@ namespace coccl::params {
 extern config::Param<double> timeout_s;             // COCCL_TIMEOUT
 extern config::Param<std::string> socket_ifname;    // COCCL_SOCKET_IFNAME
 extern config::Param<std::string> algo;             // COCCL_ALGO
-extern config::Param<std::string> proto;            // COCCL_PROTO
 extern config::Param<std::string> transport;        // COCCL_TRANSPORT
 extern config::Param<bool> shm_disable;             // COCCL_SHM_DISABLE
 extern config::Param<std::string> shm_dir;          // COCCL_SHM_DIR

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include <coccl/device.hpp>
+#include "kernels/device.hpp"
 #include <vector>
 
 namespace coccl::detail {
