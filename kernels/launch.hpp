@@ -20,10 +20,11 @@
 // 1..device::max_blocks, and it must be the same on every rank.
 #pragma once
 
-#include "kernels/device.hpp"
 #include <coccl/types.hpp>
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/device.hpp"
 
 struct CUstream_st;
 

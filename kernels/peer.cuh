@@ -18,11 +18,11 @@
 // last use of the same parity.
 #pragma once
 
-#include "kernels/device.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
+#include "kernels/device.hpp"
 #include "memory.cuh"
 
 namespace coccl::kernels::detail {

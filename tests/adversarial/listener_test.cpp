@@ -65,8 +65,8 @@ TEST(Listener, FloodAnnouncing64MiBFramesCostsBoundedMemoryAndTheJobStillRuns) {
   auto flood = connect_many(io, job.listener(1), legacy + forged);
   for (int i = 0; i < legacy + forged; ++i) {
     if (i >= legacy) open_handshake(*flood[i]);
-    auto bytes = i < legacy ? legacy_header_announcing(64u << 20)
-                            : forged_header_announcing(64u << 20);
+    auto bytes =
+        i < legacy ? legacy_header_announcing(64u << 20) : forged_header_announcing(64u << 20);
     asio::write(*flood[i], asio::buffer(bytes));
   }
   // Each connection is refused on its header; none waits for the 64 MiB it announced.
@@ -74,7 +74,8 @@ TEST(Listener, FloodAnnouncing64MiBFramesCostsBoundedMemoryAndTheJobStillRuns) {
   const std::size_t after = resident_bytes();
   EXPECT_LT(after, before + (32u << 20)) << "VmRSS grew from " << before << " to " << after;
   auto results = job.all_reduce();
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
 }
 
 TEST(Listener, IdleConnectionsBeyondTheCapAreClosedAndTheJobStillRuns) {
@@ -89,7 +90,8 @@ TEST(Listener, IdleConnectionsBeyondTheCapAreClosedAndTheJobStillRuns) {
   // 32 make room for newer ones at once; the last 8 go when their second to authenticate ends.
   EXPECT_EQ(count_closed(io, conns, 10s), idle);
   auto results = job.all_reduce();
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
 }
 
 TEST(Listener, ConnectionsOverTheCapDoNotLockOutAnHonestRank) {
@@ -101,7 +103,8 @@ TEST(Listener, ConnectionsOverTheCapDoNotLockOutAnHonestRank) {
   // Held open for the whole operation: the honest rank's dial still gets in, evicting one.
   auto conns = connect_many(io, job.listener(1), 16);
   auto results = job.all_reduce();
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
 }
 
 // Lowers this process's descriptor limit for one test and fills every free descriptor, so the
@@ -162,7 +165,8 @@ TEST(AcceptLoop, RootKeepsAcceptingAfterRunningOutOfDescriptors) {
   ASSERT_FALSE(job.formed_error(0)) << job.formed_error(0).message();
   ASSERT_FALSE(job.formed_error(1)) << job.formed_error(1).message();
   auto results = job.all_reduce();
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
 }
 
 TEST(AcceptLoop, RankListenerKeepsAcceptingAfterRunningOutOfDescriptors) {
@@ -175,7 +179,8 @@ TEST(AcceptLoop, RankListenerKeepsAcceptingAfterRunningOutOfDescriptors) {
     std::this_thread::sleep_for(300ms);
   }
   auto results = job.all_reduce();
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
 }
 
 TEST(AcceptLoop, RunningOutOfDescriptorsWhenDiallingIsALocalErrorNotALostPeer) {
@@ -211,13 +216,13 @@ TEST(Dial, ARefusingAddressFailsWithTimedOutNamingIt) {
     asio::io_context io;
     std::exception_ptr error;
     bool done = false;
-    asio::co_spawn(io,
-                   transport::dial(io.get_executor(), ep,
-                                   std::chrono::steady_clock::now() + 50ms + i * 1ms),
-                   [&](std::exception_ptr e, std::shared_ptr<tcp::socket>) {
-                     error = e;
-                     done = true;
-                   });
+    asio::co_spawn(
+        io,
+        transport::dial(io.get_executor(), ep, std::chrono::steady_clock::now() + 50ms + i * 1ms),
+        [&](std::exception_ptr e, std::shared_ptr<tcp::socket>) {
+          error = e;
+          done = true;
+        });
     io.run_for(10s);
     ASSERT_TRUE(done);
     ASSERT_TRUE(error);
