@@ -753,7 +753,8 @@ Task reduce_scatter_ring(Op& op) {
     const int out = (r - s - 1 + n) % n, in = (r - s - 2 + 2 * n) % n;
     std::vector<Task> tasks;
     tasks.push_back(op.send(right, part.data() + out * a.count * e, a.count));
-    tasks.push_back(ring_reduce_recv(op, left, part.data(), Range{in * a.count, (in + 1) * a.count}));
+    tasks.push_back(
+        ring_reduce_recv(op, left, part.data(), Range{in * a.count, (in + 1) * a.count}));
     co_await all_of(std::move(tasks));
   }
   if (a.count) std::memcpy(a.recv, part.data() + r * a.count * e, a.count * e);

@@ -22,7 +22,9 @@ namespace coccl {
 
 namespace asio = boost::asio;
 
-int runtime_version() noexcept { return version_major * 10000 + version_minor * 100 + version_patch; }
+int runtime_version() noexcept {
+  return version_major * 10000 + version_minor * 100 + version_patch;
+}
 
 namespace {
 
@@ -69,9 +71,9 @@ std::string UniqueId::to_string() const {
 
 UniqueId UniqueId::from_address(std::string_view host_port, std::string_view secret_hex) {
   if (secret_hex.size() != 32)
-    throw std::system_error(make_error_code(errc::invalid_argument),
-                            "a secret is 32 hex digits, not " + std::to_string(secret_hex.size()) +
-                                " characters");
+    throw std::system_error(
+        make_error_code(errc::invalid_argument),
+        "a secret is 32 hex digits, not " + std::to_string(secret_hex.size()) + " characters");
   transport::RootAddress root;
   root.endpoint = transport::parse_endpoint(std::string(host_port));
   const UniqueId digits = from_string(std::string(secret_hex) + std::string(224, '0'));
@@ -267,8 +269,7 @@ void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
   try {
     if (nranks <= 0) invalid("nranks must be positive, got " + std::to_string(nranks));
     if (rank < 0 || rank >= nranks)
-      invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) +
-              ")");
+      invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) + ")");
     if (options.timeout.count() < 0) invalid("Options::timeout must not be negative");
     if (ids.empty() || ids.size() > static_cast<std::size_t>(nranks))
       invalid("1 to nranks (" + std::to_string(nranks) + ") ids are usable, got " +
@@ -434,12 +435,14 @@ Communicator Communicator::from_env() {
     // An agreed address: rank 0 hosts the root there. Nothing public may stand in for the
     // secret, so it must be given.
     if (rank < 0 || size <= 0)
-      invalid("COCCL_COMM_ID is set but the rank is unknown: set RANK and WORLD_SIZE, or run "
-              "under mpirun or srun");
+      invalid(
+          "COCCL_COMM_ID is set but the rank is unknown: set RANK and WORLD_SIZE, or run "
+          "under mpirun or srun");
     const std::string secret_hex = params::secret.get();
     if (secret_hex.size() != 32)
-      invalid("COCCL_COMM_ID needs COCCL_SECRET (32 random hex digits shared by every rank); "
-              "under torchrun, leave COCCL_COMM_ID unset and the launcher's store is used");
+      invalid(
+          "COCCL_COMM_ID needs COCCL_SECRET (32 random hex digits shared by every rank); "
+          "under torchrun, leave COCCL_COMM_ID unset and the launcher's store is used");
     const UniqueId id = UniqueId::from_address(where, secret_hex);
     const transport::RootAddress root = transport::decode(id);
     if (rank == 0) {
@@ -458,7 +461,8 @@ Communicator Communicator::from_env() {
     // (root address and secret) there; the others read it.
     if (rank < 0 || size <= 0) invalid("MASTER_ADDR is set but RANK or WORLD_SIZE is not");
     const int port = env_int("MASTER_PORT", -1);
-    if (port <= 0 || port > 65535) invalid(std::string("MASTER_PORT is not a port: ") + master_port);
+    if (port <= 0 || port > 65535)
+      invalid(std::string("MASTER_PORT is not a port: ") + master_port);
     transport::TcpStoreClient store(master_addr, static_cast<std::uint16_t>(port),
                                     launcher_timeout());
     const std::string key = launcher_key(call);
@@ -492,9 +496,10 @@ Communicator Communicator::from_env() {
     return create(id, rank, size);
   }
 
-  invalid("no launcher found: run under torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), "
-          "under mpirun or srun with PMIx, or set COCCL_COMM_ID=host:port and COCCL_SECRET with "
-          "RANK and WORLD_SIZE");
+  invalid(
+      "no launcher found: run under torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), "
+      "under mpirun or srun with PMIx, or set COCCL_COMM_ID=host:port and COCCL_SECRET with "
+      "RANK and WORLD_SIZE");
 }
 
 int Communicator::rank() const {
@@ -526,7 +531,9 @@ std::uint64_t Communicator::zero_copy_bytes() const {
   return impl_->user_buffers()->zero_copy_bytes();
 }
 
-std::string Communicator::last_error() const { return impl_ ? impl_->last_error() : "empty communicator"; }
+std::string Communicator::last_error() const {
+  return impl_ ? impl_->last_error() : "empty communicator";
+}
 
 CommStatus Communicator::status() const {
   if (!impl_)

@@ -28,8 +28,7 @@ std::string CollTrace::json(int rank) const {
   for (std::size_t i = 0; i < n; ++i) {
     const Entry& e = ring_[(recorded_ - n + i) % ring_.size()];
     auto end = e.state == State::started ? now : e.ended;
-    long long us =
-        std::chrono::duration_cast<std::chrono::microseconds>(end - e.started).count();
+    long long us = std::chrono::duration_cast<std::chrono::microseconds>(end - e.started).count();
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "%s{\"seq\":%llu,\"op\":\"%s\",\"count\":%zu,\"type\":%d,\"root\":%d,"
@@ -54,8 +53,8 @@ std::vector<TraceEntry> CollTrace::entries() const {
     t.count = e.count;
     t.type = e.type;
     t.root = e.root;
-    t.state = e.state == State::started ? TraceEntry::State::started
-              : e.state == State::done  ? TraceEntry::State::done
+    t.state = e.state == State::started  ? TraceEntry::State::started
+              : e.state == State::done   ? TraceEntry::State::done
               : e.state == State::failed ? TraceEntry::State::failed
                                          : TraceEntry::State::enqueued;
     const auto end = e.state == State::started ? now : e.ended;

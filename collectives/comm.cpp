@@ -1,15 +1,16 @@
 #include "collectives/comm.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cctype>
 #include <cstdio>
 #include <future>
-#include <unistd.h>
 
 #include "collectives/algorithms.hpp"
 #include "collectives/status_codec.hpp"
@@ -122,8 +123,8 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
 
 void CommImpl::learn_topology() {
   const auto& t = peers_->table();
-  one_host_ = std::all_of(t.begin(), t.end(),
-                          [&](const auto& p) { return p.host_hash == t[0].host_hash; });
+  one_host_ =
+      std::all_of(t.begin(), t.end(), [&](const auto& p) { return p.host_hash == t[0].host_hash; });
 }
 
 void CommImpl::arm_watchdog() {
@@ -176,14 +177,14 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
     return;
   }
   auto boxed = std::make_unique<OpHandler>(std::move(handler));
-  asio::post(ex_, [self = shared_from_this(), args = std::move(args),
-                   h = std::move(boxed)]() mutable {
-    if (self->closed_ || !self->peers_) {
-      self->complete(*h, make_error_code(errc::aborted));
-      return;
-    }
-    self->enqueue(std::move(args), std::move(*h));
-  });
+  asio::post(ex_,
+             [self = shared_from_this(), args = std::move(args), h = std::move(boxed)]() mutable {
+               if (self->closed_ || !self->peers_) {
+                 self->complete(*h, make_error_code(errc::aborted));
+                 return;
+               }
+               self->enqueue(std::move(args), std::move(*h));
+             });
 }
 
 void CommImpl::enqueue(OpArgs args, OpHandler handler) {

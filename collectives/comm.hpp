@@ -7,7 +7,6 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/communicator.hpp>
-#include <coccl/device.hpp>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -17,6 +16,7 @@
 
 #include "collectives/colltrace.hpp"
 #include "collectives/op_check.hpp"
+#include "kernels/device.hpp"
 #include "kernels/net.hpp"
 #include "runtime/engine.hpp"
 #include "transport/bootstrap.hpp"
@@ -161,7 +161,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::deque<Queued> queue_;
   bool draining_ = false;
   std::function<void()> after_drain_;  // destroy()'s close, once the queue has drained
-  bool closed_ = false;  // destroyed or aborted: no new operations
+  bool closed_ = false;                // destroyed or aborted: no new operations
   std::uint64_t seq_ = 0;
   std::uint64_t finished_ = 0;  // seq_ of the last operation that ended
   std::uint32_t fingerprint_ = 0;

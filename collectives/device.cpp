@@ -357,7 +357,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   st->ws.max_grid = block_budget(shares, static_cast<int>(params::device_comms.get()), dependent);
   kernels::set_dependent_launch(dependent);
   DeviceState* raw = st.get();
-  st->traced.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, params::colltrace_size.get())));
+  st->traced.resize(
+      static_cast<std::size_t>(std::max<std::int64_t>(0, params::colltrace_size.get())));
   c.set_device_trace([raw] { return device_trace(*raw); });
   c.set_device_status(st->status, [raw](std::uint64_t seq) {
     // A sequence number older than the ring (a graph captured long ago) has no name here.

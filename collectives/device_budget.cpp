@@ -1,8 +1,9 @@
 #include "collectives/device_budget.hpp"
 
 #include <algorithm>
-#include <coccl/device.hpp>
 #include <limits>
+
+#include "kernels/device.hpp"
 
 namespace coccl::detail {
 

@@ -6,8 +6,7 @@
 
 namespace coccl::detail {
 
-std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs&,
-                               cuda_stream) {
+std::error_code enqueue_device(const std::shared_ptr<CommImpl>& impl, const OpArgs&, cuda_stream) {
   COCCL_WARN(coll, impl ? impl->rank() : -1, "device collectives need a build with CUDA");
   return make_error_code(errc::unsupported);
 }

@@ -437,7 +437,7 @@ Dispatcher::Dispatcher(Dispatcher&&) noexcept = default;
 Dispatcher& Dispatcher::operator=(Dispatcher&&) noexcept = default;
 
 std::size_t Dispatcher::device_bytes_for(const DispatchConfig& config, int nranks,
-                                          bool across_hosts) {
+                                         bool across_hosts) {
   const kernels::moe::MoeShape shape = shape_of(config, nranks);
   return across_hosts ? checked_net_layout(shape).total : checked_layout(shape).total;
 }

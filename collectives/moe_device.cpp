@@ -368,8 +368,8 @@ void net_dispatch(NetDispatch& n, Communicator& comm, const void* x, int tokens,
   launched(k::net_dispatch_place(n.m, s), "dispatch");
 }
 
-void net_combine(NetDispatch& n, Communicator& comm, const void* y, const float* weights,
-                 void* out, int tokens, cuda_stream stream) {
+void net_combine(NetDispatch& n, Communicator& comm, const void* y, const float* weights, void* out,
+                 int tokens, cuda_stream stream) {
   namespace k = kernels::moe;
   on_device(n);
   auto* s = reinterpret_cast<CUstream_st*>(stream);

@@ -85,8 +85,8 @@ char* net_dispatch_base(NetDispatch& n) noexcept;
 /// reverse); throw std::system_error when a launch fails.
 void net_dispatch(NetDispatch& n, Communicator& comm, const void* x, int tokens,
                   const std::int32_t* topk_idx, cuda_stream stream);
-void net_combine(NetDispatch& n, Communicator& comm, const void* y, const float* weights,
-                 void* out, int tokens, cuda_stream stream);
+void net_combine(NetDispatch& n, Communicator& comm, const void* y, const float* weights, void* out,
+                 int tokens, cuda_stream stream);
 /// The communicator's error if it failed (every time), else the error words, cleared.
 std::error_code take_net_dispatch_errors(NetDispatch& n, Communicator& comm, std::string* what);
 

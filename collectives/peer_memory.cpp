@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <coccl/device.hpp>
 #include <mutex>
 #include <set>
 #include <utility>
 
+#include "kernels/device.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/params.hpp"
 

@@ -368,7 +368,8 @@ void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclu
         // Joining builds the new communicator on a proxy thread and waits for that, which
         // this proxy thread must not do: join from the system pool instead.
         asio::post(asio::system_executor(), [box, plan] {
-          initiate_create(std::vector<UniqueId>{plan.id}, plan.rank, plan.nranks, CommunicatorOptions{}, std::move(*box));
+          initiate_create(std::vector<UniqueId>{plan.id}, plan.rank, plan.nranks,
+                          CommunicatorOptions{}, std::move(*box));
         });
       });
 }

@@ -1,10 +1,9 @@
-#include <coccl/error.hpp>
-#include <coccl/status.hpp>
-
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <coccl/error.hpp>
+#include <coccl/status.hpp>
 #include <cstdio>
 #include <map>
 #include <system_error>
@@ -19,11 +18,16 @@ namespace asio = boost::asio;
 
 const char* to_string(TraceEntry::State state) noexcept {
   switch (state) {
-    case TraceEntry::State::enqueued: return "enqueued";
-    case TraceEntry::State::started: return "started";
-    case TraceEntry::State::done: return "done";
-    case TraceEntry::State::failed: return "failed";
-    case TraceEntry::State::captured: return "captured";
+    case TraceEntry::State::enqueued:
+      return "enqueued";
+    case TraceEntry::State::started:
+      return "started";
+    case TraceEntry::State::done:
+      return "done";
+    case TraceEntry::State::failed:
+      return "failed";
+    case TraceEntry::State::captured:
+      return "captured";
   }
   return "unknown";
 }
@@ -70,21 +74,20 @@ std::string seconds(std::uint64_t us) {
 }  // namespace
 
 std::string CommStatus::json() const {
-  std::string out = "{\"rank\":" + std::to_string(rank) + ",\"nranks\":" + std::to_string(nranks) +
-                    ",\"pid\":" + std::to_string(pid) + ",\"name\":" + quoted(name) +
-                    ",\"error\":" + quoted(error) + ",\"started\":" + std::to_string(started) +
-                    ",\"finished\":" + std::to_string(finished) +
-                    ",\"running_op\":" + quoted(running_op) +
-                    ",\"running_us\":" + std::to_string(running_us) +
-                    ",\"waiting_for\":" + std::to_string(waiting_for) +
-                    ",\"waiting_us\":" + std::to_string(waiting_us) +
-                    ",\"queued\":" + std::to_string(queued) +
-                    ",\"links_open\":" + std::to_string(links_open) +
-                    ",\"links_opened\":" + std::to_string(links_opened) +
-                    ",\"links_closed_budget\":" + std::to_string(links_closed_budget) +
-                    ",\"links_closed_idle\":" + std::to_string(links_closed_idle) +
-                    ",\"ring_bytes\":" + std::to_string(ring_bytes) +
-                    ",\"mem_budget\":" + std::to_string(mem_budget) + ",\"trace\":[";
+  std::string out =
+      "{\"rank\":" + std::to_string(rank) + ",\"nranks\":" + std::to_string(nranks) +
+      ",\"pid\":" + std::to_string(pid) + ",\"name\":" + quoted(name) +
+      ",\"error\":" + quoted(error) + ",\"started\":" + std::to_string(started) +
+      ",\"finished\":" + std::to_string(finished) + ",\"running_op\":" + quoted(running_op) +
+      ",\"running_us\":" + std::to_string(running_us) +
+      ",\"waiting_for\":" + std::to_string(waiting_for) +
+      ",\"waiting_us\":" + std::to_string(waiting_us) + ",\"queued\":" + std::to_string(queued) +
+      ",\"links_open\":" + std::to_string(links_open) +
+      ",\"links_opened\":" + std::to_string(links_opened) +
+      ",\"links_closed_budget\":" + std::to_string(links_closed_budget) +
+      ",\"links_closed_idle\":" + std::to_string(links_closed_idle) +
+      ",\"ring_bytes\":" + std::to_string(ring_bytes) +
+      ",\"mem_budget\":" + std::to_string(mem_budget) + ",\"trace\":[";
   for (std::size_t i = 0; i < trace.size(); ++i) {
     const TraceEntry& e = trace[i];
     out += (i ? ",{" : "{");
@@ -145,11 +148,11 @@ std::string JobStatus::verdict() const {
   for (int r = 0; r < nranks; ++r)
     if (ranks[r]->started < newest && ranks[r]->started == ranks[r]->finished) behind.push_back(r);
   if (!behind.empty()) {
-    const CommStatus& ahead =
-        **std::find_if(ranks.begin(), ranks.end(), [&](const auto& s) { return s->started == newest; });
-    const std::string what = (ahead.running_op.empty() ? std::string("operation")
-                                                       : ahead.running_op) +
-                             " #" + std::to_string(newest);
+    const CommStatus& ahead = **std::find_if(ranks.begin(), ranks.end(),
+                                             [&](const auto& s) { return s->started == newest; });
+    const std::string what =
+        (ahead.running_op.empty() ? std::string("operation") : ahead.running_op) + " #" +
+        std::to_string(newest);
     return ranks_word(behind) + (behind.size() == 1 ? " has" : " have") + " not started " + what +
            " (last finished #" + std::to_string(ranks[behind.front()]->finished) +
            "), which the other ranks have";
@@ -157,7 +160,8 @@ std::string JobStatus::verdict() const {
   // All in the same operation: the longest wait, if any.
   int worst = -1;
   for (int r = 0; r < nranks; ++r)
-    if (ranks[r]->waiting_for >= 0 && (worst < 0 || ranks[r]->waiting_us > ranks[worst]->waiting_us))
+    if (ranks[r]->waiting_for >= 0 &&
+        (worst < 0 || ranks[r]->waiting_us > ranks[worst]->waiting_us))
       worst = r;
   if (worst >= 0)
     return "rank " + std::to_string(worst) + " has waited " + seconds(ranks[worst]->waiting_us) +
@@ -165,8 +169,9 @@ std::string JobStatus::verdict() const {
            ranks[worst]->running_op + " #" + std::to_string(ranks[worst]->started);
   bool idle = true;
   for (int r = 0; r < nranks; ++r) idle = idle && ranks[r]->started == ranks[r]->finished;
-  if (idle) return "all " + std::to_string(nranks) + " ranks are idle after operation #" +
-                   std::to_string(newest);
+  if (idle)
+    return "all " + std::to_string(nranks) + " ranks are idle after operation #" +
+           std::to_string(newest);
   return "all " + std::to_string(nranks) + " ranks run operation #" + std::to_string(newest) +
          ", none waiting";
 }

@@ -20,17 +20,28 @@ bool rooted(OpKind k) {
 
 const char* name_of(OpKind k) noexcept {
   switch (k) {
-    case OpKind::all_reduce: return "all_reduce";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::reduce: return "reduce";
-    case OpKind::all_gather: return "all_gather";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::all_to_all: return "all_to_all";
-    case OpKind::all_to_allv: return "all_to_allv";
-    case OpKind::gather: return "gather";
-    case OpKind::scatter: return "scatter";
-    case OpKind::p2p: return "send_recv";
-    case OpKind::barrier: return "barrier";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::broadcast:
+      return "broadcast";
+    case OpKind::reduce:
+      return "reduce";
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_to_all:
+      return "all_to_all";
+    case OpKind::all_to_allv:
+      return "all_to_allv";
+    case OpKind::gather:
+      return "gather";
+    case OpKind::scatter:
+      return "scatter";
+    case OpKind::p2p:
+      return "send_recv";
+    case OpKind::barrier:
+      return "barrier";
   }
   return "unknown";
 }
@@ -66,9 +77,8 @@ std::string validate(const OpArgs& a, int rank, int n) {
       return "counts and displacements need one entry per rank";
     bool any_send = false, any_recv = false;
     for (int p = 0; p < n; ++p) {
-      if (a.send_counts[p] > max / elt - a.send_displs[p] ||
-          a.send_displs[p] > max / elt || a.recv_displs[p] > max / elt ||
-          a.recv_counts[p] > max / elt - a.recv_displs[p])
+      if (a.send_counts[p] > max / elt - a.send_displs[p] || a.send_displs[p] > max / elt ||
+          a.recv_displs[p] > max / elt || a.recv_counts[p] > max / elt - a.recv_displs[p])
         return "count plus displacement overflows";
       any_send |= a.send_counts[p] != 0;
       any_recv |= a.recv_counts[p] != 0;

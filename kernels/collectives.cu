@@ -126,8 +126,9 @@ int reduce_scatter(const void* send, void* recv, std::size_t count, DataType typ
 
 int detail::load_collectives() {
   if (int rc = detail::load_peer_function(exchange_kernel)) return rc;
-  return detail::load_for_every_type(
-      [](auto codec) { return detail::load_peer_function(reduce_scatter_kernel<decltype(codec)>); });
+  return detail::load_for_every_type([](auto codec) {
+    return detail::load_peer_function(reduce_scatter_kernel<decltype(codec)>);
+  });
 }
 
 }  // namespace coccl::kernels

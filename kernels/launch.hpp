@@ -14,16 +14,17 @@
 // saturates to +-448. `avg` is sum followed by divide_by (integers truncate), done inside the
 // collectives and left to the caller in `reduce`.
 //
-// The peer collectives follow the memory contract of <coccl/device.hpp>: they write only into
+// The peer collectives follow the memory contract of "kernels/device.hpp": they write only into
 // the peers' workspaces and synchronise through flags there, with per-block epochs kept on the
 // device (so they can be captured into CUDA graphs). `nblocks` = 0 picks a default; otherwise
 // 1..device::max_blocks, and it must be the same on every rank.
 #pragma once
 
-#include <coccl/device.hpp>
 #include <coccl/types.hpp>
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/device.hpp"
 
 struct CUstream_st;
 

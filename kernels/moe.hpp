@@ -19,10 +19,11 @@
 // stream has been synchronised.
 #pragma once
 
-#include <coccl/device.hpp>
 #include <coccl/types.hpp>
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/device.hpp"
 
 struct CUstream_st;
 

@@ -167,9 +167,10 @@ __global__ void __launch_bounds__(threads)
 // Rows a source sent, from its count (which includes the head).
 __device__ __forceinline__ int staged_of(const P& p, const std::int64_t* counts, int q) {
   const std::int64_t r = counts[q] - static_cast<std::int64_t>(p.L.head);
-  return static_cast<int>(r < 0 ? 0 : (r > static_cast<std::int64_t>(p.L.rows_per_peer)
-                                           ? static_cast<std::int64_t>(p.L.rows_per_peer)
-                                           : r));
+  return static_cast<int>(r < 0 ? 0
+                                : (r > static_cast<std::int64_t>(p.L.rows_per_peer)
+                                       ? static_cast<std::int64_t>(p.L.rows_per_peer)
+                                       : r));
 }
 
 __global__ void __launch_bounds__(threads) place_kernel(P p) {
@@ -381,7 +382,8 @@ int net_combine_sum(const NetMoe& m, const float* weights, void* out, int tokens
       (tokens > 0 && (weights == nullptr || out == nullptr || !aligned16(out))))
     return cudaErrorInvalidValue;
   const std::size_t work = static_cast<std::size_t>(tokens) * (p.row_bytes / 16);
-  const unsigned grid = detail::blocks_for((work + threads - 1) / threads, 0, static_cast<int>(4 * max_grid));
+  const unsigned grid =
+      detail::blocks_for((work + threads - 1) / threads, 0, static_cast<int>(4 * max_grid));
   auto launch = [&](auto codec) {
     combine_sum_kernel<decltype(codec)>
         <<<grid, threads, 0, stream>>>(p, weights, static_cast<char*>(out), tokens);

@@ -58,12 +58,12 @@ struct NetMoeLayout {
 
 /// The int64 count arrays of the buffer (each nranks long), in elements.
 enum count_array : int {
-  dispatch_send = 0,   // written by net_dispatch_pack
-  dispatch_recv = 1,   // written by the network all_to_allv
-  segment_start = 2,   // q * per_peer: where each peer's segment starts (set once by the host)
-  combine_send = 3,    // written by net_combine_pack
-  combine_recv = 4,    // written by the network all_to_allv
-  rows_start = 5,      // q * per_peer + head: where each peer's rows start (set once by the host)
+  dispatch_send = 0,  // written by net_dispatch_pack
+  dispatch_recv = 1,  // written by the network all_to_allv
+  segment_start = 2,  // q * per_peer: where each peer's segment starts (set once by the host)
+  combine_send = 3,   // written by net_combine_pack
+  combine_recv = 4,   // written by the network all_to_allv
+  rows_start = 5,     // q * per_peer + head: where each peer's rows start (set once by the host)
   counts_arrays = 6,
 };
 

@@ -265,8 +265,8 @@ int net_all_to_allv(const NetA2av& a, const NetChannel& ch, std::uint64_t chunk,
   if (a.nranks < 1 || a.nranks > net_max_segs || chunk == 0 || chunk % 64 != 0 ||
       ch.stage == nullptr || ch.box == nullptr || ch.counters == nullptr || ch.status == nullptr ||
       ch.slots < 2 || ch.slots > static_cast<std::uint32_t>(net_max_slots) || max_grid < 1 ||
-      a.send_counts == nullptr || a.recv_counts == nullptr ||
-      a.elem_bytes == 0 || static_cast<std::uint64_t>(a.nranks) * 8 > ch.slot_bytes)
+      a.send_counts == nullptr || a.recv_counts == nullptr || a.elem_bytes == 0 ||
+      static_cast<std::uint64_t>(a.nranks) * 8 > ch.slot_bytes)
     return cudaErrorInvalidValue;
   // The counts are known only on the device: a block per 256 KiB of the most a round can carry.
   const std::uint64_t most = chunk * static_cast<std::uint64_t>(a.nranks);

@@ -18,9 +18,10 @@
 //   ordered pair of ranks moves its transfers in the same rounds on both sides.
 #pragma once
 
-#include <coccl/device.hpp>
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/device.hpp"
 
 #if defined(__CUDACC__)
 #define COCCL_HD __host__ __device__ __forceinline__
@@ -144,8 +145,8 @@ struct NetA2av {
   bool counts64;
   std::uint64_t max_count;
   std::uint32_t elem_bytes;  // any size: an element may be a whole record (moe::Dispatcher)
-  std::int32_t nranks;  // at most net_max_segs
-  unsigned* errors;     // device pointer of host-mapped words (moe::error_kind), may be null
+  std::int32_t nranks;       // at most net_max_segs
+  unsigned* errors;          // device pointer of host-mapped words (moe::error_kind), may be null
 };
 
 /// The pairs plan of an all_to_allv of `n` ranks from its clamped counts (elements) and element

@@ -1,6 +1,6 @@
 // kernels/peer.cuh: the workspace layout and the device-side synchronisation between ranks.
 //
-// Workspace of every rank (see <coccl/device.hpp>):
+// Workspace of every rank (see "kernels/device.hpp"):
 //   [0, 4 KiB)          epoch[b]: block b's epoch, read and written only by this rank's block b
 //   [4 KiB, 8 KiB)      flag[b][src]: the last epoch rank src's block b signalled to us
 //   [8 KiB, ...)        point-to-point pair counters (kernels/p2p.cu), apart from the epochs
@@ -18,11 +18,11 @@
 // last use of the same parity.
 #pragma once
 
-#include <coccl/device.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
+#include "kernels/device.hpp"
 #include "memory.cuh"
 
 namespace coccl::kernels::detail {

@@ -122,9 +122,8 @@ int from_root(const void* send, void* recv, std::size_t nbytes, bool scatter, in
   const std::size_t stride = scatter ? nbytes : 0;
   const int gs = is_root ? detail::granularity(send, scatter ? nbytes : 16) : 16;
   const int gr = detail::granularity(recv);
-  return detail::launch_peer_kernel(from_root_kernel, grid, stream,
-                                    static_cast<const char*>(send), static_cast<char*>(recv),
-                                    nbytes, stride, root, p, gs, gr);
+  return detail::launch_peer_kernel(from_root_kernel, grid, stream, static_cast<const char*>(send),
+                                    static_cast<char*>(recv), nbytes, stride, root, p, gs, gr);
 }
 
 }  // namespace

@@ -41,10 +41,14 @@ std::optional<std::int64_t> parse(std::string_view s, std::int64_t*) {
   // Byte sizes are commonly written with a K/M/G suffix, as in nccl-tests.
   std::string_view rest(end);
   long long mul = 1;
-  if (rest == "K" || rest == "k") mul = 1LL << 10;
-  else if (rest == "M" || rest == "m") mul = 1LL << 20;
-  else if (rest == "G" || rest == "g") mul = 1LL << 30;
-  else if (!rest.empty()) return std::nullopt;
+  if (rest == "K" || rest == "k")
+    mul = 1LL << 10;
+  else if (rest == "M" || rest == "m")
+    mul = 1LL << 20;
+  else if (rest == "G" || rest == "g")
+    mul = 1LL << 30;
+  else if (!rest.empty())
+    return std::nullopt;
   long long out = 0;
   if (__builtin_mul_overflow(v, mul, &out)) return std::nullopt;
   return out;
@@ -134,8 +138,8 @@ std::vector<ParamBase*> all_parameters() {
 void print_parameters() {
   for (ParamBase* p : all_parameters()) {
     auto [value, source] = p->text();
-    log::write(log::Level::info, log::Subsys::init, -1, "%s=%s (%s): %s", p->name(),
-               value.c_str(), source.c_str(), p->doc());
+    log::write(log::Level::info, log::Subsys::init, -1, "%s=%s (%s): %s", p->name(), value.c_str(),
+               source.c_str(), p->doc());
   }
 }
 

@@ -86,11 +86,11 @@ class Mailbox {
       timer.async_wait([this](boost::system::error_code ec) {
         if (!ec) wake(asio::error::timed_out);
       });
-      co_await asio::async_initiate<decltype(asio::use_awaitable),
-                                    void(boost::system::error_code)>(
+      co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
           [this](auto h) { waiter_.emplace(std::move(h)); }, asio::use_awaitable);
     }
-    if (items_.empty()) throw boost::system::system_error(failure_ ? *failure_ : asio::error::timed_out);
+    if (items_.empty())
+      throw boost::system::system_error(failure_ ? *failure_ : asio::error::timed_out);
     T v = std::move(items_.front());
     items_.pop_front();
     co_return v;

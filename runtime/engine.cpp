@@ -49,8 +49,8 @@ void ProxyThread::run() {
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     bool progress = poll_pollers();
-    bool waiting = std::any_of(pollers_.begin(), pollers_.end(),
-                               [](const Poller* p) { return p->waiting(); });
+    bool waiting =
+        std::any_of(pollers_.begin(), pollers_.end(), [](const Poller* p) { return p->waiting(); });
     // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
     // poller waits for a peer and only pollers make progress, visit it every fourth round; when
     // nothing waits on a poller, work is most likely queued there, so visit it every round.

@@ -1,7 +1,6 @@
-#include <coccl/error.hpp>
-
 #include <algorithm>
 #include <chrono>
+#include <coccl/error.hpp>
 
 #include "runtime/deadline.hpp"
 #include "runtime/params.hpp"
@@ -14,16 +13,26 @@ class Category final : public std::error_category {
   const char* name() const noexcept override { return "coccl"; }
   std::string message(int c) const override {
     switch (static_cast<errc>(c)) {
-      case errc::invalid_argument: return "invalid argument";
-      case errc::aborted: return "communicator aborted or destroyed";
-      case errc::peer_lost: return "peer rank lost";
-      case errc::timed_out: return "timed out waiting for a peer";
-      case errc::mismatch: return "ranks called mismatched collectives";
-      case errc::bad_message: return "malformed or unauthenticated message";
-      case errc::unsupported: return "not supported";
-      case errc::internal: return "internal error";
-      case errc::remote_error: return "a remote rank failed";
-      case errc::cuda_error: return "CUDA error";
+      case errc::invalid_argument:
+        return "invalid argument";
+      case errc::aborted:
+        return "communicator aborted or destroyed";
+      case errc::peer_lost:
+        return "peer rank lost";
+      case errc::timed_out:
+        return "timed out waiting for a peer";
+      case errc::mismatch:
+        return "ranks called mismatched collectives";
+      case errc::bad_message:
+        return "malformed or unauthenticated message";
+      case errc::unsupported:
+        return "not supported";
+      case errc::internal:
+        return "internal error";
+      case errc::remote_error:
+        return "a remote rank failed";
+      case errc::cuda_error:
+        return "CUDA error";
     }
     return "unknown coccl error";
   }

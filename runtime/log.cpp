@@ -73,10 +73,14 @@ void configure(State& s) {
   if (const char* d = env2("COCCL_DEBUG", "NCCL_DEBUG")) {
     std::string v(d);
     for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (v == "NONE") level = Level::none;
-    else if (v == "WARN" || v == "VERSION") level = Level::warn;
-    else if (v == "INFO") level = Level::info;
-    else if (v == "TRACE") level = Level::trace;
+    if (v == "NONE")
+      level = Level::none;
+    else if (v == "WARN" || v == "VERSION")
+      level = Level::warn;
+    else if (v == "INFO")
+      level = Level::info;
+    else if (v == "TRACE")
+      level = Level::trace;
   }
   unsigned mask = ~0u;
   if (const char* sub = env2("COCCL_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS")) {
@@ -100,8 +104,8 @@ void configure(State& s) {
     if (FILE* fp = std::fopen(path.c_str(), "a")) {
       s.out = fp;
     } else {
-      std::fprintf(stderr, "%s:%d coccl WARN cannot open COCCL_DEBUG_FILE %s: %s\n",
-                   s.host.c_str(), ::getpid(), path.c_str(), std::strerror(errno));
+      std::fprintf(stderr, "%s:%d coccl WARN cannot open COCCL_DEBUG_FILE %s: %s\n", s.host.c_str(),
+                   ::getpid(), path.c_str(), std::strerror(errno));
     }
   }
   s.level.store(static_cast<int>(level), std::memory_order_relaxed);

@@ -36,11 +36,11 @@ void reload() noexcept;
 
 }  // namespace coccl::log
 
-#define COCCL_LOG(level, subsys, rank, ...)                                                 \
-  do {                                                                                      \
-    if (::coccl::log::enabled(::coccl::log::Level::level, ::coccl::log::Subsys::subsys))   \
-      ::coccl::log::write(::coccl::log::Level::level, ::coccl::log::Subsys::subsys, rank,  \
-                          __VA_ARGS__);                                                     \
+#define COCCL_LOG(level, subsys, rank, ...)                                               \
+  do {                                                                                    \
+    if (::coccl::log::enabled(::coccl::log::Level::level, ::coccl::log::Subsys::subsys))  \
+      ::coccl::log::write(::coccl::log::Level::level, ::coccl::log::Subsys::subsys, rank, \
+                          __VA_ARGS__);                                                   \
   } while (0)
 #define COCCL_WARN(subsys, rank, ...) COCCL_LOG(warn, subsys, rank, __VA_ARGS__)
 #define COCCL_INFO(subsys, rank, ...) COCCL_LOG(info, subsys, rank, __VA_ARGS__)

@@ -17,15 +17,12 @@ config::Param<std::string> algo{
     "direct, ring or bruck; reduce_scatter direct, ring or rd; broadcast and reduce chain or "
     "tree; device collectives across hosts flat or hierarchical",
     "NCCL_ALGO"};
-config::Param<std::string> proto{"COCCL_PROTO", "",
-                                 "force a device protocol: LL or Simple (empty: choose by size)",
-                                 "NCCL_PROTO"};
 config::Param<std::string> transport{
     "COCCL_TRANSPORT", "auto",
     "transport between ranks: auto (shm on one host, tcp across hosts), tcp, shm or ib (RDMA "
     "verbs)"};
-config::Param<bool> shm_disable{"COCCL_SHM_DISABLE", false,
-                                "never use the shared-memory transport", "NCCL_SHM_DISABLE"};
+config::Param<bool> shm_disable{"COCCL_SHM_DISABLE", false, "never use the shared-memory transport",
+                                "NCCL_SHM_DISABLE"};
 config::Param<std::string> shm_dir{
     "COCCL_SHM_DIR", "",
     "directory for the shm transport's segments (files there instead of POSIX shared memory in "
@@ -35,8 +32,8 @@ config::Param<std::int64_t> proxy_threads{
 config::Param<std::int64_t> spin_us{
     "COCCL_SPIN_US", 2000,
     "microseconds a proxy thread polls without progress before it sleeps on its event sources"};
-config::Param<std::int64_t> slot_bytes{
-    "COCCL_SLOT_BYTES", 256 << 10, "bytes per slot of a connection's receive ring"};
+config::Param<std::int64_t> slot_bytes{"COCCL_SLOT_BYTES", 256 << 10,
+                                       "bytes per slot of a connection's receive ring"};
 config::Param<std::int64_t> slots{
     "COCCL_SLOTS", 8,
     "slots per connection receive ring (pipelining depth); a link made for an operation of fewer "
@@ -86,8 +83,7 @@ config::Param<std::int64_t> net_lanes{
     "proxy thread (1 to 15); must be equal on every rank"};
 config::Param<std::string> comm_id{
     "COCCL_COMM_ID", "",
-    "host:port of the bootstrap root for communicators made from the environment",
-    "NCCL_COMM_ID"};
+    "host:port of the bootstrap root for communicators made from the environment", "NCCL_COMM_ID"};
 config::Param<std::string> secret{
     "COCCL_SECRET", "",
     "32 hex digits: bootstrap secret for communicators made from the environment"};

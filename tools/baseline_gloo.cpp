@@ -580,8 +580,8 @@ int init_main(const std::string& dir, int rank, int nranks) {
   float x = 1;
   gloo::AllreduceOptions opts(ctx);
   opts.setOutput(&x, 1);
-  opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(
-      &gloo::sum<float>));
+  opts.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
   gloo::allreduce(opts);
   const double t1 = coccl_init_gate::now_us();
   coccl_init_gate::write_result(dir, rank, t0, t1, x == static_cast<float>(nranks));

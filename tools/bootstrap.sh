@@ -2,12 +2,14 @@
 # Sets up a fresh Debian 12 machine, builds coccl and runs the main job or the tests.
 #
 #   tools/bootstrap.sh perf [coccl-perf args]   install, build, run coccl-perf (default sweep)
-#   tools/bootstrap.sh test                     install, build, run every test, then the
-#                                               ASan+UBSan build's tests, then a short run of
+#   tools/bootstrap.sh test                     install, check the formatting, build, run every
+#                                               test, then the ASan+UBSan build's tests, the
+#                                               TSan build's multi-rank tests, and a short run of
 #                                               every fuzz target (libFuzzer, clang)
 #
-# Build trees: build/ (release), build-asan/ and build-fuzz/. COCCL_SKIP_SANITIZER=1 skips the
-# second, COCCL_SKIP_FUZZ=1 the third.
+# Build trees: build/ (release), build-asan/, build-tsan/ and build-fuzz/. COCCL_SKIP_SANITIZER=1
+# skips the second, COCCL_SKIP_TSAN=1 the third, COCCL_SKIP_FUZZ=1 the fourth. Each stage prints
+# how long it took.
 set -euo pipefail
 
 mode=${1:-perf}
@@ -17,10 +19,11 @@ jobs=$(nproc)
 
 # qemu-system-x86 and xz-utils: the rdma_guest test boots a Soft-RoCE guest (tests/rdma);
 # gnuplot-nox draws coccl-perf --plot; clang-14, libclang-rt-14-dev (libFuzzer and the sanitizer
-# runtimes) and llvm-14 (llvm-symbolizer) build and run the fuzz targets (tests/fuzz).
+# runtimes) and llvm-14 (llvm-symbolizer) build and run the fuzz targets (tests/fuzz);
+# clang-format-14 checks the formatting (.clang-format).
 packages=(cmake ninja-build g++ pkg-config libboost1.81-dev liburing-dev libibverbs-dev rdma-core
   googletest libgtest-dev libbenchmark-dev libgloo-dev libopenmpi-dev openmpi-bin
-  qemu-system-x86 xz-utils gnuplot-nox clang-14 libclang-rt-14-dev llvm-14)
+  qemu-system-x86 xz-utils gnuplot-nox clang-14 libclang-rt-14-dev llvm-14 clang-format-14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,18 +37,51 @@ if ((${#missing[@]})); then
     "${missing[@]}" > /dev/null
 fi
 
-build() {  # build DIR [cmake args]
-  local dir=$1
-  shift
+build() {  # build DIR "TARGETS" [cmake args]; TARGETS empty: every target
+  local dir=$1 targets=$2
+  shift 2
+  mkdir -p "$dir"
   cmake -S "$root" -B "$dir" -G Ninja "$@" > "$dir.configure.log" 2>&1 || {
     cat "$dir.configure.log"
     return 1
   }
-  cmake --build "$dir" -j "$jobs"
+  # shellcheck disable=SC2086 # TARGETS is a list
+  cmake --build "$dir" -j "$jobs" ${targets:+--target $targets}
 }
 
-mkdir -p "$root/build"
-build "$root/build" -DCMAKE_BUILD_TYPE=Release
+stage_start=$SECONDS
+stage_done() {  # stage_done NAME: prints the time since the previous stage ended
+  echo "bootstrap: stage $1 took $((SECONDS - stage_start)) s"
+  stage_start=$SECONDS
+}
+
+# Every C, C++ and CUDA source as clang-format-14 writes it; prints the difference and fails.
+check_format() {
+  local files diff_out="" f
+  if git -C "$root" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    mapfile -t files < <(git -C "$root" ls-files -- '*.c' '*.h' '*.cpp' '*.hpp' '*.cu' '*.cuh')
+  else
+    mapfile -t files < <(cd "$root" && find . -path './build*' -prune -o -type f \
+      \( -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' \
+      -o -name '*.cuh' \) -print)
+  fi
+  for f in "${files[@]}"; do
+    diff_out+=$(cd "$root" && clang-format-14 --style=file "$f" | diff -u "$f" - \
+      --label "$f" --label "$f (clang-format-14)") || true
+  done
+  if [ -n "$diff_out" ]; then
+    printf '%s\n' "$diff_out"
+    echo "bootstrap: these files are not formatted as .clang-format says (clang-format-14 -i)" >&2
+    return 1
+  fi
+}
+
+if [ "$mode" = test ]; then
+  check_format
+  stage_done format
+fi
+build "$root/build" "" -DCMAKE_BUILD_TYPE=Release
+stage_done release-build
 
 case "$mode" in
   perf)
@@ -53,21 +89,36 @@ case "$mode" in
     ;;
   test)
     ctest --test-dir "$root/build" -j "$jobs" --output-on-failure --timeout 600
+    stage_done release-tests
     if [ "${COCCL_SKIP_SANITIZER:-0}" != 1 ]; then
-      # One sanitizer build in CI: ASan+UBSan over the host code (CUDA off: the GPU tests skip
-      # here anyway, and it halves the build).
-      mkdir -p "$root/build-asan"
-      build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCOCCL_SANITIZE=address \
+      # ASan+UBSan over the host code (CUDA off: the GPU tests skip here anyway, and it halves the
+      # build; no tools). Every test of this tree runs, so every target of it is built.
+      build "$root/build-asan" "" -DCMAKE_BUILD_TYPE=Debug -DCOCCL_SANITIZE=address \
         -DCOCCL_ENABLE_CUDA=OFF -DCOCCL_BUILD_TOOLS=OFF
+      stage_done asan-build
       ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 COCCL_CHAOS_TRIALS=8 \
         ctest --test-dir "$root/build-asan" -j "$jobs" --output-on-failure --timeout 900
+      stage_done asan-tests
+    fi
+    if [ "${COCCL_SKIP_TSAN:-0}" != 1 ]; then
+      # TSan over the multi-rank tests (the proxy threads, the user's threads and the
+      # communicator's shutdown meet there): only their two programs are built.
+      build "$root/build-tsan" "multirank_test coccl_worker" -DCMAKE_BUILD_TYPE=Debug \
+        -DCOCCL_SANITIZE=thread -DCOCCL_ENABLE_CUDA=OFF -DCOCCL_BUILD_TOOLS=OFF
+      stage_done tsan-build
+      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+        ctest --test-dir "$root/build-tsan" -L '^multirank_test$' -j "$jobs" --output-on-failure \
+        --timeout 900
+      stage_done tsan-tests
     fi
     if [ "${COCCL_SKIP_FUZZ:-0}" != 1 ]; then
-      # Each fuzz target for COCCL_FUZZ_SECONDS over its corpus (tests/fuzz/corpus).
-      mkdir -p "$root/build-fuzz"
-      build "$root/build-fuzz" -DCOCCL_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++-14 \
+      # Each fuzz target for COCCL_FUZZ_SECONDS over its corpus (tests/fuzz/corpus); this tree
+      # has the libraries and the fuzz targets only.
+      build "$root/build-fuzz" "" -DCOCCL_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++-14 \
         -DCMAKE_C_COMPILER=clang-14
+      stage_done fuzz-build
       ctest --test-dir "$root/build-fuzz" -L fuzz -j "$jobs" --output-on-failure
+      stage_done fuzz-tests
     fi
     ;;
   *)

@@ -107,11 +107,11 @@ double run_once(const std::string& lib, int n, const Options& o) {
     const std::string path = lib == "coccl" ? o.coccl_nccl : "libnccl.so.2";
     for (int r = 0; r < n; ++r) {
       const std::string host = "coccl-init-host-" + std::to_string(r);
-      pids.push_back(spawn({tools + "coccl-init-bench"},
-                           {"COCCL_INIT_BENCH_RANK=" + std::to_string(r),
-                            "COCCL_INIT_BENCH_NRANKS=" + std::to_string(n),
-                            "COCCL_INIT_BENCH_DIR=" + dir, "COCCL_INIT_BENCH_LIB=" + path,
-                            "COCCL_HOSTID=" + host, "NCCL_HOSTID=" + host}));
+      pids.push_back(
+          spawn({tools + "coccl-init-bench"},
+                {"COCCL_INIT_BENCH_RANK=" + std::to_string(r),
+                 "COCCL_INIT_BENCH_NRANKS=" + std::to_string(n), "COCCL_INIT_BENCH_DIR=" + dir,
+                 "COCCL_INIT_BENCH_LIB=" + path, "COCCL_HOSTID=" + host, "NCCL_HOSTID=" + host}));
     }
   } else if (lib == "coccl") {
     const std::string id = coccl::UniqueId::create().to_string();
@@ -121,15 +121,14 @@ double run_once(const std::string& lib, int n, const Options& o) {
                             "COCCL_INIT_BENCH_NRANKS=" + std::to_string(n),
                             "COCCL_INIT_BENCH_DIR=" + dir, "COCCL_INIT_BENCH_ID=" + id}));
   } else if (lib == "mpi") {
-    pids.push_back(spawn({COCCL_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to",
-                          "none", "-np", std::to_string(n), tools + "coccl-perf-mpi", "--init",
-                          dir},
-                         {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}));
+    pids.push_back(
+        spawn({COCCL_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+               std::to_string(n), tools + "coccl-perf-mpi", "--init", dir},
+              {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}));
   } else {
     for (int r = 0; r < n; ++r)
-      pids.push_back(spawn({tools + "coccl-perf-gloo", "--init", dir, std::to_string(r),
-                            std::to_string(n)},
-                           {}));
+      pids.push_back(spawn(
+          {tools + "coccl-perf-gloo", "--init", dir, std::to_string(r), std::to_string(n)}, {}));
   }
   bool ok = std::none_of(pids.begin(), pids.end(), [](pid_t p) { return p < 0; });
   const double until = gate::now_us() + o.timeout_s * 1e6;
@@ -257,14 +256,16 @@ int main(int argc, char** argv) {
     }
     if (o.coccl_nccl.empty()) o.coccl_nccl = self_dir() + "../collectives/nccl/libnccl.so.2";
     libs = {"coccl", "nccl"};
-    std::printf("# coccl-init-bench --device: ncclCommInitRank + first device all_reduce (1 float, "
-                "checked), each rank a host; coccl = %s, nccl = the loader's libnccl.so.2; median "
-                "of %d runs; ms\n",
-                o.coccl_nccl.c_str(), o.repeat);
+    std::printf(
+        "# coccl-init-bench --device: ncclCommInitRank + first device all_reduce (1 float, "
+        "checked), each rank a host; coccl = %s, nccl = the loader's libnccl.so.2; median "
+        "of %d runs; ms\n",
+        o.coccl_nccl.c_str(), o.repeat);
   } else {
-    std::printf("# coccl-init-bench: init + first all_reduce (1 float, checked) on host memory, "
-                "%u cores; median of %d runs; ms\n",
-                std::thread::hardware_concurrency(), o.repeat);
+    std::printf(
+        "# coccl-init-bench: init + first all_reduce (1 float, checked) on host memory, "
+        "%u cores; median of %d runs; ms\n",
+        std::thread::hardware_concurrency(), o.repeat);
   }
   std::printf("# %6s", "ranks");
   for (const std::string& l : libs) std::printf(" %10s", l.c_str());

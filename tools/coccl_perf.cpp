@@ -42,8 +42,8 @@ namespace {
 
 using perf::Options;
 
-const std::vector<std::string> all_colls{"allreduce", "allgather", "broadcast", "reduce",
-                                         "reducescatter", "alltoall", "gather", "scatter"};
+const std::vector<std::string> all_colls{"allreduce",     "allgather", "broadcast", "reduce",
+                                         "reducescatter", "alltoall",  "gather",    "scatter"};
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
@@ -66,10 +66,11 @@ std::size_t parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   std::string suf(end);
-  double mul = suf.empty() ? 1 : suf == "K" || suf == "k" ? 1 << 10
-                               : suf == "M" || suf == "m" ? 1 << 20
-                               : suf == "G" || suf == "g" ? 1 << 30
-                                                          : -1;
+  double mul = suf.empty()                ? 1
+               : suf == "K" || suf == "k" ? 1 << 10
+               : suf == "M" || suf == "m" ? 1 << 20
+               : suf == "G" || suf == "g" ? 1 << 30
+                                          : -1;
   if (mul < 0 || v < 0) usage("bad size '" + s + "'");
   return static_cast<std::size_t>(v * mul);
 }
@@ -84,30 +85,41 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
-    if (a == "-b") o.min_bytes = parse_size(val());
-    else if (a == "-e") o.max_bytes = parse_size(val());
-    else if (a == "-f") o.factor = std::atof(val().c_str());
-    else if (a == "-n") o.iters = std::atoi(val().c_str());
-    else if (a == "-w") o.warmup = std::atoi(val().c_str());
-    else if (a == "-R" || a == "--repeat") o.repeat = std::atoi(val().c_str());
-    else if (a == "-c") o.check = std::atoi(val().c_str());
-    else if (a == "-r") o.root = std::atoi(val().c_str());
+    if (a == "-b")
+      o.min_bytes = parse_size(val());
+    else if (a == "-e")
+      o.max_bytes = parse_size(val());
+    else if (a == "-f")
+      o.factor = std::atof(val().c_str());
+    else if (a == "-n")
+      o.iters = std::atoi(val().c_str());
+    else if (a == "-w")
+      o.warmup = std::atoi(val().c_str());
+    else if (a == "-R" || a == "--repeat")
+      o.repeat = std::atoi(val().c_str());
+    else if (a == "-c")
+      o.check = std::atoi(val().c_str());
+    else if (a == "-r")
+      o.root = std::atoi(val().c_str());
     else if (a == "--ranks") {
       o.ranks = std::atoi(val().c_str());
       ranks_given = true;
-    }
-    else if (a == "--json") o.json = val();
-    else if (a == "--device") o.device = val();
-    else if (a == "-G") o.graph = std::atoi(val().c_str()) != 0;
-    else if (a == "--register") o.register_buffers = std::atoi(val().c_str()) != 0;
-    else if (a == "--hosts") o.hosts = std::atoi(val().c_str());
+    } else if (a == "--json")
+      o.json = val();
+    else if (a == "--device")
+      o.device = val();
+    else if (a == "-G")
+      o.graph = std::atoi(val().c_str()) != 0;
+    else if (a == "--register")
+      o.register_buffers = std::atoi(val().c_str()) != 0;
+    else if (a == "--hosts")
+      o.hosts = std::atoi(val().c_str());
     else if (a == "--plot") {
       o.plot = val();
       const std::size_t dot = o.plot.rfind('.');
       const std::string ext = dot == std::string::npos ? "" : o.plot.substr(dot);
       if (ext != ".svg" && ext != ".png") usage("--plot writes a .svg or .png file");
-    }
-    else if (a == "-d") {
+    } else if (a == "-d") {
       auto t = coccl::parse_data_type(val());
       if (!t) usage("unknown type");
       o.type = *t;
@@ -117,15 +129,20 @@ Options parse(int argc, char** argv) {
       o.op = *p;
     } else if (a == "--coll") {
       std::string c = val();
-      if (c == "all") o.colls = all_colls;
-      else if (std::find(all_colls.begin(), all_colls.end(), c) != all_colls.end()) o.colls = {c};
-      else usage("unknown collective '" + c + "'");
+      if (c == "all")
+        o.colls = all_colls;
+      else if (std::find(all_colls.begin(), all_colls.end(), c) != all_colls.end())
+        o.colls = {c};
+      else
+        usage("unknown collective '" + c + "'");
     } else if (a == "--baseline") {
       std::string b = val();
       if (b != "gloo" && b != "mpi" && b != "nccl") usage("--baseline takes gloo, mpi or nccl");
       o.baselines.push_back(b);
-    } else if (a == "-h" || a == "--help") usage("help");
-    else usage("unknown argument '" + a + "'");
+    } else if (a == "-h" || a == "--help")
+      usage("help");
+    else
+      usage("unknown argument '" + a + "'");
   }
   if (o.iters < 1 || o.repeat < 1 || o.warmup < 0 || o.factor <= 1 || o.ranks < 1 ||
       o.min_bytes > o.max_bytes || o.hosts < 0 || o.hosts > o.ranks)
@@ -148,10 +165,10 @@ Options parse(int argc, char** argv) {
 
 // What one size of one collective means in counts and bandwidth.
 struct Shape {
-  std::size_t count;        // elements per rank argument
-  std::size_t send_elems;   // elements in the send buffer
-  std::size_t recv_elems;   // elements in the receive buffer
-  double bus_factor;        // busbw = algbw * bus_factor
+  std::size_t count;       // elements per rank argument
+  std::size_t send_elems;  // elements in the send buffer
+  std::size_t recv_elems;  // elements in the receive buffer
+  double bus_factor;       // busbw = algbw * bus_factor
 };
 
 Shape shape_of(const std::string& coll, std::size_t bytes, std::size_t elt, int n) {
@@ -218,8 +235,11 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
       Shape s = shape_of(coll, bytes, elt, n);
       if (s.count == 0) continue;
       if (rank == 0) perf::progress(coll + " " + std::to_string(bytes) + " B");
-      Row row{coll, s.send_elems > s.recv_elems ? s.send_elems * elt : s.recv_elems * elt,
-              s.count, {0, 0}, {0, 0}};
+      Row row{coll,
+              s.send_elems > s.recv_elems ? s.send_elems * elt : s.recv_elems * elt,
+              s.count,
+              {0, 0},
+              {0, 0}};
       if (coll == "allreduce" || coll == "broadcast" || coll == "reduce") row.bytes = s.count * elt;
       std::vector<std::byte> send(std::max<std::size_t>(1, s.send_elems * elt)),
           recv(std::max<std::size_t>(1, s.recv_elems * elt));
@@ -237,8 +257,10 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
         void* rp = recv.data();
         if (place == 1) {
           if (coll == "alltoall") break;  // not defined in place
-          if (big_send) rp = send.data() + rank * s.count * elt;
-          else sp = in_place_send(coll, recv.data(), s.count, elt, rank, send);
+          if (big_send)
+            rp = send.data() + rank * s.count * elt;
+          else
+            sp = in_place_send(coll, recv.data(), s.count, elt, rank, send);
         }
         std::error_code ec;
         if (o.check) {
@@ -264,10 +286,10 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
             ec = co_await launch(c, coll, o, s, sp, rp);
             if (ec) throw std::system_error(ec, c.last_error());
           }
-          double us = std::chrono::duration<double, std::micro>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count() /
-                      o.iters;
+          double us =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count() /
+              o.iters;
           // The slowest rank defines the collective's time.
           std::tie(ec) = co_await c.async_all_reduce(&us, &us, 1, DataType::float64, ReduceOp::max,
                                                      asio::as_tuple(asio::use_awaitable));
@@ -283,11 +305,14 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
   if (rank == 0) perf::progress_done();
 }
 
-double bus_factor(const std::string& coll, int n) { return shape_of(coll, 1 << 20, 4, n).bus_factor; }
+double bus_factor(const std::string& coll, int n) {
+  return shape_of(coll, 1 << 20, 4, n).bus_factor;
+}
 
 void print_table(const Options& o, int n, const std::vector<Row>& rows) {
   std::printf("# coccl-perf: %d ranks, host memory%s, %s, %s, iters %d, warmup %d, median of %d\n",
-              n, o.register_buffers ? " (registered)" : "", std::string(coccl::to_string(o.type)).c_str(),
+              n, o.register_buffers ? " (registered)" : "",
+              std::string(coccl::to_string(o.type)).c_str(),
               std::string(coccl::to_string(o.op)).c_str(), o.iters, o.warmup, o.repeat);
   std::string last;
   double bus_sum = 0;
@@ -296,17 +321,17 @@ void print_table(const Options& o, int n, const std::vector<Row>& rows) {
     if (r.coll != last) {
       last = r.coll;
       std::printf("#\n# %s\n", r.coll.c_str());
-      std::printf("# %10s %12s %8s %6s %6s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "", "", "",
-                  "", "", "out-of-place", "", "", "", "in-place", "", "", "");
-      std::printf("# %10s %12s %8s %6s %6s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "size",
-                  "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-                  "algbw", "busbw", "#wrong");
+      std::printf("# %10s %12s %8s %6s %6s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "", "", "", "",
+                  "", "out-of-place", "", "", "", "in-place", "", "", "");
+      std::printf("# %10s %12s %8s %6s %6s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "size", "count",
+                  "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+                  "busbw", "#wrong");
       std::printf("# %10s %12s %8s %6s %6s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "(B)",
                   "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
                   "(GB/s)", "");
     }
-    bool rooted = r.coll == "broadcast" || r.coll == "reduce" || r.coll == "gather" ||
-                  r.coll == "scatter";
+    bool rooted =
+        r.coll == "broadcast" || r.coll == "reduce" || r.coll == "gather" || r.coll == "scatter";
     bool reduces = r.coll == "allreduce" || r.coll == "reduce" || r.coll == "reducescatter";
     std::printf("  %10zu %12zu %8s %6s %6d", r.bytes, r.count,
                 std::string(coccl::to_string(o.type)).c_str(),
@@ -421,10 +446,16 @@ int spawn_and_wait(const std::vector<std::string>& args, const std::vector<std::
 std::vector<std::string> common_args(const Options& o, const std::string& coll) {
   char f[32];
   std::snprintf(f, sizeof f, "%g", o.factor);
-  return {"--coll", coll, "-b", std::to_string(o.min_bytes), "-e", std::to_string(o.max_bytes),
-          "-f", f, "-n", std::to_string(o.iters), "-w", std::to_string(o.warmup), "--repeat",
-          std::to_string(o.repeat), "-d", std::string(coccl::to_string(o.type)), "-o",
-          std::string(coccl::to_string(o.op)), "-c", std::to_string(o.check)};
+  return {"--coll",   coll,
+          "-b",       std::to_string(o.min_bytes),
+          "-e",       std::to_string(o.max_bytes),
+          "-f",       f,
+          "-n",       std::to_string(o.iters),
+          "-w",       std::to_string(o.warmup),
+          "--repeat", std::to_string(o.repeat),
+          "-d",       std::string(coccl::to_string(o.type)),
+          "-o",       std::string(coccl::to_string(o.op)),
+          "-c",       std::to_string(o.check)};
 }
 
 struct PeerRow {
@@ -435,7 +466,7 @@ struct PeerRow {
 
 // Runs one peer library over the same sweep; returns (coll, bytes) -> result.
 std::map<std::pair<std::string, std::size_t>, PeerRow> run_baseline(const Options& o,
-                                                                     const std::string& peer) {
+                                                                    const std::string& peer) {
   std::map<std::pair<std::string, std::size_t>, PeerRow> out;
   std::string dir = self_exe();
   dir = dir.substr(0, dir.rfind('/') + 1);
@@ -443,12 +474,12 @@ std::map<std::pair<std::string, std::size_t>, PeerRow> run_baseline(const Option
     std::string text;
     perf::progress(coll + ", the " + peer + " baseline's sweep");
     if (peer == "mpi") {
-      std::vector<std::string> args{COCCL_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
-                                    "--bind-to", "none", "-np", std::to_string(o.ranks),
-                                    dir + "coccl-perf-mpi"};
+      std::vector<std::string> args{
+          COCCL_MPIEXEC, "--allow-run-as-root",   "--oversubscribe",     "--bind-to", "none",
+          "-np",         std::to_string(o.ranks), dir + "coccl-perf-mpi"};
       for (auto& a : common_args(o, coll)) args.push_back(a);
-      int rc = spawn_and_wait(args, {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"},
-                              &text);
+      int rc = spawn_and_wait(
+          args, {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}, &text);
       if (rc != 0) std::fprintf(stderr, "coccl-perf: mpi baseline exited with %d\n", rc);
     } else {
       char tmpl[] = "/tmp/coccl-perf-gloo-XXXXXX";
@@ -459,8 +490,13 @@ std::map<std::pair<std::string, std::size_t>, PeerRow> run_baseline(const Option
       std::vector<std::thread> threads;
       std::vector<std::string> outputs(o.ranks);
       for (int r = 0; r < o.ranks; ++r) {
-        std::vector<std::string> args{dir + "coccl-perf-gloo", "--rank", std::to_string(r),
-                                      "--nranks", std::to_string(o.ranks), "--store", tmpl};
+        std::vector<std::string> args{dir + "coccl-perf-gloo",
+                                      "--rank",
+                                      std::to_string(r),
+                                      "--nranks",
+                                      std::to_string(o.ranks),
+                                      "--store",
+                                      tmpl};
         for (auto& a : common_args(o, coll)) args.push_back(a);
         threads.emplace_back([args, r, &outputs] { spawn_and_wait(args, {}, &outputs[r]); });
       }
@@ -492,23 +528,23 @@ void print_comparison(const Options& o, const std::vector<Row>& rows, const std:
               o.ranks, o.repeat);
   std::printf("# %-13s %10s %11s %11s %9s %9s %7s %6s %s\n", "coll", "size(B)", "coccl(us)",
               (peer + "(us)").c_str(), "coccl", peer.c_str(), "speedup", "#wrong", "peer algo");
-  std::printf("# %-13s %10s %11s %11s %9s %9s %7s %6s\n", "", "", "", "", "busbw", "busbw",
-              "(x)", "");
+  std::printf("# %-13s %10s %11s %11s %9s %9s %7s %6s\n", "", "", "", "", "busbw", "busbw", "(x)",
+              "");
   for (const Row& r : rows) {
     auto it = res.find({r.coll, r.bytes});
     if (it == res.end()) continue;
     double f = bus_factor(r.coll, o.ranks);
     double cb = r.bytes / r.time_us[0] / 1e3 * f, pb = r.bytes / it->second.time_us / 1e3 * f;
-    std::printf("  %-13s %10zu %11.2f %11.2f %9.3f %9.3f %7.2f %6lld %s\n", r.coll.c_str(),
-                r.bytes, r.time_us[0], it->second.time_us, cb, pb,
-                it->second.time_us / r.time_us[0], it->second.wrong, it->second.algo.c_str());
+    std::printf("  %-13s %10zu %11.2f %11.2f %9.3f %9.3f %7.2f %6lld %s\n", r.coll.c_str(), r.bytes,
+                r.time_us[0], it->second.time_us, cb, pb, it->second.time_us / r.time_us[0],
+                it->second.wrong, it->second.algo.c_str());
   }
   std::fflush(stdout);
 }
 
-void write_json(const std::string& path, const Options& o, const std::vector<Row>& rows,
-                const std::map<std::string, std::map<std::pair<std::string, std::size_t>,
-                                                     PeerRow>>& peers) {
+void write_json(
+    const std::string& path, const Options& o, const std::vector<Row>& rows,
+    const std::map<std::string, std::map<std::pair<std::string, std::size_t>, PeerRow>>& peers) {
   std::ofstream f(path);
   f << "{\"ranks\":" << o.ranks << ",\"type\":\"" << coccl::to_string(o.type) << "\",\"op\":\""
     << coccl::to_string(o.op) << "\",\"results\":[";
@@ -518,8 +554,8 @@ void write_json(const std::string& path, const Options& o, const std::vector<Row
     f << (first ? "" : ",") << "{\"coll\":\"" << r.coll << "\",\"bytes\":" << r.bytes
       << ",\"count\":" << r.count << ",\"time_us\":" << r.time_us[0]
       << ",\"time_us_inplace\":" << r.time_us[1]
-      << ",\"busbw\":" << r.bytes / r.time_us[0] / 1e3 * fct << ",\"wrong\":"
-      << r.wrong[0] + r.wrong[1];
+      << ",\"busbw\":" << r.bytes / r.time_us[0] / 1e3 * fct
+      << ",\"wrong\":" << r.wrong[0] + r.wrong[1];
     for (auto& [peer, res] : peers) {
       auto it = res.find({r.coll, r.bytes});
       if (it != res.end()) f << ",\"" << peer << "_time_us\":" << it->second.time_us;
@@ -532,9 +568,9 @@ void write_json(const std::string& path, const Options& o, const std::vector<Row
 
 // --plot: coccl and every baseline of the run, one series per library (and collective, when the
 // run has several). A missing gnuplot leaves a one-line note; the run's status is unchanged.
-void plot_results(const Options& o, const std::vector<Row>& rows,
-                  const std::map<std::string, std::map<std::pair<std::string, std::size_t>,
-                                                       PeerRow>>& peers) {
+void plot_results(
+    const Options& o, const std::vector<Row>& rows,
+    const std::map<std::string, std::map<std::pair<std::string, std::size_t>, PeerRow>>& peers) {
   const bool several = o.colls.size() > 1;
   const bool one_rank = bus_factor("allreduce", o.ranks) == 0;
   std::vector<perf::PlotSeries> series;
@@ -545,15 +581,15 @@ void plot_results(const Options& o, const std::vector<Row>& rows,
     perf::PlotSeries mine{"coccl" + tail, {}};
     for (const Row& r : rows)
       if (r.coll == coll && r.time_us[0] > 0)
-        mine.points.push_back({static_cast<double>(r.bytes), r.time_us[0],
-                               r.bytes / r.time_us[0] / 1e3 * f});
+        mine.points.push_back(
+            {static_cast<double>(r.bytes), r.time_us[0], r.bytes / r.time_us[0] / 1e3 * f});
     if (!mine.points.empty()) series.push_back(std::move(mine));
     for (const auto& [peer, results] : peers) {
       perf::PlotSeries theirs{peer + tail, {}};
       for (const auto& [key, p] : results)
         if (key.first == coll && p.time_us > 0)
-          theirs.points.push_back({static_cast<double>(key.second), p.time_us,
-                                   key.second / p.time_us / 1e3 * f});
+          theirs.points.push_back(
+              {static_cast<double>(key.second), p.time_us, key.second / p.time_us / 1e3 * f});
       if (!theirs.points.empty()) series.push_back(std::move(theirs));
     }
   }
@@ -566,9 +602,8 @@ void plot_results(const Options& o, const std::vector<Row>& rows,
   const std::string title = "coccl-perf: " + colls + ", " + std::to_string(o.ranks) + " ranks, " +
                             (o.device == "cuda" ? "device" : "host") + " memory, " +
                             std::string(coccl::to_string(o.type));
-  const std::string why =
-      perf::plot(o.plot, title,
-                 one_rank ? "algorithm bandwidth (GB/s)" : "bus bandwidth (GB/s)", series);
+  const std::string why = perf::plot(
+      o.plot, title, one_rank ? "algorithm bandwidth (GB/s)" : "bus bandwidth (GB/s)", series);
   if (!why.empty()) std::fprintf(stderr, "coccl-perf: %s\n", why.c_str());
 }
 
@@ -594,10 +629,9 @@ int main(int argc, char** argv) {
   for (int r = 0; r < o.ranks; ++r) {
     std::vector<std::string> args(argv, argv + argc);
     args[0] = self_exe();
-    std::vector<std::string> env{"COCCL_PERF_RANK=" + std::to_string(r),
-                                 "COCCL_PERF_NRANKS=" + std::to_string(o.ranks),
-                                 "COCCL_PERF_ID=" + id.to_string(),
-                                 std::string("COCCL_PERF_RESULTS=") + results};
+    std::vector<std::string> env{
+        "COCCL_PERF_RANK=" + std::to_string(r), "COCCL_PERF_NRANKS=" + std::to_string(o.ranks),
+        "COCCL_PERF_ID=" + id.to_string(), std::string("COCCL_PERF_RESULTS=") + results};
     if (o.hosts > 0) {
       // Both libraries group ranks into hosts by these; NCCL then uses its network transport.
       const std::string host = "coccl-perf-host-" + std::to_string(r * o.hosts / o.ranks);

@@ -8,7 +8,6 @@
 // Exit status: 0 every rank answered and none has failed; 1 some rank did not answer or has
 // failed; 2 bad arguments or no answer from the root.
 #include <coccl/coccl.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -53,8 +52,8 @@ void print_rank(int r, const coccl::JobStatus& job, bool trace) {
   else if (s->started > s->finished)
     what = s->running_op + " #" + std::to_string(s->started) + " running " +
            seconds(s->running_us) +
-           (s->waiting_for >= 0 ? ", waiting for rank " + std::to_string(s->waiting_for) +
-                                      " for " + seconds(s->waiting_us)
+           (s->waiting_for >= 0 ? ", waiting for rank " + std::to_string(s->waiting_for) + " for " +
+                                      seconds(s->waiting_us)
                                 : std::string(", not waiting"));
   else
     what = "idle";
@@ -80,7 +79,8 @@ int main(int argc, char** argv) {
     if (a == "--wait" && i + 1 < argc) {
       char* end = nullptr;
       wait_s = std::strtod(argv[++i], &end);
-      if (!end || *end || !(wait_s > 0) || wait_s > 3600) usage("--wait takes seconds in (0, 3600]");
+      if (!end || *end || !(wait_s > 0) || wait_s > 3600)
+        usage("--wait takes seconds in (0, 3600]");
     } else if (a == "--json") {
       json = true;
     } else if (a == "--trace") {

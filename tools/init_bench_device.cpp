@@ -1,4 +1,6 @@
 // coccl-init-bench's device runs (see init_bench_device.hpp).
+#include "init_bench_device.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -7,7 +9,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "init_bench_device.hpp"
 #include "init_gate.hpp"
 #include "nccl_runtime.hpp"
 

@@ -25,8 +25,8 @@ struct Nccl {
   int (*destroy)(nccl_comm) = nullptr;
   int (*all_reduce)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*all_gather)(const void*, void*, std::size_t, int, nccl_comm, cudaStream_t) = nullptr;
-  int (*reduce_scatter)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) =
-      nullptr;
+  int (*reduce_scatter)(const void*, void*, std::size_t, int, int, nccl_comm,
+                        cudaStream_t) = nullptr;
   int (*broadcast)(const void*, void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*reduce)(const void*, void*, std::size_t, int, int, int, nccl_comm, cudaStream_t) = nullptr;
   int (*send)(const void*, std::size_t, int, int, nccl_comm, cudaStream_t) = nullptr;
@@ -47,8 +47,8 @@ struct Nccl {
     return sym(get_unique_id, "ncclGetUniqueId") && sym(init_rank, "ncclCommInitRank") &&
            sym(destroy, "ncclCommDestroy") && sym(all_reduce, "ncclAllReduce") &&
            sym(all_gather, "ncclAllGather") && sym(reduce_scatter, "ncclReduceScatter") &&
-           sym(broadcast, "ncclBroadcast") && sym(reduce, "ncclReduce") &&
-           sym(send, "ncclSend") && sym(recv, "ncclRecv") && sym(group_start, "ncclGroupStart") &&
+           sym(broadcast, "ncclBroadcast") && sym(reduce, "ncclReduce") && sym(send, "ncclSend") &&
+           sym(recv, "ncclRecv") && sym(group_start, "ncclGroupStart") &&
            sym(group_end, "ncclGroupEnd") && sym(get_version, "ncclGetVersion");
   }
 

@@ -24,12 +24,11 @@ struct Options {
   std::vector<std::string> colls{"allreduce"};
   std::vector<std::string> baselines;
   std::string json, device = "host";
-  std::string plot;  // --plot FILE.svg|FILE.png: busbw and time against size, via gnuplot
+  std::string plot;    // --plot FILE.svg|FILE.png: busbw and time against size, via gnuplot
   bool graph = false;  // -G: time CUDA graph replays (device only)
   bool register_buffers = false;  // --register: register_buffer on both buffers (host only)
   int hosts = 0;  // --hosts: ranks started here act as this many hosts (COCCL_HOSTID, NCCL_HOSTID)
 };
-
 
 // Encodes a small real into a minifloat with `e` exponent and `m` mantissa bits, rounding to
 // nearest even (the inputs here never overflow).
@@ -39,7 +38,8 @@ inline std::uint32_t minifloat(double v, int e, int m) {
   double a = std::fabs(v);
   if (a == 0) return sign;
   int ex = static_cast<int>(std::floor(std::log2(a)));
-  if (ex < 1 - bias) return sign | static_cast<std::uint32_t>(std::nearbyint(std::ldexp(a, bias - 1 + m)));
+  if (ex < 1 - bias)
+    return sign | static_cast<std::uint32_t>(std::nearbyint(std::ldexp(a, bias - 1 + m)));
   double frac = a / std::ldexp(1.0, ex) - 1.0;
   auto mant = static_cast<std::uint32_t>(std::nearbyint(std::ldexp(frac, m)));
   if (mant == (1u << m)) {
@@ -52,18 +52,42 @@ inline std::uint32_t minifloat(double v, int e, int m) {
 // Stores v as element i of a buffer of type t.
 inline void store(void* p, std::size_t i, DataType t, double v) {
   switch (t) {
-    case DataType::int8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(static_cast<std::int64_t>(v)); break;
-    case DataType::uint8: static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(static_cast<std::int64_t>(v)); break;
-    case DataType::int32: static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v); break;
-    case DataType::uint32: static_cast<std::uint32_t*>(p)[i] = static_cast<std::uint32_t>(static_cast<std::int64_t>(v)); break;
-    case DataType::int64: static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v); break;
-    case DataType::uint64: static_cast<std::uint64_t*>(p)[i] = static_cast<std::uint64_t>(static_cast<std::int64_t>(v)); break;
-    case DataType::float32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DataType::float64: static_cast<double*>(p)[i] = v; break;
-    case DataType::float16: static_cast<std::uint16_t*>(p)[i] = static_cast<std::uint16_t>(minifloat(v, 5, 10)); break;
-    case DataType::bfloat16: static_cast<std::uint16_t*>(p)[i] = static_cast<std::uint16_t>(minifloat(v, 8, 7)); break;
-    case DataType::float8_e4m3: static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(minifloat(v, 4, 3)); break;
-    case DataType::float8_e5m2: static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(minifloat(v, 5, 2)); break;
+    case DataType::int8:
+      static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(static_cast<std::int64_t>(v));
+      break;
+    case DataType::uint8:
+      static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(static_cast<std::int64_t>(v));
+      break;
+    case DataType::int32:
+      static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v);
+      break;
+    case DataType::uint32:
+      static_cast<std::uint32_t*>(p)[i] = static_cast<std::uint32_t>(static_cast<std::int64_t>(v));
+      break;
+    case DataType::int64:
+      static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v);
+      break;
+    case DataType::uint64:
+      static_cast<std::uint64_t*>(p)[i] = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+      break;
+    case DataType::float32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::float64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DataType::float16:
+      static_cast<std::uint16_t*>(p)[i] = static_cast<std::uint16_t>(minifloat(v, 5, 10));
+      break;
+    case DataType::bfloat16:
+      static_cast<std::uint16_t*>(p)[i] = static_cast<std::uint16_t>(minifloat(v, 8, 7));
+      break;
+    case DataType::float8_e4m3:
+      static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(minifloat(v, 4, 3));
+      break;
+    case DataType::float8_e5m2:
+      static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(minifloat(v, 5, 2));
+      break;
   }
 }
 
@@ -91,10 +115,18 @@ inline double reduced(DataType t, ReduceOp op, int n, std::size_t i) {
     double v = value(t, op, n, r, i);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
+      case ReduceOp::avg:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::avg) {
@@ -118,8 +150,8 @@ void fill(const std::string& coll, const Options& o, std::size_t count, int n, i
 
 // Number of elements of `recv` that differ from the reference.
 template <typename Options>
-long long count_wrong(const std::string& coll, const Options& o, std::size_t count, int n,
-                      int rank, const void* recv) {
+long long count_wrong(const std::string& coll, const Options& o, std::size_t count, int n, int rank,
+                      const void* recv) {
   const std::size_t elt = coccl::size_of(o.type);
   std::size_t elems = count;
   if (coll == "allgather" || coll == "alltoall" || coll == "gather") elems = count * n;
@@ -128,12 +160,18 @@ long long count_wrong(const std::string& coll, const Options& o, std::size_t cou
   unsigned char want[8];
   for (std::size_t i = 0; i < elems; ++i) {
     double v;
-    if (coll == "allreduce" || coll == "reduce") v = reduced(o.type, o.op, n, i);
-    else if (coll == "reducescatter") v = reduced(o.type, o.op, n, rank * count + i);
-    else if (coll == "broadcast") v = value(o.type, o.op, n, o.root, i);
-    else if (coll == "allgather" || coll == "gather") v = value(o.type, o.op, n, static_cast<int>(i / count), i % count);
-    else if (coll == "alltoall") v = value(o.type, o.op, n, static_cast<int>(i / count), rank * count + i % count);
-    else v = value(o.type, o.op, n, o.root, rank * count + i);  // scatter
+    if (coll == "allreduce" || coll == "reduce")
+      v = reduced(o.type, o.op, n, i);
+    else if (coll == "reducescatter")
+      v = reduced(o.type, o.op, n, rank * count + i);
+    else if (coll == "broadcast")
+      v = value(o.type, o.op, n, o.root, i);
+    else if (coll == "allgather" || coll == "gather")
+      v = value(o.type, o.op, n, static_cast<int>(i / count), i % count);
+    else if (coll == "alltoall")
+      v = value(o.type, o.op, n, static_cast<int>(i / count), rank * count + i % count);
+    else
+      v = value(o.type, o.op, n, o.root, rank * count + i);  // scatter
     store(want, 0, o.type, v);
     if (std::memcmp(want, static_cast<const unsigned char*>(recv) + i * elt, elt) != 0) ++wrong;
   }

@@ -44,8 +44,9 @@ std::string script(const std::string& dir, const std::string& path, const std::s
   for (int panel = 0; panel < 2; ++panel) {
     s << "set ylabel " << quoted(panel == 0 ? bandwidth_label : "time (us)") << "\nplot ";
     for (std::size_t i = 0; i < series.size(); ++i)
-      s << (i ? ", " : "") << quoted(dir + "/" + std::to_string(i) + ".dat") << " using 1:"
-        << (panel == 0 ? 3 : 2) << " with linespoints title " << quoted(series[i].title);
+      s << (i ? ", " : "") << quoted(dir + "/" + std::to_string(i) + ".dat")
+        << " using 1:" << (panel == 0 ? 3 : 2) << " with linespoints title "
+        << quoted(series[i].title);
     s << "\n";
   }
   s << "unset multiplot\n";
@@ -57,7 +58,8 @@ std::string script(const std::string& dir, const std::string& path, const std::s
 std::string plot(const std::string& path, const std::string& title,
                  const std::string& bandwidth_label, const std::vector<PlotSeries>& series) {
   char tmpl[] = "/tmp/coccl-perf-plot-XXXXXX";
-  if (!::mkdtemp(tmpl)) return std::string("cannot make a temporary directory: ") + std::strerror(errno);
+  if (!::mkdtemp(tmpl))
+    return std::string("cannot make a temporary directory: ") + std::strerror(errno);
   const std::string dir = tmpl;
   std::string why;
   for (std::size_t i = 0; i < series.size(); ++i) {

@@ -36,10 +36,20 @@ std::size_t parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
   }
   return static_cast<std::size_t>(v);
 }
@@ -161,9 +171,8 @@ int main(int argc, char** argv) {
   std::vector<char> buf(max_size, 1);
   for (std::size_t size : sizes) {
     // Enough sends per batch to last about `seconds`/5 at a few GB/s, at least one.
-    const std::size_t per_stream =
-        std::max<std::size_t>(size, static_cast<std::size_t>(seconds / 5 * 2e9 / streams) / size *
-                                        size);
+    const std::size_t per_stream = std::max<std::size_t>(
+        size, static_cast<std::size_t>(seconds / 5 * 2e9 / streams) / size * size);
     std::vector<double> rates;
     for (int batch = 0; batch < 6; ++batch) {
       auto t0 = Clock::now();

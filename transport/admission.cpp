@@ -81,11 +81,11 @@ void DropLog::dropped(const std::string& why) {
   auto now = std::chrono::steady_clock::now();
   if (now - window_start_ >= drop_warning_interval) {
     if (suppressed_ > 0)
-      COCCL_WARN(boot, rank_, "%s: %llu more connections dropped in the last %lld s",
-                 who_.c_str(), static_cast<unsigned long long>(suppressed_),
-                 static_cast<long long>(
-                     std::chrono::duration_cast<std::chrono::seconds>(now - window_start_)
-                         .count()));
+      COCCL_WARN(
+          boot, rank_, "%s: %llu more connections dropped in the last %lld s", who_.c_str(),
+          static_cast<unsigned long long>(suppressed_),
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::seconds>(now - window_start_).count()));
     window_start_ = now;
     written_ = 0;
     suppressed_ = 0;

@@ -8,7 +8,6 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <algorithm>
 #include <coccl/error.hpp>
 #include <cstring>
 #include <fstream>
@@ -104,11 +103,11 @@ struct Root : std::enable_shared_from_this<Root> {
   int expect = 0;
   std::uint64_t ids = 0;
   int arrived = 0;
-  bool formed = false;   // every hello arrived; the table went to rank 0 (or the share on)
-  bool expired = false;  // COCCL_TIMEOUT passed first: no more hellos, status queries only
+  bool formed = false;      // every hello arrived; the table went to rank 0 (or the share on)
+  bool expired = false;     // COCCL_TIMEOUT passed first: no more hellos, status queries only
   bool rank0_lost = false;  // everyone arrived, but the table could not be sent to rank 0
   std::map<int, std::string> failures;  // ranks whose set-up failed, and why (their notices)
-  bool done = false;     // serving nothing more
+  bool done = false;                    // serving nothing more
   std::vector<PeerInfo> table;
   std::vector<bool> seen;
   // The first rank of this root's share (rank 0 at root 0): it takes the table, or the share.
@@ -144,10 +143,13 @@ asio::awaitable<bool> root_distribute(std::shared_ptr<Root> root) {
   if (root->index == 0) {
     payload = encode_table(root->table);
   } else {
-    Share share{root->nranks, static_cast<std::uint32_t>(root->roots),
-                static_cast<std::uint32_t>(root->index), root->ids, root->first,
-                std::vector<PeerInfo>(root->table.begin() + root->first,
-                                      root->table.begin() + root->last)};
+    Share share{
+        root->nranks,
+        static_cast<std::uint32_t>(root->roots),
+        static_cast<std::uint32_t>(root->index),
+        root->ids,
+        root->first,
+        std::vector<PeerInfo>(root->table.begin() + root->first, root->table.begin() + root->last)};
     payload = encode_share(share);
   }
   auto sock = root->rank0;
@@ -218,7 +220,7 @@ asio::awaitable<bool> root_table_taken(std::shared_ptr<Root> root) {
   try {
     runtime::CloseAfter guard(*root->rank0, runtime::default_timeout());
     Frame f = co_await read_frame(*root->rank0, *root->rank0_channel, max_small_frame);
-    co_return f.type == FrameType::status && f.payload.empty();
+    co_return f.type == FrameType::status&& f.payload.empty();
   } catch (const std::exception& e) {
     COCCL_WARN(boot, -1, "bootstrap root: rank 0 did not take the table: %s", e.what());
   }
@@ -269,21 +271,24 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   }
   if (refusal.empty()) {
     const std::string whose = "ranks " + std::to_string(share.first) + "-" +
-                              std::to_string(share.first + share.entries.size() - 1) +
-                              " (root " + std::to_string(share.index) + " of " +
-                              std::to_string(share.roots) + ")";
+                              std::to_string(share.first + share.entries.size() - 1) + " (root " +
+                              std::to_string(share.index) + " of " + std::to_string(share.roots) +
+                              ")";
     if (root->done || root->formed || root->expired) {
-      refusal = "the first root no longer takes shares (the communicator formed, or its "
-                "COCCL_TIMEOUT passed)";
+      refusal =
+          "the first root no longer takes shares (the communicator formed, or its "
+          "COCCL_TIMEOUT passed)";
     } else if (root->nranks < 0) {
       root->shape(share.nranks, static_cast<int>(share.roots), 0, share.ids);
     } else if (root->index != 0) {
       refusal = whose + " sent their share to a root that is not the first of their ids";
     } else if (share.nranks != root->nranks || static_cast<int>(share.roots) != root->roots ||
                share.ids != root->ids) {
-      refusal = whose + " were given other ids, or another number of ranks, than the ranks that "
-                "reached the first root (" + std::to_string(root->roots) + " ids, " +
-                std::to_string(root->nranks) + " ranks): every rank must pass the same ids in "
+      refusal = whose +
+                " were given other ids, or another number of ranks, than the ranks that "
+                "reached the first root (" +
+                std::to_string(root->roots) + " ids, " + std::to_string(root->nranks) +
+                " ranks): every rank must pass the same ids in "
                 "the same order";
     } else {
       for (std::size_t i = 0; i < share.entries.size(); ++i)
@@ -368,13 +373,12 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
   std::string refusal;
   if (roots != root->roots || hello.ids != root->ids)
     refusal = "rank " + std::to_string(rank) + " was given other ids (" + std::to_string(roots) +
-              ") than the ranks that reached this root before it (" +
-              std::to_string(root->roots) + "): every rank must pass the same ids in the same "
+              ") than the ranks that reached this root before it (" + std::to_string(root->roots) +
+              "): every rank must pass the same ids in the same "
               "order";
   else if (at != root->index)
     refusal = "rank " + std::to_string(rank) + " says hello to root " +
-              std::to_string(root->index) + ", but its share belongs to root " +
-              std::to_string(at);
+              std::to_string(root->index) + ", but its share belongs to root " + std::to_string(at);
   if (!refusal.empty()) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped a hello: %s", refusal.c_str());
     if (root->failures.size() < 1024) root->failures[rank] = refusal;
@@ -439,9 +443,9 @@ asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp
       throw std::system_error(make_error_code(errc::peer_lost),
                               text_of(ep) + " refused the connection: the process has gone");
     if (std::chrono::steady_clock::now() >= until || ec == asio::error::timed_out)
-      throw std::system_error(make_error_code(errc::timed_out),
-                              "cannot connect to " + text_of(ep) + " within COCCL_TIMEOUT (" +
-                                  ec.message() + ")");
+      throw std::system_error(
+          make_error_code(errc::timed_out),
+          "cannot connect to " + text_of(ep) + " within COCCL_TIMEOUT (" + ec.message() + ")");
     asio::steady_timer t(ex, std::chrono::milliseconds(20));
     co_await t.async_wait(asio::use_awaitable);
   }
@@ -859,8 +863,8 @@ namespace {
 std::uint64_t digest_of(const std::vector<RootAddress>& roots) {
   if (roots.size() == 1) return 0;
   Writer w;
-  for (const RootAddress& r : roots) w.put(r.secret).put(PeerInfo::from(r.endpoint).addr).put(
-      r.endpoint.port());
+  for (const RootAddress& r : roots)
+    w.put(r.secret).put(PeerInfo::from(r.endpoint).addr).put(r.endpoint.port());
   auto d = detail::sha256(w.bytes().data(), w.bytes().size());
   std::uint64_t v;
   std::memcpy(&v, d.data(), sizeof v);
@@ -900,9 +904,9 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
     }
     if (late) {
       const std::string why = co_await who_is_missing(root);
-      throw std::system_error(make_error_code(errc::timed_out),
-                              "bootstrap: no address table from the root within COCCL_TIMEOUT: " +
-                                  why);
+      throw std::system_error(
+          make_error_code(errc::timed_out),
+          "bootstrap: no address table from the root within COCCL_TIMEOUT: " + why);
     }
     if (f.type != FrameType::table) bad("expected the address table");
     payload = std::move(f.payload);
@@ -986,8 +990,8 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Chann
     const std::vector<std::uint8_t> ack;
     co_await write_frame(*sock, channel, FrameType::status, ack);
   }
-  auto to_first = co_await transport::dial(ex_, first.endpoint,
-                                           std::chrono::steady_clock::now() + limit);
+  auto to_first =
+      co_await transport::dial(ex_, first.endpoint, std::chrono::steady_clock::now() + limit);
   runtime::CloseAfter guard(*to_first, limit);
   Channel first_channel = co_await Channel::initiate(*to_first, first.secret);
   co_await write_frame(*to_first, first_channel, FrameType::share, f.payload);
@@ -996,9 +1000,9 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Chann
     std::string why(answer.payload.begin(), answer.payload.end());
     for (char& c : why)
       if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    throw std::system_error(make_error_code(errc::invalid_argument),
-                            "bootstrap: the first root refused the share of root " +
-                                std::to_string(at) + ": " + why);
+    throw std::system_error(
+        make_error_code(errc::invalid_argument),
+        "bootstrap: the first root refused the share of root " + std::to_string(at) + ": " + why);
   }
   if (answer.type != FrameType::status || !answer.payload.empty())
     bad("expected the first root to take the share");
@@ -1089,8 +1093,8 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
 asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
   std::optional<RootView> view;
   try {
-    view = co_await query_root(ex_, root,
-                               std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    view =
+        co_await query_root(ex_, root, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   } catch (const std::exception&) {
   }
   if (!view) co_return "the bootstrap root does not answer either (its process may be gone)";
@@ -1105,7 +1109,8 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
     if (count > 16) missing += " and " + std::to_string(count - 16) + " more";
     std::string more;
     if (roots_ > 1)
-      more = " (through " + std::to_string(roots_) + " roots; a share reaches the first root "
+      more = " (through " + std::to_string(roots_) +
+             " roots; a share reaches the first root "
              "once all of its ranks reached theirs)";
     // A refused hello or share says why (other ids, a wrong share).
     for (const std::string& f : view->failed)
@@ -1115,8 +1120,7 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
       }
     co_return std::string(count == 1 ? "rank " : "ranks ") + missing +
         (count == 1 ? " has" : " have") + " not reached the bootstrap root (" +
-        std::to_string(view->arrived) + " of " + std::to_string(view->nranks) + " arrived)" +
-        more;
+        std::to_string(view->arrived) + " of " + std::to_string(view->nranks) + " arrived)" + more;
   }
   if (view->rank0_lost)
     co_return "rank 0 reached the bootstrap root but could not take the address table from it "
@@ -1147,8 +1151,8 @@ asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
     co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
   }
   if (bytes.empty()) co_return "rank " + std::to_string(peer) + " has not formed the communicator";
-  co_return "rank " + std::to_string(peer) + " reports: " +
-      (status_reader_ ? status_reader_(bytes) : std::string("a status"));
+  co_return "rank " + std::to_string(peer) +
+      " reports: " + (status_reader_ ? status_reader_(bytes) : std::string("a status"));
 }
 
 Peers::Kind Peers::kind_for(int peer) const {
@@ -1248,9 +1252,9 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
     pending_[peer].reset();
     // Whatever holds the peer up is what to name: ask it.
     const std::string about = co_await ask_about(peer, table_[peer]);
-    throw LinkError(make_error_code(errc::timed_out),
-                    "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " +
-                        about);
+    throw LinkError(
+        make_error_code(errc::timed_out),
+        "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " + about);
   }
   throw LinkError(make_error_code(errc::peer_lost),
                   "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
@@ -1358,7 +1362,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     runtime::CloseAfter guard(*sock, limit);
     LinkRequest request = decode_link_request(payload);
     const std::uint32_t their_sockets = request.sockets;
-    // The dialler sizes the ring (fewer slots for a small operation), up to this rank's COCCL_SLOTS.
+    // The dialler sizes the ring (fewer slots for a small operation), up to this rank's
+    // COCCL_SLOTS.
     if (request.kind != static_cast<std::uint8_t>(kind) || request.slots < 2 ||
         request.slots > options_.slots || request.slot_bytes != options_.slot_bytes ||
         their_sockets < 1 || their_sockets > 16 || (kind != Kind::tcp && their_sockets != 1))
@@ -1391,8 +1396,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     std::vector<std::uint8_t> address;
 #if COCCL_HAVE_IB
     if (kind == Kind::ib) {
-      made.link = std::make_unique<ib::Link>(ib_device_, made.slots, options_.slot_bytes,
-                                             ib_qps(), ib_block_min());
+      made.link = std::make_unique<ib::Link>(ib_device_, made.slots, options_.slot_bytes, ib_qps(),
+                                             ib_block_min());
       made.link->connect(ib::LinkAddress::decode(request.address));
       address = made.link->address().encode();
     }
@@ -1513,12 +1518,15 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
   if (budget_ == 0) co_return room;
   const auto text = [](std::size_t n) { return std::to_string(n) + " bytes"; };
   if (bytes > budget_)
-    throw LinkError(make_error_code(errc::invalid_argument),
-                    "COCCL_MEM_BUDGET (" + text(budget_) + ") cannot hold even one link: the "
-                    "link to rank " + std::to_string(peer) + " needs a receive ring of " +
-                    text(bytes) + " (at least 2 slots of COCCL_SLOT_BYTES=" +
-                    std::to_string(options_.slot_bytes) + "); raise COCCL_MEM_BUDGET or lower "
-                    "COCCL_SLOT_BYTES");
+    throw LinkError(
+        make_error_code(errc::invalid_argument),
+        "COCCL_MEM_BUDGET (" + text(budget_) +
+            ") cannot hold even one link: the "
+            "link to rank " +
+            std::to_string(peer) + " needs a receive ring of " + text(bytes) +
+            " (at least 2 slots of COCCL_SLOT_BYTES=" + std::to_string(options_.slot_bytes) +
+            "); raise COCCL_MEM_BUDGET or lower "
+            "COCCL_SLOT_BYTES");
   const auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
   auto pause = std::chrono::milliseconds(1);
   asio::steady_timer timer(ex_);
@@ -1530,14 +1538,17 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
       if (p != peer && by_peer_[p] && !held(p) && !closing_[p]) idle.push_back(p);
     const auto open = std::count_if(by_peer_.begin(), by_peer_.end(),
                                     [](const Connection* c) { return c != nullptr; });
-    const std::string holding = std::to_string(open) + " open links hold " + text(ring_bytes_) +
-                                " of receive rings";
+    const std::string holding =
+        std::to_string(open) + " open links hold " + text(ring_bytes_) + " of receive rings";
     if (idle.empty() && reserved_ == 0)
       throw LinkError(make_error_code(errc::invalid_argument),
-                      "COCCL_MEM_BUDGET (" + text(budget_) + ") is too small for this "
-                      "operation: its " + holding + " and none is idle, but the link to rank " +
-                      std::to_string(peer) + " needs " + text(bytes) + " more; raise "
-                      "COCCL_MEM_BUDGET");
+                      "COCCL_MEM_BUDGET (" + text(budget_) +
+                          ") is too small for this "
+                          "operation: its " +
+                          holding + " and none is idle, but the link to rank " +
+                          std::to_string(peer) + " needs " + text(bytes) +
+                          " more; raise "
+                          "COCCL_MEM_BUDGET");
     std::sort(idle.begin(), idle.end(),
               [this](int a, int b) { return last_used_[a] < last_used_[b]; });
     bool closed = false;
@@ -1553,9 +1564,10 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
     // shortly, until the deadline.
     if (std::chrono::steady_clock::now() >= until)
       throw LinkError(make_error_code(errc::timed_out),
-                      "COCCL_MEM_BUDGET (" + text(budget_) + "): no idle link could be closed "
-                      "within COCCL_TIMEOUT to make room for the link to rank " +
-                      std::to_string(peer) + " (" + holding + "; their peers kept using them)");
+                      "COCCL_MEM_BUDGET (" + text(budget_) +
+                          "): no idle link could be closed "
+                          "within COCCL_TIMEOUT to make room for the link to rank " +
+                          std::to_string(peer) + " (" + holding + "; their peers kept using them)");
     timer.expires_after(pause);
     boost::system::error_code ignored;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
@@ -1582,7 +1594,8 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   auto alive = alive_;
   const std::uint64_t gen = link_gen_[peer];
   closing_[peer] = true;
-  close_done_[peer] = std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
+  close_done_[peer] =
+      std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
   // The peer closes its end first when it agrees: that end of file is not a failure.
   c->hold_failures();
   bool agreed = false;
@@ -1637,8 +1650,8 @@ asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
   // Agreed when this end is settled and not in use; when both ends ask at once, the lower rank's
   // request wins.
   Connection* c = by_peer_[from];
-  const bool agree = c && !dialing_[from] && !held(from) && c->settled() &&
-                     !(closing_[from] && rank_ < from);
+  const bool agree =
+      c && !dialing_[from] && !held(from) && c->settled() && !(closing_[from] && rank_ < from);
   if (agree) retire(from, why);
   try {
     runtime::CloseAfter guard(*s, auth_timeout());
@@ -1676,8 +1689,8 @@ void Peers::retire(int peer, CloseReason why) {
 }
 
 void Peers::arm_idle_timer() {
-  idle_timer_.expires_after(std::max<std::chrono::steady_clock::duration>(
-      idle_ / 4, std::chrono::milliseconds(10)));
+  idle_timer_.expires_after(
+      std::max<std::chrono::steady_clock::duration>(idle_ / 4, std::chrono::milliseconds(10)));
   idle_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
     if (ec || !*alive || shut_) return;
     const auto now = std::chrono::steady_clock::now();
@@ -1699,7 +1712,8 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   // ones get the abort notice below).
   if (notify && !table_.empty()) {
     ++*telling_;
-    asio::co_spawn(ex_, tell_everyone(why), [telling = telling_](std::exception_ptr) { --*telling; });
+    asio::co_spawn(ex_, tell_everyone(why),
+                   [telling = telling_](std::exception_ptr) { --*telling; });
   }
   // The listener stays open until the communicator is destroyed: it answers status queries and
   // liveness probes, takes shrink requests (recovery), and answers link requests with the reason.
@@ -1721,8 +1735,8 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
 namespace {
 
 // One question and its answer on a fresh authenticated connection, all before `until`.
-asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Secret secret, std::size_t max_answer,
-                           std::chrono::steady_clock::time_point until) {
+asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Secret secret,
+                           std::size_t max_answer, std::chrono::steady_clock::time_point until) {
   auto sock = co_await transport::dial(ex, ep, until);
   auto left = std::max<std::chrono::steady_clock::duration>(
       until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1));

@@ -62,12 +62,12 @@ asio::awaitable<std::shared_ptr<asio::ip::tcp::socket>> dial(
 
 /// The bootstrap root's view of a communicator, as it answers a status query.
 struct RootView {
-  int nranks = 0;   // 0 while no hello has arrived
-  int arrived = 0;  // hellos received
-  bool rank0_lost = false;  // all arrived, but rank 0 could not be sent the table
+  int nranks = 0;                   // 0 while no hello has arrived
+  int arrived = 0;                  // hellos received
+  bool rank0_lost = false;          // all arrived, but rank 0 could not be sent the table
   std::vector<std::string> failed;  // per rank: why its set-up failed, if it told the root
-  std::vector<bool> seen;       // per rank: its hello arrived
-  std::vector<PeerInfo> table;  // per rank: its listener (valid where seen)
+  std::vector<bool> seen;           // per rank: its hello arrived
+  std::vector<PeerInfo> table;      // per rank: its listener (valid where seen)
 };
 
 /// Asks the root of `root` for its view (coccl-status). Throws std::system_error (errc::timed_out
@@ -310,7 +310,7 @@ class Peers {
   LinkOptions options_;
   FailureHandler on_failure_;
   asio::ip::tcp::acceptor acceptor_;
-  Admission admission_;        // connections that have not authenticated yet
+  Admission admission_;  // connections that have not authenticated yet
   DropLog drops_;
   asio::steady_timer accept_retry_;  // pause after an accept error
   bool table_received_ = false;      // only the first table frame counts
@@ -325,9 +325,9 @@ class Peers {
   std::shared_ptr<ib::Device> ib_device_;  // COCCL_TRANSPORT=ib, or auto with a usable device
 #endif
   std::shared_ptr<UserBuffers> user_buffers_;
-  std::vector<std::unique_ptr<Connection>> conns_;  // in creation order
+  std::vector<std::unique_ptr<Connection>> conns_;    // in creation order
   std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
-  std::vector<Connection*> by_peer_;                // nranks entries
+  std::vector<Connection*> by_peer_;                  // nranks entries
   // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
   // link is ready or failed; its expiry is the deadline).
   std::vector<std::shared_ptr<asio::steady_timer>> pending_;
@@ -360,10 +360,10 @@ class Peers {
   std::size_t reserved_ = 0;                    // promised to links being made
   std::vector<std::size_t> ring_of_;            // per peer: its open link's ring bytes
   std::vector<std::chrono::steady_clock::time_point> last_used_;
-  int users_ = 0;                  // Use objects alive
-  std::uint64_t period_ = 0;       // counts the spans with users; held_ names the span
+  int users_ = 0;             // Use objects alive
+  std::uint64_t period_ = 0;  // counts the spans with users; held_ names the span
   std::vector<std::uint64_t> held_;
-  std::vector<bool> closing_;      // this rank asks the peer to close the link
+  std::vector<bool> closing_;  // this rank asks the peer to close the link
   // Per peer while closing_: a timer used as an event, cancelled when the close is settled.
   std::vector<std::shared_ptr<asio::steady_timer>> close_done_;
   std::vector<std::uint64_t> link_gen_;  // counts the links made and closed with each peer

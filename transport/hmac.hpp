@@ -21,7 +21,7 @@ using Digest = std::array<std::uint8_t, 32>;
 /// `finish` the object holds no meaningful state until it is assigned a fresh `Sha256{}`.
 /// Not thread-safe; copies are independent (a copy taken mid-stream forks the hash).
 class Sha256 {
-public:
+ public:
   static constexpr std::size_t block_size = 64;
 
   Sha256() noexcept;
@@ -32,7 +32,7 @@ public:
   /// Pads the message and returns its digest.
   Digest finish() noexcept;
 
-private:
+ private:
   void compress(const std::uint8_t* block) noexcept;
 
   std::array<std::uint32_t, 8> state_;

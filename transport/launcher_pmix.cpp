@@ -2,11 +2,12 @@
 // coccl neither links nor builds against libpmix. The declarations below follow the PMIx standard's
 // ABI (v3 and later): fixed-size name arrays, and a value that starts with a 16-bit type tag
 // followed by an 8-byte aligned union whose first members are scalars and pointers.
+#include <dlfcn.h>
+
 #include <coccl/error.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
 #include <type_traits>
 
 #include "transport/launcher.hpp"

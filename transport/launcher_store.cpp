@@ -7,6 +7,8 @@
 // by WAIT on the key, which the server answers once the key exists. A deadline closes the
 // connection (the server drops a closed client's pending WAIT), so a client that timed out stays
 // failed.
+#include <unistd.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -16,7 +18,6 @@
 #include <coccl/error.hpp>
 #include <cstring>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "transport/launcher.hpp"
@@ -98,7 +99,8 @@ struct TcpStoreClient::State {
       ec = e;
       done = true;
     });
-    if (!run_until(done, deadline)) fail(errc::timed_out, "TCPStore at " + where + ": send timed out");
+    if (!run_until(done, deadline))
+      fail(errc::timed_out, "TCPStore at " + where + ": send timed out");
     if (ec) fail(errc::peer_lost, "TCPStore at " + where + ": " + ec.message());
   }
 
@@ -141,10 +143,11 @@ TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port,
   auto pause = std::chrono::milliseconds(10);
   for (;;) {
     bool done = false;
-    asio::async_connect(s_->sock, endpoints, [&](boost::system::error_code e, const tcp::endpoint&) {
-      ec = e;
-      done = true;
-    });
+    asio::async_connect(s_->sock, endpoints,
+                        [&](boost::system::error_code e, const tcp::endpoint&) {
+                          ec = e;
+                          done = true;
+                        });
     if (!s_->run_until(done, until))
       fail(errc::timed_out, "TCPStore at " + s_->where + " did not accept a connection in time");
     if (!ec) break;

@@ -64,8 +64,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(std::size_t bytes) {
   std::array<std::uint8_t, 8> rnd{};
   detail::random_bytes(rnd);
   char name[64];
-  std::snprintf(name, sizeof name, "/coccl-%d-%02x%02x%02x%02x%02x%02x%02x%02x", ::getpid(),
-                rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+  std::snprintf(name, sizeof name, "/coccl-%d-%02x%02x%02x%02x%02x%02x%02x%02x", ::getpid(), rnd[0],
+                rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
   int fd = open_segment(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw sys_error(std::string("shm_open ") + name + " in " + where());
   // The pages are reserved now: a segment only sized (sparse) would fault with SIGBUS on first

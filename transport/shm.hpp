@@ -75,7 +75,9 @@ class ShmConnection final : public SocketConnection {
 
   /// Called by ShmPoller: resumes waiters whose condition holds; true if it resumed any.
   bool check();
-  bool has_waiter() const noexcept { return recv_waiter_.has_value() || credit_waiter_.has_value(); }
+  bool has_waiter() const noexcept {
+    return recv_waiter_.has_value() || credit_waiter_.has_value();
+  }
 
  private:
   bool can_put() const noexcept override;

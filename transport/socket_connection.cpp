@@ -224,9 +224,9 @@ void SocketConnection::throw_failure() const { throw LinkError(error_, error_tex
 
 void SocketConnection::fail_departed(const char* needed) {
   if (!closed_)
-    close(make_error_code(errc::peer_lost),
-          "rank " + std::to_string(peer_) + " destroyed its communicator while this rank " +
-              needed);
+    close(
+        make_error_code(errc::peer_lost),
+        "rank " + std::to_string(peer_) + " destroyed its communicator while this rank " + needed);
   throw_failure();
 }
 

@@ -111,8 +111,8 @@ class SocketConnection : public Connection {
   void finish_close();
 
   std::deque<Pending> queue_;
-  std::string notice_;           // abort notice waiting for the frame in flight
-  asio::steady_timer linger_;    // bounds how long a close waits for that frame
+  std::string notice_;         // abort notice waiting for the frame in flight
+  asio::steady_timer linger_;  // bounds how long a close waits for that frame
   bool writing_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -102,9 +102,8 @@ TcpEngine tcp_engine(int rank) {
                             "COCCL_TCP_ENGINE=" + want + ": expected uring, asio or auto");
   static std::once_flag logged;
   if (want == "asio") {
-    std::call_once(logged, [rank] {
-      COCCL_INFO(net, rank, "tcp engine: asio (COCCL_TCP_ENGINE=asio)");
-    });
+    std::call_once(logged,
+                   [rank] { COCCL_INFO(net, rank, "tcp engine: asio (COCCL_TCP_ENGINE=asio)"); });
     return TcpEngine::asio;
   }
   const std::string& why = uring_unavailable();
@@ -265,7 +264,7 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   asio::steady_timer linger_;
   std::vector<Sock> socks_;
   std::size_t zc_min_;
-  std::size_t inflight_ = 0;  // completions still to come that refer to our memory
+  std::size_t inflight_ = 0;                  // completions still to come that refer to our memory
   std::deque<std::unique_ptr<Out>> zc_wait_;  // sent zero-copy, notification not yet in
 
   std::size_t slots_;
@@ -291,9 +290,8 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
 
 UringTcpConnection::UringTcpConnection(int self, int peer,
                                        std::vector<asio::ip::tcp::socket> sockets,
-                                       UringRingPtr ring, std::size_t slots,
-                                       std::size_t slot_bytes, runtime::ProxyThread& thread,
-                                       FailureHandler on_failure)
+                                       UringRingPtr ring, std::size_t slots, std::size_t slot_bytes,
+                                       runtime::ProxyThread& thread, FailureHandler on_failure)
     : Connection(self, peer, std::move(on_failure)),
       ring_(std::move(ring)),
       thread_(thread),
@@ -325,8 +323,8 @@ UringTcpConnection::UringTcpConnection(int self, int peer,
   if (e < 0) fail(-e, "io_uring_register_files");
   for (std::size_t i = 0; i < socks_.size(); ++i) {
     Sock& s = socks_[i];
-    void* mem = ::mmap(nullptr, buf_ring_bytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* mem =
+        ::mmap(nullptr, buf_ring_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) fail(errno, "mmap");
     s.buf_ring = static_cast<io_uring_buf_ring*>(mem);
     io_uring_buf_reg reg{};
@@ -403,7 +401,8 @@ io_uring_sqe* UringTcpConnection::sqe() {
     io_uring_submit(uring());
     q = io_uring_get_sqe(uring());
   }
-  if (!q) throw std::system_error(make_error_code(errc::internal), "io_uring submission queue full");
+  if (!q)
+    throw std::system_error(make_error_code(errc::internal), "io_uring submission queue full");
   return q;
 }
 
@@ -564,7 +563,8 @@ void UringTcpConnection::end_frame(Sock& s) {
   s.head_got = 0;
   if (s.frame.type == LinkHeader::abort) {
     auto code = static_cast<errc>(s.frame.fingerprint);
-    if (s.frame.fingerprint < 1 || s.frame.fingerprint > static_cast<std::uint32_t>(errc::cuda_error))
+    if (s.frame.fingerprint < 1 ||
+        s.frame.fingerprint > static_cast<std::uint32_t>(errc::cuda_error))
       code = errc::remote_error;
     close(make_error_code(code), "rank " + std::to_string(peer_) + " aborted: " + s.text);
     return;
@@ -734,8 +734,8 @@ asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, st
   try {
     co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
         [&](auto handler) {
-          auto o = std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::put, fp, n}, src, n,
-                                                Resume(std::move(handler))});
+          auto o = std::unique_ptr<Out>(
+              new Out{LinkHeader{LinkHeader::put, fp, n}, src, n, Resume(std::move(handler))});
           o->zc = n >= zc_min_;
           enqueue(i, std::move(o));
         },
@@ -780,8 +780,8 @@ void UringTcpConnection::release() {
       ++s.queue[k]->header.length;
       return;
     }
-  enqueue(i, std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0,
-                                          Resume()}));
+  enqueue(
+      i, std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0, Resume()}));
 }
 
 void UringTcpConnection::send_abort(std::error_code ec, const std::string& why) {
@@ -854,9 +854,9 @@ void UringTcpConnection::finish_close() {
 
 void UringTcpConnection::fail_departed(const char* needed) {
   if (!closed_)
-    close(make_error_code(errc::peer_lost),
-          "rank " + std::to_string(peer_) + " destroyed its communicator while this rank " +
-              needed);
+    close(
+        make_error_code(errc::peer_lost),
+        "rank " + std::to_string(peer_) + " destroyed its communicator while this rank " + needed);
   throw_failure();
 }
 

@@ -54,8 +54,8 @@ UringRingPtr make_uring_ring(std::string& why);
 /// Makes a tcp link over `sockets` (socket 0 carries abort and goodbye notices) driven by `ring`.
 std::unique_ptr<Connection> make_uring_connection(int self, int peer,
                                                   std::vector<asio::ip::tcp::socket> sockets,
-                                                  UringRingPtr ring,
-                                                  std::size_t slots, std::size_t slot_bytes,
+                                                  UringRingPtr ring, std::size_t slots,
+                                                  std::size_t slot_bytes,
                                                   runtime::ProxyThread& thread,
                                                   FailureHandler on_failure);
 

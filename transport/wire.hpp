@@ -30,19 +30,19 @@ using Secret = std::array<std::uint8_t, 16>;
 
 /// Frame types of the bootstrap and connection-setup protocols.
 enum class FrameType : std::uint32_t {
-  hello = 1,    // rank -> root: rank, nranks, PeerInfo
-  table = 2,    // root/parent -> rank: the address table
-  connect = 3,  // lower rank -> higher rank: open a peer connection
-  accept = 4,   // higher rank -> lower rank: connection accepted, transport parameters
-  ctrl = 5,     // a control message on an established connection
+  hello = 1,         // rank -> root: rank, nranks, PeerInfo
+  table = 2,         // root/parent -> rank: the address table
+  connect = 3,       // lower rank -> higher rank: open a peer connection
+  accept = 4,        // higher rank -> lower rank: connection accepted, transport parameters
+  ctrl = 5,          // a control message on an established connection
   status_query = 6,  // coccl-status -> root or rank: what are you doing?
   status = 7,        // the answer: the root's view of the rendezvous, or the rank's CommStatus
   notice = 8,        // a rank that has failed -> a peer or the root: who and why; on a fresh
                      // connection, or in answer to a connection request
-  recover = 9,     // rank -> rank listener, and the answer: liveness probe or shrink (recovery.hpp)
-  stripe = 10,     // lower rank -> higher rank: an extra socket of a tcp link being made
-  share = 11,      // root k -> its first rank -> root 0: root k's part of the address table
-  close = 12,      // rank -> peer's listener: close our idle link? answered with a status frame
+  recover = 9,  // rank -> rank listener, and the answer: liveness probe or shrink (recovery.hpp)
+  stripe = 10,  // lower rank -> higher rank: an extra socket of a tcp link being made
+  share = 11,   // root k -> its first rank -> root 0: root k's part of the address table
+  close = 12,   // rank -> peer's listener: close our idle link? answered with a status frame
 };
 
 struct Frame {

@@ -289,7 +289,8 @@ ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
     pncclGroupStart();
     ncclResult_t first = ncclSuccess;
     for (int i = 0; i < ndev; ++i) {
-      ncclResult_t r = init_rank(comms + i, ndev, {to_id(id)}, i, nullptr, devlist ? devlist[i] : i);
+      ncclResult_t r =
+          init_rank(comms + i, ndev, {to_id(id)}, i, nullptr, devlist ? devlist[i] : i);
       if (r != ncclSuccess && first == ncclSuccess) first = r;
     }
     ncclResult_t r = pncclGroupEnd();

@@ -215,10 +215,10 @@ ncclResult_t check_call(Call& k) {
                         k.kind == OpKind::scatter;
   const std::size_t blocks = per_rank && n > 0 ? static_cast<std::size_t>(n) : 1;
   if (k.count > std::numeric_limits<std::size_t>::max() / elt / blocks)
-    return fail(ncclInvalidArgument,
-                std::string(what) + ": count " + std::to_string(k.count) + " * type size " +
-                    std::to_string(elt) + (blocks > 1 ? " * " + std::to_string(n) + " ranks" : "") +
-                    " overflows");
+    return fail(ncclInvalidArgument, std::string(what) + ": count " + std::to_string(k.count) +
+                                         " * type size " + std::to_string(elt) +
+                                         (blocks > 1 ? " * " + std::to_string(n) + " ranks" : "") +
+                                         " overflows");
   const bool rooted = k.kind == OpKind::broadcast || k.kind == OpKind::reduce ||
                       k.kind == OpKind::gather || k.kind == OpKind::scatter ||
                       k.kind == OpKind::p2p;

@@ -130,9 +130,11 @@ int check_trainer(const std::string& exe, const std::string& device) {
   const std::string d = dir;
   auto train = [&](int ranks, const std::string& dev, const std::string& out,
                    std::vector<std::string> extra) {
-    std::vector<std::string> args{exe,      "--ranks",  std::to_string(ranks), "--steps", "20",
-                                  "--hidden", "128",    "--layers", "3",      "--bucket-kb", "8", "--device", dev,
-                                  "--loss-file", d + "/" + out};
+    std::vector<std::string> args{exe,           "--ranks",     std::to_string(ranks),
+                                  "--steps",     "20",          "--hidden",
+                                  "128",         "--layers",    "3",
+                                  "--bucket-kb", "8",           "--device",
+                                  dev,           "--loss-file", d + "/" + out};
     args.insert(args.end(), extra.begin(), extra.end());
     return run(args, 240);
   };
@@ -173,8 +175,8 @@ int check_trainer(const std::string& exe, const std::string& device) {
 
 int check_dead_worker(const std::string& exe) {
   ::setenv("COCCL_TIMEOUT", "10", 1);
-  const Result r = run({exe, "--ranks", "4", "--servers", "2", "--rounds", "1000",
-                        "--kill-worker", "3", "--after", "3"},
+  const Result r = run({exe, "--ranks", "4", "--servers", "2", "--rounds", "1000", "--kill-worker",
+                        "3", "--after", "3"},
                        60);
   bool ok = !r.timed_out && r.exit_code != 0;
   if (!ok) std::printf("FAIL: the job must stop by itself with a failure\n");

@@ -28,8 +28,8 @@ std::string self_exe() {
 }
 
 bool under_launcher() {
-  return std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") ||
-         std::getenv("PMIX_RANK") || std::getenv("SLURM_PROCID");
+  return std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("PMIX_RANK") ||
+         std::getenv("SLURM_PROCID");
 }
 
 }  // namespace
@@ -70,8 +70,8 @@ int run_local_ranks(char** argv, int n) {
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    if (const int rc = posix_spawn(&pids[r], exe.c_str(), nullptr, nullptr, args.data(),
-                                   envp.data())) {
+    if (const int rc =
+            posix_spawn(&pids[r], exe.c_str(), nullptr, nullptr, args.data(), envp.data())) {
       std::fprintf(stderr, "cannot start rank %d: %s\n", r, std::strerror(rc));
       // The ranks already started fail within COCCL_TIMEOUT waiting for this one.
       pids[r] = -1;

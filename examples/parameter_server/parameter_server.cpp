@@ -76,15 +76,24 @@ Options parse(int argc, char** argv) {
       if (*end || x < lo || x > 1 << 24) usage("bad value '" + v + "' for " + a);
       return static_cast<int>(x);
     };
-    if (a == "--ranks") o.ranks = num(2);
-    else if (a == "--servers") o.servers = num(1);
-    else if (a == "--params") o.params = num(1);
-    else if (a == "--rounds") o.rounds = num(1);
-    else if (a == "--status-port") o.status_port = num(0);
-    else if (a == "--kill-worker") o.kill_worker = num(0);
-    else if (a == "--after") o.kill_after = num(0);
-    else if (a == "--check") o.check = true;
-    else usage("unknown argument '" + a + "'");
+    if (a == "--ranks")
+      o.ranks = num(2);
+    else if (a == "--servers")
+      o.servers = num(1);
+    else if (a == "--params")
+      o.params = num(1);
+    else if (a == "--rounds")
+      o.rounds = num(1);
+    else if (a == "--status-port")
+      o.status_port = num(0);
+    else if (a == "--kill-worker")
+      o.kill_worker = num(0);
+    else if (a == "--after")
+      o.kill_after = num(0);
+    else if (a == "--check")
+      o.check = true;
+    else
+      usage("unknown argument '" + a + "'");
   }
   return o;
 }
@@ -143,8 +152,8 @@ asio::awaitable<void> server_loop(Communicator comm, Options o, ServerState* sta
           comm);
     std::vector<coccl::Transfer> push;
     for (int w = 0; w < workers; ++w)
-      push.push_back(Communicator::recv_op(inbox.data() + w * len, len, DataType::float32,
-                                           o.servers + w));
+      push.push_back(
+          Communicator::recv_op(inbox.data() + w * len, len, DataType::float32, o.servers + w));
     check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))),
           comm);
     for (int w = 0; w < workers; ++w)
@@ -160,8 +169,8 @@ asio::awaitable<void> worker_loop(Communicator comm, Options o) {
     std::vector<coccl::Transfer> pull;
     for (int s = 0; s < o.servers; ++s) {
       const int first = shard_first(o, s), last = shard_first(o, s + 1);
-      pull.push_back(Communicator::recv_op(params.data() + first, last - first,
-                                           DataType::float32, s));
+      pull.push_back(
+          Communicator::recv_op(params.data() + first, last - first, DataType::float32, s));
     }
     check(std::get<0>(co_await comm.async_send_recv(pull, asio::as_tuple(asio::use_awaitable))),
           comm);
@@ -169,8 +178,8 @@ asio::awaitable<void> worker_loop(Communicator comm, Options o) {
     std::vector<coccl::Transfer> push;
     for (int s = 0; s < o.servers; ++s) {
       const int first = shard_first(o, s), last = shard_first(o, s + 1);
-      push.push_back(Communicator::send_op(grad.data() + first, last - first, DataType::float32,
-                                           s));
+      push.push_back(
+          Communicator::send_op(grad.data() + first, last - first, DataType::float32, s));
     }
     check(std::get<0>(co_await comm.async_send_recv(push, asio::as_tuple(asio::use_awaitable))),
           comm);

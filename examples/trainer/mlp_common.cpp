@@ -65,7 +65,8 @@ void make_batch(const Config& c, int step, int first, int count, std::vector<flo
     for (int o = 0; o < c.outputs; ++o) {
       float acc = 0;
       for (int i = 0; i < c.inputs; ++i)
-        acc += xs[i] * uniform(c.seed, teacher_stream, static_cast<std::uint64_t>(i) * c.outputs + o);
+        acc +=
+            xs[i] * uniform(c.seed, teacher_stream, static_cast<std::uint64_t>(i) * c.outputs + o);
       y[static_cast<std::size_t>(s) * c.outputs + o] = std::tanh(teacher_scale * acc);
     }
   }

@@ -96,7 +96,7 @@ class CpuModel final : public Model {
  private:
   Config c_;
   std::vector<std::size_t> off_;
-  std::vector<float> p_, g_, v_;  // parameters, gradients, momentum
+  std::vector<float> p_, g_, v_;         // parameters, gradients, momentum
   std::vector<std::vector<float>> act_;  // act_[0] the inputs, act_[l+1] layer l's output
   std::vector<float> x_, y_, delta_;
   int n_ = 0;

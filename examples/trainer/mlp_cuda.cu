@@ -102,8 +102,8 @@ class CudaModel final : public Model {
     std::vector<float> x, y;
     make_batch(c_, step, first, count, x, y);
     if (act_.empty() || act_[0].size() != x.size()) resize(count);
-    CUDA(cudaMemcpyAsync(act_[0].get(), x.data(), x.size() * sizeof(float),
-                         cudaMemcpyHostToDevice, compute_));
+    CUDA(cudaMemcpyAsync(act_[0].get(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice,
+                         compute_));
     CUDA(cudaMemcpyAsync(y_.get(), y.data(), y.size() * sizeof(float), cudaMemcpyHostToDevice,
                          compute_));
     const float one = 1.0f, zero = 0.0f;
@@ -112,16 +112,16 @@ class CudaModel final : public Model {
       const float* w = p_.get() + off_[l];
       const float* b = w + static_cast<std::size_t>(in) * out;
       float* z = act_[l + 1].get();
-      BLAS(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, out, n_, in, &one, w, out,
-                       act_[l].get(), in, &zero, z, out));
+      BLAS(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, out, n_, in, &one, w, out, act_[l].get(),
+                       in, &zero, z, out));
       BLAS(cublasSger(blas_, out, n_, &one, b, 1, ones_.get(), 1, z, out));
-      if (l + 1 < c_.layers) relu<<<blocks(act_[l + 1].size()), 256, 0, compute_>>>(
-          z, act_[l + 1].size());
+      if (l + 1 < c_.layers)
+        relu<<<blocks(act_[l + 1].size()), 256, 0, compute_>>>(z, act_[l + 1].size());
     }
     const std::size_t n_out = act_[c_.layers].size();
-    output_error<<<blocks(n_out), 256, 0, compute_>>>(act_[c_.layers].get(), y_.get(),
-                                                     diff_.get(), delta_.get(), n_out,
-                                                     1.0f / static_cast<float>(c_.global_batch));
+    output_error<<<blocks(n_out), 256, 0, compute_>>>(act_[c_.layers].get(), y_.get(), diff_.get(),
+                                                      delta_.get(), n_out,
+                                                      1.0f / static_cast<float>(c_.global_batch));
     CUDA(cudaGetLastError());
     float sq = 0;
     BLAS(cublasSdot(blas_, static_cast<int>(n_out), diff_.get(), 1, diff_.get(), 1, &sq));
@@ -141,8 +141,8 @@ class CudaModel final : public Model {
                      gb, 1));
     if (l == 0) return;
     // delta_prev = (delta W^T), masked by the ReLU of layer l-1.
-    BLAS(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, in, n_, out, &one, w, out, delta_.get(),
-                     out, &zero, prev_.get(), in));
+    BLAS(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, in, n_, out, &one, w, out, delta_.get(), out,
+                     &zero, prev_.get(), in));
     const std::size_t k = static_cast<std::size_t>(n_) * in;
     relu_backward<<<blocks(k), 256, 0, compute_>>>(prev_.get(), act_[l].get(), k);
     CUDA(cudaGetLastError());
@@ -190,8 +190,7 @@ class CudaModel final : public Model {
     prev_ = Buffer(delta_.size());
     ones_ = Buffer(static_cast<std::size_t>(count));
     const std::vector<float> ones(static_cast<std::size_t>(count), 1.0f);
-    CUDA(cudaMemcpy(ones_.get(), ones.data(), ones.size() * sizeof(float),
-                    cudaMemcpyHostToDevice));
+    CUDA(cudaMemcpy(ones_.get(), ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
 
   Config c_;

@@ -72,22 +72,34 @@ Options parse(int argc, char** argv) {
       if (*end || x < lo || x > 1 << 20) usage("bad value '" + v + "' for " + a);
       return static_cast<int>(x);
     };
-    if (a == "--ranks") o.ranks = num(1);
-    else if (a == "--steps") o.steps = num(1);
-    else if (a == "--batch") o.model.global_batch = num(1);
-    else if (a == "--layers") o.model.layers = num(2);
-    else if (a == "--hidden") o.model.hidden = num(1);
-    else if (a == "--bucket-kb") o.bucket_kib = static_cast<std::size_t>(num(0));
-    else if (a == "--no-overlap") o.overlap = false;
-    else if (a == "--compare") o.compare = true;
-    else if (a == "--lr") o.lr = std::strtof(val().c_str(), nullptr);
-    else if (a == "--momentum") o.momentum = std::strtof(val().c_str(), nullptr);
-    else if (a == "--loss-file") o.loss_file = val();
+    if (a == "--ranks")
+      o.ranks = num(1);
+    else if (a == "--steps")
+      o.steps = num(1);
+    else if (a == "--batch")
+      o.model.global_batch = num(1);
+    else if (a == "--layers")
+      o.model.layers = num(2);
+    else if (a == "--hidden")
+      o.model.hidden = num(1);
+    else if (a == "--bucket-kb")
+      o.bucket_kib = static_cast<std::size_t>(num(0));
+    else if (a == "--no-overlap")
+      o.overlap = false;
+    else if (a == "--compare")
+      o.compare = true;
+    else if (a == "--lr")
+      o.lr = std::strtof(val().c_str(), nullptr);
+    else if (a == "--momentum")
+      o.momentum = std::strtof(val().c_str(), nullptr);
+    else if (a == "--loss-file")
+      o.loss_file = val();
     else if (a == "--device") {
       const std::string d = val();
       if (d != "host" && d != "cuda") usage("--device takes host or cuda");
       o.cuda = d == "cuda";
-    } else usage("unknown argument '" + a + "'");
+    } else
+      usage("unknown argument '" + a + "'");
   }
   if (o.compare && !o.overlap) usage("--compare runs both ways; leave out --no-overlap");
   return o;
@@ -189,8 +201,8 @@ asio::awaitable<std::vector<StepStats>> train(coccl::Communicator comm, trainer:
     if (ec) throw std::system_error(ec, comm.last_error());
     model->sgd_step(o.lr, o.momentum);
     model->synchronize();
-    stats.push_back({loss / batch, ms_between(t0, Clock::now()), ms_between(t0, t1),
-                     ms_between(t1, t2)});
+    stats.push_back(
+        {loss / batch, ms_between(t0, Clock::now()), ms_between(t0, t1), ms_between(t1, t2)});
   }
   co_return stats;
 }
@@ -240,7 +252,9 @@ int local_rank(int rank) {
 int run_rank(coccl::Communicator comm, const Options& o) {
   const int rank = comm.rank(), n = comm.size();
   if (o.model.global_batch < n) {
-    if (rank == 0) std::fprintf(stderr, "trainer: --batch %d is less than one sample per rank\n", o.model.global_batch);
+    if (rank == 0)
+      std::fprintf(stderr, "trainer: --batch %d is less than one sample per rank\n",
+                   o.model.global_batch);
     comm.destroy();
     return 2;
   }
@@ -250,11 +264,14 @@ int run_rank(coccl::Communicator comm, const Options& o) {
     std::string shape = std::to_string(o.model.inputs);
     for (int l = 0; l < o.model.layers; ++l)
       shape.append(1, '-').append(std::to_string(trainer::layer_outputs(o.model, l)));
-    std::printf("trainer: %d rank%s, %s, MLP %s (%zu parameters), global batch %d, %zu buckets "
-                "of >= %zu KiB, overlap %s\n",
-                n, n == 1 ? "" : "s", o.cuda ? "cuBLAS on GPUs" : "host memory", shape.c_str(),
-                trainer::layer_offsets(o.model).back(), o.model.global_batch, buckets.size(),
-                o.bucket_kib, o.compare ? "on, then off" : o.overlap ? "on" : "off");
+    std::printf(
+        "trainer: %d rank%s, %s, MLP %s (%zu parameters), global batch %d, %zu buckets "
+        "of >= %zu KiB, overlap %s\n",
+        n, n == 1 ? "" : "s", o.cuda ? "cuBLAS on GPUs" : "host memory", shape.c_str(),
+        trainer::layer_offsets(o.model).back(), o.model.global_batch, buckets.size(), o.bucket_kib,
+        o.compare   ? "on, then off"
+        : o.overlap ? "on"
+                    : "off");
     std::fflush(stdout);
   }
   try {
@@ -267,16 +284,18 @@ int run_rank(coccl::Communicator comm, const Options& o) {
         return 1;
       }
       for (std::size_t i = 0; i < s.size(); ++i) {
-        std::printf("step %2zu  loss %.7f  %7.2f ms  (backward %.2f ms, then waited %.2f ms for "
-                    "all_reduce)\n",
-                    i, s[i].loss, s[i].step_ms, s[i].backward_ms, s[i].wait_ms);
+        std::printf(
+            "step %2zu  loss %.7f  %7.2f ms  (backward %.2f ms, then waited %.2f ms for "
+            "all_reduce)\n",
+            i, s[i].loss, s[i].step_ms, s[i].backward_ms, s[i].wait_ms);
         if (f) std::fprintf(f, "%zu %.9g\n", i, s[i].loss);
       }
       if (f) std::fclose(f);
       const Means m = means(s);
-      std::printf("mean step %.2f ms (backward %.2f ms, waiting for all_reduce %.2f ms), overlap "
-                  "%s\n",
-                  m.step, m.backward, m.wait, o.overlap ? "on" : "off");
+      std::printf(
+          "mean step %.2f ms (backward %.2f ms, waiting for all_reduce %.2f ms), overlap "
+          "%s\n",
+          m.step, m.backward, m.wait, o.overlap ? "on" : "off");
     }
     if (o.compare) {
       const std::vector<StepStats> s2 = run_training(comm, o, device, false);
@@ -286,9 +305,8 @@ int run_rank(coccl::Communicator comm, const Options& o) {
         for (std::size_t i = 0; i < s.size(); ++i) same = same && s[i].loss == s2[i].loss;
         std::printf("mean step %.2f ms (backward %.2f ms, then all_reduce %.2f ms), overlap off\n",
                     off.step, off.backward, off.wait);
-        std::printf("overlap saves %.2f ms per step (%.1f%%); loss curves %s\n",
-                    off.step - on.step, 100.0 * (off.step - on.step) / off.step,
-                    same ? "identical" : "DIFFER");
+        std::printf("overlap saves %.2f ms per step (%.1f%%); loss curves %s\n", off.step - on.step,
+                    100.0 * (off.step - on.step) / off.step, same ? "identical" : "DIFFER");
         if (!same) {
           comm.destroy();
           return 1;

@@ -364,8 +364,8 @@ class Communicator {
 
   /// recv[i] = op over all ranks of send[i], for i < count.
   template <typename Token>
-  auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                        ReduceOp op, Token&& token) {
+  auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                        Token&& token) {
     return run(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), token);
   }
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
@@ -428,8 +428,7 @@ class Communicator {
                             ReduceOp op, Token&& token) {
     return run(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), token);
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op) {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
     block(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0));
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
@@ -456,8 +455,8 @@ class Communicator {
   template <typename Token>
   auto async_all_to_allv(const void* send, std::vector<std::size_t> send_counts,
                          std::vector<std::size_t> send_displs, void* recv,
-                         std::vector<std::size_t> recv_counts,
-                         std::vector<std::size_t> recv_displs, DataType type, Token&& token) {
+                         std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                         DataType type, Token&& token) {
     return run(make_v(send, std::move(send_counts), std::move(send_displs), recv,
                       std::move(recv_counts), std::move(recv_displs), type),
                token);
@@ -466,15 +465,16 @@ class Communicator {
                    std::vector<std::size_t> send_displs, void* recv,
                    std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
                    DataType type) {
-    block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
-                 std::move(recv_counts), std::move(recv_displs), type));
+    block(make_v(send, std::move(send_counts), std::move(send_displs), recv, std::move(recv_counts),
+                 std::move(recv_displs), type));
   }
   void all_to_allv(const void* send, std::vector<std::size_t> send_counts,
                    std::vector<std::size_t> send_displs, void* recv,
                    std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
                    DataType type, boost::system::error_code& ec) {
-    block(make_v(send, std::move(send_counts), std::move(send_displs), recv,
-                 std::move(recv_counts), std::move(recv_displs), type), ec);
+    block(make_v(send, std::move(send_counts), std::move(send_displs), recv, std::move(recv_counts),
+                 std::move(recv_displs), type),
+          ec);
   }
 
   /// root's recv[r*count ..] = rank r's send[0 .. count); `recv` is used on root only.
@@ -550,8 +550,8 @@ class Communicator {
     device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream, ec);
   }
   /// Stream-ordered reduce_scatter of device buffers.
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op, cuda_stream stream) {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                      cuda_stream stream) {
     device(make(detail::OpKind::reduce_scatter, send, recv, count, type, op, 0), stream);
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
@@ -580,8 +580,8 @@ class Communicator {
   }
   /// Stream-ordered reduce of device buffers: root's recv = op over ranks of send (avg divides by
   /// size()); recv is used on root only and may equal send there.
-  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-              int root, cuda_stream stream) {
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+              cuda_stream stream) {
     device(make(detail::OpKind::reduce, send, recv, count, type, op, root), stream);
   }
   void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
@@ -659,8 +659,8 @@ class Communicator {
   /// comm.async_all_reduce(..., stream, asio::use_awaitable)` resumes when the result is in `recv`.
   /// The proxy thread polls a CUDA event; no host callback is used.
   template <typename Token>
-  auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                        ReduceOp op, cuda_stream stream, Token&& token) {
+  auto async_all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                        cuda_stream stream, Token&& token) {
     return async_device(make(detail::OpKind::all_reduce, send, recv, count, type, op, 0), stream,
                         token);
   }
@@ -670,9 +670,8 @@ class Communicator {
   template <typename Token>
   auto async_all_gather(const void* send, void* recv, std::size_t count, DataType type,
                         cuda_stream stream, Token&& token) {
-    return async_device(
-        make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0), stream,
-        token);
+    return async_device(make(detail::OpKind::all_gather, send, recv, count, type, ReduceOp::sum, 0),
+                        stream, token);
   }
   template <typename Token>
   auto async_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
@@ -683,9 +682,8 @@ class Communicator {
   template <typename Token>
   auto async_all_to_all(const void* send, void* recv, std::size_t count, DataType type,
                         cuda_stream stream, Token&& token) {
-    return async_device(
-        make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0), stream,
-        token);
+    return async_device(make(detail::OpKind::all_to_all, send, recv, count, type, ReduceOp::sum, 0),
+                        stream, token);
   }
   template <typename Token>
   auto async_broadcast(const void* send, void* recv, std::size_t count, DataType type, int root,
@@ -703,23 +701,20 @@ class Communicator {
   template <typename Token>
   auto async_gather(const void* send, void* recv, std::size_t count, DataType type, int root,
                     cuda_stream stream, Token&& token) {
-    return async_device(
-        make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root), stream,
-        token);
+    return async_device(make(detail::OpKind::gather, send, recv, count, type, ReduceOp::sum, root),
+                        stream, token);
   }
   template <typename Token>
   auto async_scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
                      cuda_stream stream, Token&& token) {
-    return async_device(
-        make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root), stream,
-        token);
+    return async_device(make(detail::OpKind::scatter, send, recv, count, type, ReduceOp::sum, root),
+                        stream, token);
   }
   template <typename Token>
   auto async_all_to_allv(const void* send, std::vector<std::size_t> send_counts,
                          std::vector<std::size_t> send_displs, void* recv,
-                         std::vector<std::size_t> recv_counts,
-                         std::vector<std::size_t> recv_displs, DataType type, cuda_stream stream,
-                         Token&& token) {
+                         std::vector<std::size_t> recv_counts, std::vector<std::size_t> recv_displs,
+                         DataType type, cuda_stream stream, Token&& token) {
     return async_device(make_v(send, std::move(send_counts), std::move(send_displs), recv,
                                std::move(recv_counts), std::move(recv_displs), type),
                         stream, token);
@@ -744,15 +739,16 @@ class Communicator {
   /// Completes on every rank once all ranks have entered it.
   template <typename Token>
   auto async_barrier(Token&& token) {
-    return run(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8,
-                    ReduceOp::sum, 0),
-               token);
+    return run(
+        make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0),
+        token);
   }
   void barrier() {
     block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0));
   }
   void barrier(boost::system::error_code& ec) {
-    block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0), ec);
+    block(make(detail::OpKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, 0),
+          ec);
   }
 
   /// A group of sends and receives that progress together, so any exchange pattern is free of
@@ -859,13 +855,13 @@ class Communicator {
   /// which they then join (COCCL_TIMEOUT for each step). Called by every survivor with the same
   /// list; excluded ranks do not call it, and every survivor keeps the parent (its listener)
   /// until the others' shrink has returned too. One shrink at a time per communicator. The
-  /// parent is left as it was (still failed, if it had). Device operations on the new communicator work as after split(). Blocking; throws
-  /// std::system_error: errc::invalid_argument (nothing sent) for an empty handle, a rank out of
-  /// range, or when this rank is in `exclude`; errc::mismatch, naming the ranks, when survivors
-  /// pass different lists (or tries: a survivor's second shrink after a failed first meets only
-  /// the others' second); errc::timed_out naming the survivors that did not come, or the
-  /// gathering rank when it cannot be reached (lists that disagree on the lowest survivor end
-  /// this way too).
+  /// parent is left as it was (still failed, if it had). Device operations on the new communicator
+  /// work as after split(). Blocking; throws std::system_error: errc::invalid_argument (nothing
+  /// sent) for an empty handle, a rank out of range, or when this rank is in `exclude`;
+  /// errc::mismatch, naming the ranks, when survivors pass different lists (or tries: a survivor's
+  /// second shrink after a failed first meets only the others' second); errc::timed_out naming the
+  /// survivors that did not come, or the gathering rank when it cannot be reached (lists that
+  /// disagree on the lowest survivor end this way too).
   Communicator shrink(std::span<const int> exclude);
   /// As above; on failure sets `ec` and returns an empty handle (the reason is logged).
   Communicator shrink(std::span<const int> exclude, boost::system::error_code& ec);
@@ -903,9 +899,8 @@ class Communicator {
 
  private:
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
-  friend void detail::initiate_create(std::vector<UniqueId>, int, int,
-                                      const CommunicatorOptions&, detail::CreateHandler,
-                                      std::shared_ptr<std::string>);
+  friend void detail::initiate_create(std::vector<UniqueId>, int, int, const CommunicatorOptions&,
+                                      detail::CreateHandler, std::shared_ptr<std::string>);
   friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator&);
   friend class detail::CommImpl;
   friend class Group;
@@ -923,9 +918,8 @@ class Communicator {
     return a;
   }
   static detail::OpArgs make_v(const void* send, std::vector<std::size_t> sc,
-                               std::vector<std::size_t> sd, void* recv,
-                               std::vector<std::size_t> rc, std::vector<std::size_t> rd,
-                               DataType type) {
+                               std::vector<std::size_t> sd, void* recv, std::vector<std::size_t> rc,
+                               std::vector<std::size_t> rd, DataType type) {
     detail::OpArgs a = make(detail::OpKind::all_to_allv, send, recv, 0, type, ReduceOp::sum, 0);
     a.send_counts = std::move(sc);
     a.send_displs = std::move(sd);

@@ -45,12 +45,8 @@ struct ChannelPair {
     a.accept(listener);
     run_both(
         io,
-        [&]() -> asio::awaitable<void> {
-          d.emplace(co_await Channel::initiate(dialler, secret));
-        },
-        [&]() -> asio::awaitable<void> {
-          l.emplace(co_await Channel::respond(listener, secret));
-        });
+        [&]() -> asio::awaitable<void> { d.emplace(co_await Channel::initiate(dialler, secret)); },
+        [&]() -> asio::awaitable<void> { l.emplace(co_await Channel::respond(listener, secret)); });
   }
   tcp::socket dialler, listener;
   std::optional<Channel> d, l;
@@ -63,9 +59,7 @@ std::error_code read_one(asio::io_context& io, ChannelPair& p) {
   bool done = false;
   asio::co_spawn(
       io,
-      [&]() -> asio::awaitable<void> {
-        co_await transport::read_frame(p.listener, *p.l, 4096);
-      },
+      [&]() -> asio::awaitable<void> { co_await transport::read_frame(p.listener, *p.l, 4096); },
       [&](std::exception_ptr e) {
         error = e;
         done = true;
@@ -85,9 +79,7 @@ std::error_code read_one(asio::io_context& io, ChannelPair& p) {
 
 std::vector<std::uint8_t> bytes_of(std::string_view s) { return {s.begin(), s.end()}; }
 
-transport::Secret random_secret() {
-  return transport::decode(UniqueId::create()).secret;
-}
+transport::Secret random_secret() { return transport::decode(UniqueId::create()).secret; }
 
 TEST(Replay, AFrameReplayedOnItsOwnConnectionIsRejected) {
   asio::io_context io;
@@ -135,12 +127,8 @@ TEST(Replay, AListenerWithTheWrongSecretIsRefusedByTheDialler) {
   try {
     run_both(
         io,
-        [&]() -> asio::awaitable<void> {
-          co_await Channel::initiate(dialler, random_secret());
-        },
-        [&]() -> asio::awaitable<void> {
-          co_await Channel::respond(listener, random_secret());
-        });
+        [&]() -> asio::awaitable<void> { co_await Channel::initiate(dialler, random_secret()); },
+        [&]() -> asio::awaitable<void> { co_await Channel::respond(listener, random_secret()); });
     FAIL() << "the dialler accepted a listener with another secret";
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), errc::bad_message) << e.what();
@@ -175,7 +163,8 @@ TEST(Replay, ACapturedConnectRequestReplayedToARankIsDroppedAndTheJobIsUnharmed)
   EXPECT_EQ(answered, 0u) << "rank 1 answered a replayed connection request";
   auto results = job.all_reduce();
   params::transport.set_override(std::nullopt);
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(summed(results[r])) << "rank " << r << ": " << results[r].ec.message();
 }
 
 }  // namespace

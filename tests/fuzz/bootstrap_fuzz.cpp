@@ -100,8 +100,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       auto payload = in.rest();
       fuzz::rejects(errc::bad_message, [&] {
         Share sh = decode_share(payload);
-        if (sh.first != share_begin(static_cast<int>(sh.index), sh.nranks,
-                                    static_cast<int>(sh.roots)))
+        if (sh.first !=
+            share_begin(static_cast<int>(sh.index), sh.nranks, static_cast<int>(sh.roots)))
           fuzz::violated("a share that starts at the wrong rank");
         same(encode_share(sh), payload);
       });

@@ -561,8 +561,8 @@ int dead_rank_main(int rank, int n, const std::string& id_hex) {
   const int dead = n - 1;
   coccl::Communicator survivors = comm.shrink(std::span<const int>(&dead, 1));
   if (survivors.size() != n - 1 || survivors.rank() != rank) {
-    std::printf("FAIL rank %d: the shrunk communicator is rank %d of %d\n", rank,
-                survivors.rank(), survivors.size());
+    std::printf("FAIL rank %d: the shrunk communicator is rank %d of %d\n", rank, survivors.rank(),
+                survivors.size());
     return 1;
   }
   CHECK_CUDA(cudaMemsetAsync(b.recv, 0, count * 4, st));
@@ -682,8 +682,7 @@ int trace_main(int rank, int n, const std::string& id_hex) {
   auto cs = reinterpret_cast<coccl::cuda_stream>(st);
   float* buf = nullptr;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf), 1024 * 4));
-  for (int i = 0; i < 3; ++i)
-    comm.all_reduce(buf, buf, 1024, DataType::float32, ReduceOp::sum, cs);
+  for (int i = 0; i < 3; ++i) comm.all_reduce(buf, buf, 1024, DataType::float32, ReduceOp::sum, cs);
   CHECK_CUDA(cudaStreamSynchronize(st));
   auto device_ops = [&] {
     std::vector<coccl::TraceEntry> d;
@@ -697,8 +696,8 @@ int trace_main(int rank, int n, const std::string& id_hex) {
     return 1;
   }
   for (std::size_t i = 0; i < d.size(); ++i)
-    if (d[i].op != "all_reduce" || d[i].state != coccl::TraceEntry::State::done || d[i].count != 1024 ||
-        (i && d[i].seq != d[i - 1].seq + 1)) {
+    if (d[i].op != "all_reduce" || d[i].state != coccl::TraceEntry::State::done ||
+        d[i].count != 1024 || (i && d[i].seq != d[i - 1].seq + 1)) {
       std::printf("FAIL rank %d: entry %zu is %s #%llu %s\n", rank, i, d[i].op.c_str(),
                   static_cast<unsigned long long>(d[i].seq), coccl::to_string(d[i].state));
       return 1;

@@ -4,13 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
-#include <coccl/device.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/device.hpp"
 #include "kernels/launch.hpp"
 
 namespace coccl::gpu_test {

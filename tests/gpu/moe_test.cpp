@@ -482,9 +482,7 @@ void expect_hosts_pass(int n, int per_host) {
 
 TEST(MoeAcrossHosts, TwoHostsMatchReferenceAndReplayGraphs) { expect_hosts_pass(2, 1); }
 
-TEST(MoeAcrossHosts, ThreeHostsMatchReferenceAndReplayGraphs) {
-  expect_hosts_pass(3, 1);
-}
+TEST(MoeAcrossHosts, ThreeHostsMatchReferenceAndReplayGraphs) { expect_hosts_pass(3, 1); }
 
 TEST(MoeAcrossHosts, TwoHostsOfTwoRanksMatchReferenceAndReplayGraphs) { expect_hosts_pass(4, 2); }
 

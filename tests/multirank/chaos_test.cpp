@@ -84,8 +84,9 @@ void run_trials(int signal) {
     o.deadline = std::chrono::seconds(60);
     const LaunchResult r = launch(o);
     const std::string verdict = judge(r, victim, signal);
-    std::printf("trial %2d: %s rank %d at %3d ms: %s\n", t, signal == SIGKILL ? "SIGKILL" : "SIGSTOP",
-                victim, delay_ms, verdict.empty() ? "survivors failed naming it" : verdict.c_str());
+    std::printf("trial %2d: %s rank %d at %3d ms: %s\n", t,
+                signal == SIGKILL ? "SIGKILL" : "SIGSTOP", victim, delay_ms,
+                verdict.empty() ? "survivors failed naming it" : verdict.c_str());
     if (!verdict.empty()) {
       ++bad;
       ADD_FAILURE() << "trial " << t << ": " << verdict << "\n" << r.describe();

@@ -3,14 +3,14 @@
 // COCCL_COMM_ID, which needs a secret. Each worker joins from the environment, checks every result
 // of its scenario, and then forms a second communicator the same way.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <vector>
 
 #include "tests/multirank/harness.hpp"
@@ -25,17 +25,19 @@ LaunchOptions torchrun_like(const FakeStore& store, int nranks) {
   o.nranks = nranks;
   o.id_text = "env";
   o.args = {"quick", "nolarge"};
-  o.env = {"COCCL_TIMEOUT=60", "MASTER_ADDR=127.0.0.1",
-           "MASTER_PORT=" + std::to_string(store.port()), "WORLD_SIZE=" + std::to_string(nranks),
-           "COCCL_COMM_ID=", "COCCL_SECRET="};
+  o.env = {"COCCL_TIMEOUT=60",
+           "MASTER_ADDR=127.0.0.1",
+           "MASTER_PORT=" + std::to_string(store.port()),
+           "WORLD_SIZE=" + std::to_string(nranks),
+           "COCCL_COMM_ID=",
+           "COCCL_SECRET="};
   for (int r = 0; r < nranks; ++r) o.rank_env.push_back({"RANK=" + std::to_string(r)});
   return o;
 }
 
 bool is_hex(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-  });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRank) {
@@ -99,8 +101,11 @@ TEST(FromEnv, MpirunPassesTheIdThroughPmix) {
   }
   const std::string cmd =
       "env -u MASTER_ADDR -u MASTER_PORT -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 "
-      "LSAN_OPTIONS=suppressions=" + supp + " "
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+      "LSAN_OPTIONS=suppressions=" +
+      supp +
+      " "
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 "
       "timeout 120 /usr/bin/mpirun -n 3 " COCCL_WORKER " all_reduce -1 3 env quick nolarge";
   const auto [code, out] = shell(cmd);
   EXPECT_EQ(code, 0) << out;

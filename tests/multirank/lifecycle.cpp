@@ -83,7 +83,8 @@ int run_chaos(Worker& w) {
       std::vector<std::int32_t> send(c), recv(c * n), want(c * n);
       switch (i % 4) {
         case 0:
-          for (std::size_t j = 0; j < c; ++j) send[j] = me * 1000 + static_cast<std::int32_t>(j) + i;
+          for (std::size_t j = 0; j < c; ++j)
+            send[j] = me * 1000 + static_cast<std::int32_t>(j) + i;
           w.comm.all_reduce(send.data(), recv.data(), c, DataType::int32, ReduceOp::sum);
           for (std::size_t j = 0; j < c; ++j)
             want[j] = 1000 * n * (n - 1) / 2 + n * (static_cast<std::int32_t>(j) + i);
@@ -110,10 +111,12 @@ int run_chaos(Worker& w) {
         }
         default: {
           const int to = (me + 1) % n, from = (me + n - 1) % n;
-          for (std::size_t j = 0; j < c; ++j) send[j] = me * 100000 + static_cast<std::int32_t>(j) + i;
+          for (std::size_t j = 0; j < c; ++j)
+            send[j] = me * 100000 + static_cast<std::int32_t>(j) + i;
           recv.resize(c);
           want.resize(c);
-          for (std::size_t j = 0; j < c; ++j) want[j] = from * 100000 + static_cast<std::int32_t>(j) + i;
+          for (std::size_t j = 0; j < c; ++j)
+            want[j] = from * 100000 + static_cast<std::int32_t>(j) + i;
           std::vector<Transfer> ops{Communicator::send_op(send.data(), c, DataType::int32, to),
                                     Communicator::recv_op(recv.data(), c, DataType::int32, from)};
           w.comm.send_recv(std::move(ops));
@@ -477,9 +480,9 @@ int run_async(Worker& w) {
     // operation holds work there until its handler has run: run() returns after the last.
     io.run();
     if (completed != ops)
-      w.fail("async_all_reduce (back to back)",
-             "io.run() returned after " + std::to_string(completed) + " of " +
-                 std::to_string(ops) + " handlers");
+      w.fail("async_all_reduce (back to back)", "io.run() returned after " +
+                                                    std::to_string(completed) + " of " +
+                                                    std::to_string(ops) + " handlers");
     for (int i = 0; i < ops; ++i) {
       check_ec(w, "all_reduce (back to back)", ecs[i]);
       const Bytes want = reduce_reference(DataType::int64, ReduceOp::sum, w.n, 300 + i, 0, count);
@@ -506,8 +509,8 @@ int run_cancel(Worker& w) {
                             asio::bind_executor(io, [&](std::error_code ec) { a_ec = ec; }));
     w.comm.async_all_reduce(
         &b_in, &b_out, 1, DataType::int64, ReduceOp::sum,
-        asio::bind_cancellation_slot(sig.slot(),
-                                     asio::bind_executor(io, [&](std::error_code ec) { b_ec = ec; })));
+        asio::bind_cancellation_slot(
+            sig.slot(), asio::bind_executor(io, [&](std::error_code ec) { b_ec = ec; })));
     sig.emit(asio::cancellation_type::partial);
     io.run();
     check_ec(w, "all_reduce A (before a cancelled one)", a_ec);
@@ -533,8 +536,8 @@ int run_cancel(Worker& w) {
     std::error_code d_ec;
     w.comm.async_all_reduce(
         &one, &sum, 1, DataType::int64, ReduceOp::sum,
-        asio::bind_cancellation_slot(sig.slot(),
-                                     asio::bind_executor(io, [&](std::error_code ec) { d_ec = ec; })));
+        asio::bind_cancellation_slot(
+            sig.slot(), asio::bind_executor(io, [&](std::error_code ec) { d_ec = ec; })));
     asio::steady_timer t(io, std::chrono::milliseconds(200));
     t.async_wait([&](boost::system::error_code) { sig.emit(asio::cancellation_type::terminal); });
     io.run();

@@ -90,7 +90,8 @@ int budget(Worker& w) {
   if (s.mem_budget != env_bytes("COCCL_MEM_BUDGET")) w.fail("status", "budget " + line(s));
   if (s.links_closed_budget == 0) w.fail("status", "no link closed for the budget: " + line(s));
   // Reopenings: more links made than there are peers.
-  if (s.links_opened < static_cast<std::uint64_t>(w.n)) w.fail("status", "no reopening: " + line(s));
+  if (s.links_opened < static_cast<std::uint64_t>(w.n))
+    w.fail("status", "no reopening: " + line(s));
   if (s.ring_bytes > s.mem_budget || s.links_open > 2) w.fail("status", "over budget: " + line(s));
   return exit_ok;
 }

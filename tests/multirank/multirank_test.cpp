@@ -123,10 +123,8 @@ INSTANTIATE_TEST_SUITE_P(
                 {"COCCL_ALGO=ring", "COCCL_TRANSPORT=tcp", small_slots},
                 3},
         Variant{"direct_tcp_4ranks", {"COCCL_ALGO=direct", "COCCL_TRANSPORT=tcp"}, 4},
-        Variant{"rd_2ranks", {"COCCL_ALGO=rd"}, 2},
-        Variant{"rd_3ranks", {"COCCL_ALGO=rd"}, 3},
-        Variant{"rd_5ranks", {"COCCL_ALGO=rd"}, 5},
-        Variant{"rd_8ranks", {"COCCL_ALGO=rd"}, 8},
+        Variant{"rd_2ranks", {"COCCL_ALGO=rd"}, 2}, Variant{"rd_3ranks", {"COCCL_ALGO=rd"}, 3},
+        Variant{"rd_5ranks", {"COCCL_ALGO=rd"}, 5}, Variant{"rd_8ranks", {"COCCL_ALGO=rd"}, 8},
         Variant{"rd_small_slots_6ranks", {"COCCL_ALGO=rd", small_slots, two_slots}, 6},
         Variant{"rd_tcp_5ranks", {"COCCL_ALGO=rd", "COCCL_TRANSPORT=tcp"}, 5},
         Variant{"nccl_algo_ring_3ranks", {"NCCL_ALGO=Ring"}, 3}),
@@ -152,16 +150,17 @@ TEST_P(ManyRankAlgorithms, MatchReference) {
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DirectMaxOne, ManyRankAlgorithms,
-    ::testing::Values(ScaleCase{"all_reduce", 3}, ScaleCase{"all_reduce", 6},
-                      ScaleCase{"all_gather", 3}, ScaleCase{"all_gather", 5},
-                      ScaleCase{"reduce_scatter", 3}, ScaleCase{"reduce_scatter", 5},
-                      ScaleCase{"broadcast", 3}, ScaleCase{"broadcast", 6},
-                      ScaleCase{"reduce", 3}, ScaleCase{"reduce", 6}),
-    [](const auto& info) {
-      return std::string(info.param.scenario) + "_" + std::to_string(info.param.nranks) + "ranks";
-    });
+INSTANTIATE_TEST_SUITE_P(DirectMaxOne, ManyRankAlgorithms,
+                         ::testing::Values(ScaleCase{"all_reduce", 3}, ScaleCase{"all_reduce", 6},
+                                           ScaleCase{"all_gather", 3}, ScaleCase{"all_gather", 5},
+                                           ScaleCase{"reduce_scatter", 3},
+                                           ScaleCase{"reduce_scatter", 5},
+                                           ScaleCase{"broadcast", 3}, ScaleCase{"broadcast", 6},
+                                           ScaleCase{"reduce", 3}, ScaleCase{"reduce", 6}),
+                         [](const auto& info) {
+                           return std::string(info.param.scenario) + "_" +
+                                  std::to_string(info.param.nranks) + "ranks";
+                         });
 
 // Distinct peers each rank reports linking to ("connected to rank P over ...").
 std::vector<int> peers_linked(const LaunchResult& r) {

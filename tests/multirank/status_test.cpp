@@ -1,16 +1,15 @@
 // coccl::query_job, Communicator::status() and tools/coccl-status: a running job says what each
 // rank does, and a hung one names the stuck rank.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <array>
 #include <chrono>
+#include <coccl/coccl.hpp>
 #include <cstdio>
 #include <latch>
 #include <random>
-#include <sys/wait.h>
 #include <thread>
-
-#include <coccl/coccl.hpp>
 
 #include "collectives/status_codec.hpp"
 #include "harness.hpp"
@@ -46,7 +45,8 @@ class ParkedJob {
         try {
           comms_[r] = Communicator::create(id, r, n);
           float x = 1.0f, y = 0.0f;
-          for (int i = 0; i < ops; ++i) comms_[r].all_reduce(&x, &y, 1, DataType::float32, ReduceOp::sum);
+          for (int i = 0; i < ops; ++i)
+            comms_[r].all_reduce(&x, &y, 1, DataType::float32, ReduceOp::sum);
           if (y != static_cast<float>(n)) errors_[r] = "all_reduce gave " + std::to_string(y);
         } catch (const std::exception& e) {
           errors_[r] = e.what();
@@ -275,7 +275,8 @@ TEST(Status, TheToolRefusesBadArgumentsAndAnUnknownJob) {
   EXPECT_EQ(code, 2) << out;
   // A well-formed id whose root is gone (port 1 on loopback refuses).
   const UniqueId gone = UniqueId::from_address("127.0.0.1:1", "00112233445566778899aabbccddeeff");
-  std::tie(code, out) = run_command(std::string(COCCL_STATUS_TOOL) + " --wait 0.3 " + gone.to_string());
+  std::tie(code, out) =
+      run_command(std::string(COCCL_STATUS_TOOL) + " --wait 0.3 " + gone.to_string());
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("bootstrap root"), std::string::npos) << out;
 }

@@ -78,8 +78,8 @@ TEST_P(TcpEngine, AllReduceWithFourRanksSmallSlotsAndThreeSockets) {
   const LaunchResult r = launch(o);
   ASSERT_TRUE(r.all_passed()) << r.describe();
   // The asio engine has one socket per link; uring stripes over the three asked for.
-  EXPECT_TRUE(every_rank_says(r, engine() == "uring" ? "on io_uring over 3 socket(s)"
-                                                      : "connected to rank"))
+  EXPECT_TRUE(every_rank_says(
+      r, engine() == "uring" ? "on io_uring over 3 socket(s)" : "connected to rank"))
       << r.describe();
 }
 

@@ -141,13 +141,23 @@ int main(int argc, char** argv) {
     return exit_ok;
   };
   const std::map<std::string, std::function<int(Worker&)>> others{
-      {"loop", run_loop},   {"mismatch", run_mismatch}, {"abort", run_abort},
-      {"split", run_split}, {"async", run_async},       {"log_peers", log_peers},
-      {"split_members", run_split_members}, {"cancel", run_cancel},
-      {"op_mismatch", run_op_mismatch}, {"chaos", run_chaos},
-      {"shrink", run_shrink}, {"shrink_mismatch", run_shrink_mismatch},
-      {"shrink_absent", run_shrink_absent}, {"shrink_excluded", run_shrink_excluded},
-      {"grow", run_grow}, {"ftar", run_ftar}, {"links", run_links},
+      {"loop", run_loop},
+      {"mismatch", run_mismatch},
+      {"abort", run_abort},
+      {"split", run_split},
+      {"async", run_async},
+      {"log_peers", log_peers},
+      {"split_members", run_split_members},
+      {"cancel", run_cancel},
+      {"op_mismatch", run_op_mismatch},
+      {"chaos", run_chaos},
+      {"shrink", run_shrink},
+      {"shrink_mismatch", run_shrink_mismatch},
+      {"shrink_absent", run_shrink_absent},
+      {"shrink_excluded", run_shrink_excluded},
+      {"grow", run_grow},
+      {"ftar", run_ftar},
+      {"links", run_links},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";

@@ -569,8 +569,7 @@ static void test_count_overflow(ncclComm_t comm) {
   float scalar = 2.0f;
   ncclRedOp_t op;
   MUST(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm));
-  EXPECT_RESULT(ncclAllReduce(b, b, SIZE_MAX, ncclFloat32, op, comm, stream_),
-                ncclInvalidArgument);
+  EXPECT_RESULT(ncclAllReduce(b, b, SIZE_MAX, ncclFloat32, op, comm, stream_), ncclInvalidArgument);
   expect_message_has("ncclAllReduce", "overflows");
   MUST(ncclRedOpDestroy(op, comm));
   EXPECT_RESULT(ncclAlltoAll(b, b, SIZE_MAX, ncclFloat32, comm, stream_), ncclInvalidArgument);
@@ -578,8 +577,7 @@ static void test_count_overflow(ncclComm_t comm) {
   EXPECT_RESULT(ncclAllReduce(b, b, SIZE_MAX / 2, ncclFloat32, ncclSum, comm, stream_),
                 ncclInvalidArgument);
   expect_message_has("ncclAllReduce", "overflows");
-  EXPECT_RESULT(ncclBroadcast(b, b, 4, ncclFloat, nranks_ + 5, comm, stream_),
-                ncclInvalidArgument);
+  EXPECT_RESULT(ncclBroadcast(b, b, 4, ncclFloat, nranks_ + 5, comm, stream_), ncclInvalidArgument);
   expect_message_has("ncclBroadcast", "out of range");
   buf_free(b);
 }

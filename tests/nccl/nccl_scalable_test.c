@@ -22,14 +22,14 @@ enum { max_ranks = 8, told_why = 10 };
 static int rank_;
 static int failures_;
 
-#define CHECK(cond, ...)                                          \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      fprintf(stderr, "rank %d: line %d: ", rank_, __LINE__);     \
-      fprintf(stderr, __VA_ARGS__);                               \
-      fprintf(stderr, "\n");                                      \
-      ++failures_;                                                \
-    }                                                             \
+#define CHECK(cond, ...)                                      \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      fprintf(stderr, "rank %d: line %d: ", rank_, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                           \
+      fprintf(stderr, "\n");                                  \
+      ++failures_;                                            \
+    }                                                         \
   } while (0)
 
 /* Expects `call` to be refused as invalid with `text` in the error. */
@@ -45,8 +45,8 @@ static void bad_input(int nranks, ncclUniqueId* ids, int nids) {
   ncclComm_t comm = NULL;
   expect_refused(ncclCommInitRankScalable(&comm, nranks, 0, 0, ids, NULL), "nId must be at least 1",
                  "nId 0");
-  expect_refused(ncclCommInitRankScalable(&comm, nranks, 0, -3, ids, NULL), "nId must be at least 1",
-                 "nId -3");
+  expect_refused(ncclCommInitRankScalable(&comm, nranks, 0, -3, ids, NULL),
+                 "nId must be at least 1", "nId -3");
   expect_refused(ncclCommInitRankScalable(&comm, nranks, 0, nids, NULL, NULL), "commIds is NULL",
                  "NULL ids");
   ncclUniqueId many[max_ranks + 1];

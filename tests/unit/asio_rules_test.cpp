@@ -103,14 +103,14 @@ TEST(AsioRules, CancellingACreateThatWaitsForAbsentRanksEndsIt) {
   asio::cancellation_signal sig;
   std::error_code got;
   bool ran = false;
-  Communicator::async_create(UniqueId::create(), 0, 2,
-                             asio::bind_cancellation_slot(
-                                 sig.slot(), asio::bind_executor(io, [&](std::error_code ec,
-                                                                         Communicator comm) {
-                                   got = ec;
-                                   ran = true;
-                                   EXPECT_FALSE(comm);
-                                 })));
+  Communicator::async_create(
+      UniqueId::create(), 0, 2,
+      asio::bind_cancellation_slot(
+          sig.slot(), asio::bind_executor(io, [&](std::error_code ec, Communicator comm) {
+            got = ec;
+            ran = true;
+            EXPECT_FALSE(comm);
+          })));
   asio::steady_timer t(io, 200ms);
   t.async_wait([&](boost::system::error_code) { sig.emit(asio::cancellation_type::terminal); });
   const auto t0 = std::chrono::steady_clock::now();

@@ -60,7 +60,8 @@ class BadArgs : public ::testing::TestWithParam<int> {
     const int n = nranks();
     UniqueId id = UniqueId::create();
     std::vector<std::error_code> got(n);
-    // char, not bool: each rank thread writes its own element (vector<bool> packs them in one word).
+    // char, not bool: each rank thread writes its own element (vector<bool> packs them in one
+    // word).
     std::vector<char> usable(n, false);
     std::latch finished(n);
     std::vector<std::thread> threads;
@@ -338,8 +339,8 @@ std::string what_of(const std::function<void()>& f) {
 
 TEST(BadArgsReason, CountOverflowNamesTheCountInWhat) {
   Communicator c = Communicator::create(UniqueId::create(), 0, 1);
-  const std::string what = what_of(
-      [&] { c.all_reduce(buf_a, buf_b, huge, DataType::float32, ReduceOp::sum); });
+  const std::string what =
+      what_of([&] { c.all_reduce(buf_a, buf_b, huge, DataType::float32, ReduceOp::sum); });
   EXPECT_NE(what.find("all_reduce"), std::string::npos) << what;
   EXPECT_NE(what.find("count " + std::to_string(huge) + " overflows"), std::string::npos) << what;
   c.destroy();
@@ -347,8 +348,7 @@ TEST(BadArgsReason, CountOverflowNamesTheCountInWhat) {
 
 TEST(BadArgsReason, RootOutOfRangeNamesTheRootInWhat) {
   Communicator c = Communicator::create(UniqueId::create(), 0, 1);
-  const std::string what =
-      what_of([&] { c.broadcast(buf_a, buf_b, 4, DataType::float32, 7); });
+  const std::string what = what_of([&] { c.broadcast(buf_a, buf_b, 4, DataType::float32, 7); });
   EXPECT_NE(what.find("broadcast"), std::string::npos) << what;
   EXPECT_NE(what.find("root 7 out of range [0, 1)"), std::string::npos) << what;
   c.destroy();

@@ -240,8 +240,7 @@ void send_frame(asio::io_context& io, tcp::socket& s, const transport::Secret& s
       },
       [&](std::exception_ptr) { ++done; });
   asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> { co_await transport::Channel::respond(theirs, secret); },
+      io, [&]() -> asio::awaitable<void> { co_await transport::Channel::respond(theirs, secret); },
       [&](std::exception_ptr) { ++done; });
   io.restart();
   io.run_for(5s);

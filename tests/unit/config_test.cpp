@@ -163,11 +163,17 @@ std::vector<std::string> registered_names() {
 TEST(AllParameters, ListsTheLibraryParameters) {
   auto names = registered_names();
   for (const char* want :
-       {"COCCL_TIMEOUT", "COCCL_SOCKET_IFNAME", "COCCL_ALGO", "COCCL_PROTO", "COCCL_TRANSPORT",
+       {"COCCL_TIMEOUT", "COCCL_SOCKET_IFNAME", "COCCL_ALGO", "COCCL_TRANSPORT",
         "COCCL_SHM_DISABLE", "COCCL_PROXY_THREADS", "COCCL_SPIN_US", "COCCL_SLOT_BYTES",
         "COCCL_SLOTS", "COCCL_ALLREDUCE_ONESHOT_MAX", "COCCL_COMM_ID", "COCCL_SECRET",
         "COCCL_COLLTRACE_SIZE", "COCCL_TCP_ENGINE", "COCCL_TCP_SOCKETS", "COCCL_TCP_ZC_MIN"})
     EXPECT_EQ(std::count(names.begin(), names.end(), want), 1) << want;
+}
+
+// No parameter that nothing reads: COCCL_PROTO chose a device protocol that coccl never had.
+TEST(AllParameters, OmitsTheDeadProtocolParameter) {
+  auto names = registered_names();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "COCCL_PROTO"), 0);
 }
 
 TEST(AllParameters, ListsParametersDeclaredOutsideTheLibrary) {

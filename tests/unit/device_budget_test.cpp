@@ -4,8 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include <coccl/device.hpp>
 #include <vector>
+
+#include "kernels/device.hpp"
 
 namespace coccl::detail {
 namespace {

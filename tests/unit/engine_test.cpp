@@ -171,20 +171,25 @@ TEST(Handoff, CompletesOnTheHandlersThreadAndLetsTheCallerDestroyItsContextAtOnc
 
 TEST(Handoff, RunsInlineWhenTheHandlerHasNoExecutorOfItsOwn) {
   std::thread::id ran_on;
-  complete([&](int v) {
-    EXPECT_EQ(v, 7);
-    ran_on = std::this_thread::get_id();
-  }, 7);
+  complete(
+      [&](int v) {
+        EXPECT_EQ(v, 7);
+        ran_on = std::this_thread::get_id();
+      },
+      7);
   EXPECT_EQ(ran_on, std::this_thread::get_id());
 }
 
 TEST(Handoff, CompleteLaterRunsAHandlerWithoutExecutorOnTheGivenExecutor) {
   ProxyThread proxy(0);
   std::promise<std::thread::id> ran_on;
-  complete_later(proxy.executor(), [&](std::string s) {
-    EXPECT_EQ(s, "done");
-    ran_on.set_value(std::this_thread::get_id());
-  }, std::string("done"));
+  complete_later(
+      proxy.executor(),
+      [&](std::string s) {
+        EXPECT_EQ(s, "done");
+        ran_on.set_value(std::this_thread::get_id());
+      },
+      std::string("done"));
   const std::thread::id id = ran_on.get_future().get();
   EXPECT_NE(id, std::this_thread::get_id());
 }

@@ -1,6 +1,8 @@
 // shm segments reserve their memory when they are made: a filesystem too small for a segment
 // fails its creation with a clear error, where a segment that was only sized would have faulted
 // (SIGBUS) on first touch.
+#include "transport/shm.hpp"
+
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -12,7 +14,6 @@
 #include <system_error>
 
 #include "runtime/params.hpp"
-#include "transport/shm.hpp"
 
 namespace coccl {
 namespace {

@@ -29,6 +29,24 @@ class SingleRank : public ::testing::Test {
     return v;
   }
 
+  // The last `n` operations of the trace, oldest first, each of which must have finished.
+  std::vector<TraceEntry> last_ops(std::size_t n) {
+    CommStatus st = c().status();
+    EXPECT_EQ(st.started, st.finished) << "an operation is still running";
+    EXPECT_EQ(st.queued, 0u);
+    EXPECT_GE(st.trace.size(), n);
+    if (st.trace.size() < n) return {};
+    return {st.trace.end() - static_cast<std::ptrdiff_t>(n), st.trace.end()};
+  }
+
+  // Checks that `e` records the host operation `op` over `count` elements as done.
+  static void expect_done(const TraceEntry& e, const char* op, std::uint64_t count) {
+    EXPECT_EQ(e.op, op);
+    EXPECT_FALSE(e.device) << op;
+    EXPECT_EQ(e.count, count) << op;
+    EXPECT_EQ(e.state, TraceEntry::State::done) << op;
+  }
+
   static Communicator* comm_;
 };
 Communicator* SingleRank::comm_ = nullptr;
@@ -182,10 +200,26 @@ TEST_F(SingleRank, ZeroCountAllReduceSucceeds) {
   EXPECT_EQ(x, 3);
 }
 
+// Count 0 needs no buffers, writes nothing, and is still an operation of the communicator's
+// sequence (every rank calls it): it runs, finishes, and is traced as done.
 TEST_F(SingleRank, ZeroCountWithNullBuffersSucceeds) {
+  std::uint64_t before = c().status().finished;
   c().all_reduce(nullptr, nullptr, 0, DataType::float32, ReduceOp::sum);
   c().all_gather(nullptr, nullptr, 0, DataType::float32);
   c().broadcast(nullptr, nullptr, 0, DataType::float32, 0);
+  std::vector<float> in(4, 7), out(4, -1);
+  c().all_reduce(in.data(), out.data(), 0, DataType::float32, ReduceOp::sum);
+  EXPECT_EQ(out, std::vector<float>(4, -1));
+  EXPECT_EQ(in, std::vector<float>(4, 7));
+
+  EXPECT_EQ(c().status().finished, before + 4);
+  auto ops = last_ops(4);
+  ASSERT_EQ(ops.size(), 4u);
+  expect_done(ops[0], "all_reduce", 0);
+  expect_done(ops[1], "all_gather", 0);
+  expect_done(ops[2], "broadcast", 0);
+  expect_done(ops[3], "all_reduce", 0);
+  for (std::size_t i = 0; i < ops.size(); ++i) EXPECT_EQ(ops[i].seq, before + 1 + i);
 }
 
 TEST_F(SingleRank, BroadcastCopies) {
@@ -246,8 +280,22 @@ TEST_F(SingleRank, AllToAllvCopiesWithDisplacements) {
   EXPECT_EQ(out, want);
 }
 
+// All counts 0: null buffers are accepted, real ones are left as they were (displacements
+// included), and the operation is traced as done.
 TEST_F(SingleRank, AllToAllvOfNothingSucceeds) {
+  std::uint64_t before = c().status().finished;
   c().all_to_allv(nullptr, {0}, {0}, nullptr, {0}, {0}, DataType::float32);
+  auto in = iota_f(8, 1);
+  std::vector<float> out(8, -1);
+  c().all_to_allv(in.data(), {0}, {3}, out.data(), {0}, {5}, DataType::float32);
+  EXPECT_EQ(out, std::vector<float>(8, -1));
+  EXPECT_EQ(in, iota_f(8, 1));
+
+  EXPECT_EQ(c().status().finished, before + 2);
+  auto ops = last_ops(2);
+  ASSERT_EQ(ops.size(), 2u);
+  expect_done(ops[0], "all_to_allv", 0);
+  expect_done(ops[1], "all_to_allv", 0);
 }
 
 TEST_F(SingleRank, GatherCopies) {
@@ -278,7 +326,23 @@ TEST_F(SingleRank, ScatterInPlaceLeavesTheData) {
   EXPECT_EQ(data, want);
 }
 
-TEST_F(SingleRank, BarrierCompletes) { c().barrier(); }
+// A barrier is one operation of the communicator's sequence: it runs and is traced as done, after
+// the operation before it. (Across ranks, Collectives.BarrierReleasesNoRankBeforeTheLastEnters in
+// tests/multirank checks that no rank leaves before the last one enters.)
+TEST_F(SingleRank, BarrierCompletes) {
+  auto in = iota_f(64, 1);
+  std::vector<float> out(64, -1);
+  c().all_reduce(in.data(), out.data(), in.size(), DataType::float32, ReduceOp::sum);
+  std::uint64_t before = c().status().finished;
+  c().barrier();
+  EXPECT_EQ(c().status().finished, before + 1);
+  auto ops = last_ops(2);
+  ASSERT_EQ(ops.size(), 2u);
+  expect_done(ops[0], "all_reduce", in.size());
+  expect_done(ops[1], "barrier", 0);
+  EXPECT_EQ(ops[1].seq, before + 1);
+  EXPECT_EQ(ops[0].seq, before);
+}
 
 TEST_F(SingleRank, SendToSelfArrivesInTheMatchingReceive) {
   auto in = iota_f(50, 1);

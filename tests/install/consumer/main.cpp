@@ -4,6 +4,8 @@
 #include <thread>
 #include <vector>
 
+static_assert(__cplusplus >= 202002L, "coccl::coccl must bring C++20 to its consumers");
+
 int main() {
   auto id = coccl::UniqueId::create();
   std::vector<int> result(2, 0);

@@ -1,4 +1,4 @@
-// coccl/device.hpp: the memory contract of coccl's intra-host GPU collectives.
+// kernels/device.hpp: the memory contract of coccl's intra-host GPU collectives.
 //
 // The device collectives (one-shot and two-shot all-reduce, all-gather, reduce-scatter,
 // all-to-all between GPUs of one host) move data through one *workspace* per rank: a device
