@@ -21,14 +21,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "perf_data.hpp"
 #include "perf_device.hpp"
+#include "perf_json.hpp"
 #include "perf_plot.hpp"
 #include "perf_progress.hpp"
 
@@ -56,6 +59,8 @@ const std::vector<std::string> all_colls{"allreduce",     "allgather", "broadcas
                " [-G 0|1] [--register 0|1]\n"
                "  [--plot FILE.svg|FILE.png]  (busbw and time against size, every library of the\n"
                "               run one series; needs gnuplot)\n"
+               "  [--plot-from RUN.json --plot FILE.svg|FILE.png]  (draws a run that --json\n"
+               "               saved, on any machine; nothing is measured)\n"
                "  [--hosts H]  (the ranks act as H hosts: rank r on host r*H/N, so ranks of\n"
                "               different hosts take the network path, NCCL's too)\n",
                why.c_str());
@@ -114,6 +119,8 @@ Options parse(int argc, char** argv) {
       o.register_buffers = std::atoi(val().c_str()) != 0;
     else if (a == "--hosts")
       o.hosts = std::atoi(val().c_str());
+    else if (a == "--plot-from")
+      o.plot_from = val();
     else if (a == "--plot") {
       o.plot = val();
       const std::size_t dot = o.plot.rfind('.');
@@ -546,19 +553,21 @@ void write_json(
     const std::string& path, const Options& o, const std::vector<Row>& rows,
     const std::map<std::string, std::map<std::pair<std::string, std::size_t>, PeerRow>>& peers) {
   std::ofstream f(path);
-  f << "{\"ranks\":" << o.ranks << ",\"type\":\"" << coccl::to_string(o.type) << "\",\"op\":\""
-    << coccl::to_string(o.op) << "\",\"results\":[";
+  // JSON has no infinity or NaN (a size that took no measurable time): those are null.
+  auto num = [](double v) { return std::isfinite(v) ? std::to_string(v) : std::string("null"); };
+  f << "{\"ranks\":" << o.ranks << ",\"device\":\"" << o.device << "\",\"type\":\""
+    << coccl::to_string(o.type) << "\",\"op\":\"" << coccl::to_string(o.op) << "\",\"results\":[";
   bool first = true;
   for (const Row& r : rows) {
     double fct = bus_factor(r.coll, o.ranks);
     f << (first ? "" : ",") << "{\"coll\":\"" << r.coll << "\",\"bytes\":" << r.bytes
-      << ",\"count\":" << r.count << ",\"time_us\":" << r.time_us[0]
-      << ",\"time_us_inplace\":" << r.time_us[1]
-      << ",\"busbw\":" << r.bytes / r.time_us[0] / 1e3 * fct
+      << ",\"count\":" << r.count << ",\"time_us\":" << num(r.time_us[0])
+      << ",\"time_us_inplace\":" << num(r.time_us[1])
+      << ",\"busbw\":" << num(r.bytes / r.time_us[0] / 1e3 * fct)
       << ",\"wrong\":" << r.wrong[0] + r.wrong[1];
     for (auto& [peer, res] : peers) {
       auto it = res.find({r.coll, r.bytes});
-      if (it != res.end()) f << ",\"" << peer << "_time_us\":" << it->second.time_us;
+      if (it != res.end()) f << ",\"" << peer << "_time_us\":" << num(it->second.time_us);
     }
     f << "}";
     first = false;
@@ -607,10 +616,75 @@ void plot_results(
   if (!why.empty()) std::fprintf(stderr, "coccl-perf: %s\n", why.c_str());
 }
 
+// --plot-from: the rows and baselines of a run that --json saved, drawn as --plot draws a live
+// run. Returns the exit status: 2 for a file that is missing or not such a run.
+int plot_from_json(Options o) {
+  std::ifstream in(o.plot_from);
+  if (!in) {
+    std::fprintf(stderr, "coccl-perf: cannot read %s\n", o.plot_from.c_str());
+    return 2;
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<Row> rows;
+  std::map<std::string, std::map<std::pair<std::string, std::size_t>, PeerRow>> peers;
+  try {
+    const perf::json::Value doc = perf::json::parse(text);
+    const perf::json::Object* top = doc.object();
+    auto field = [](const perf::json::Object* obj, const char* name) -> const perf::json::Value& {
+      auto it = obj->find(name);
+      if (it == obj->end()) throw std::runtime_error(std::string("no \"") + name + "\" field");
+      return it->second;
+    };
+    if (!top) throw std::runtime_error("not a JSON object");
+    const double* ranks = field(top, "ranks").number();
+    if (!ranks || *ranks < 1 || *ranks != std::floor(*ranks))
+      throw std::runtime_error("\"ranks\" is not a rank count");
+    o.ranks = static_cast<int>(*ranks);
+    // Files of older versions carry no device: host memory.
+    auto dev = top->find("device");
+    o.device = dev != top->end() && dev->second.string() ? *dev->second.string() : "host";
+    if (const std::string* t = field(top, "type").string())
+      if (auto parsed = coccl::parse_data_type(*t)) o.type = *parsed;
+    const perf::json::Array* results = field(top, "results").array();
+    if (!results) throw std::runtime_error("\"results\" is not an array");
+    o.colls.clear();
+    for (const perf::json::Value& v : *results) {
+      const perf::json::Object* r = v.object();
+      if (!r) throw std::runtime_error("a result is not an object");
+      const std::string* coll = field(r, "coll").string();
+      const double* bytes = field(r, "bytes").number();
+      if (!coll || std::find(all_colls.begin(), all_colls.end(), *coll) == all_colls.end())
+        throw std::runtime_error("a result names no known collective");
+      if (!bytes || *bytes < 0) throw std::runtime_error("a result has no byte count");
+      if (std::find(o.colls.begin(), o.colls.end(), *coll) == o.colls.end())
+        o.colls.push_back(*coll);
+      const auto size = static_cast<std::size_t>(*bytes);
+      const double* t = field(r, "time_us").number();
+      rows.push_back({*coll, size, 0, {t ? *t : 0, 0}, {0, 0}});
+      const std::string suffix = "_time_us";
+      for (const auto& [key, value] : *r) {
+        if (key == "time_us" || key.size() <= suffix.size() ||
+            key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0 || !value.number())
+          continue;
+        peers[key.substr(0, key.size() - suffix.size())][{*coll, size}] = {*value.number(), 0, ""};
+      }
+    }
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "coccl-perf: %s is not a coccl-perf --json run: %s\n", o.plot_from.c_str(),
+                 e.what());
+    return 2;
+  }
+  plot_results(o, rows, peers);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  if (!o.plot_from.empty()) {
+    if (o.plot.empty()) usage("--plot-from needs --plot FILE.svg|FILE.png");
+    return plot_from_json(o);
+  }
   // A rank started by this tool, or by a launcher.
   if (const char* r = std::getenv("COCCL_PERF_RANK")) {
     auto id = coccl::UniqueId::from_string(std::getenv("COCCL_PERF_ID"));

@@ -24,8 +24,9 @@ struct Options {
   std::vector<std::string> colls{"allreduce"};
   std::vector<std::string> baselines;
   std::string json, device = "host";
-  std::string plot;    // --plot FILE.svg|FILE.png: busbw and time against size, via gnuplot
-  bool graph = false;  // -G: time CUDA graph replays (device only)
+  std::string plot;       // --plot FILE.svg|FILE.png: busbw and time against size, via gnuplot
+  std::string plot_from;  // --plot-from RUN.json: draw a saved run instead of measuring
+  bool graph = false;     // -G: time CUDA graph replays (device only)
   bool register_buffers = false;  // --register: register_buffer on both buffers (host only)
   int hosts = 0;  // --hosts: ranks started here act as this many hosts (COCCL_HOSTID, NCCL_HOSTID)
 };

@@ -1,6 +1,27 @@
 # CTest check of coccl-perf --plot: a 2-rank host run on small sizes (with the Open MPI baseline
-# when it was built) must write an SVG that holds every series' title.
+# when it was built) must write an SVG that holds every series' title, and --plot-from must draw
+# the same series from the run's --json file. Files that are not such a run are refused.
 #   cmake -DPERF=coccl-perf -DOUT=dir -DWITH_MPI=ON|OFF -P plot_check.cmake
+
+# Refusals need no gnuplot: exit status 2 and a line naming the file.
+set(bad_inputs "{\"ranks\":2,\"results\":[{\"coll\":\"allreduce\"" "[1,2]"
+  "{\"ranks\":0,\"type\":\"float32\",\"results\":[]}"
+  "{\"ranks\":2,\"type\":\"float32\",\"results\":[{\"coll\":\"nosuch\",\"bytes\":8}]}")
+set(i 0)
+foreach(text IN LISTS bad_inputs)
+  set(bad ${OUT}/plot_check_bad${i}.json)
+  file(WRITE ${bad} "${text}")
+  execute_process(COMMAND ${PERF} --plot-from ${bad} --plot ${OUT}/never.svg RESULT_VARIABLE rc
+                  ERROR_VARIABLE err)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "is not a coccl-perf --json run")
+    message(FATAL_ERROR "--plot-from accepted '${text}' (exit ${rc}): ${err}")
+  endif()
+  math(EXPR i "${i} + 1")
+endforeach()
+if(EXISTS ${OUT}/never.svg)
+  message(FATAL_ERROR "a refused --plot-from wrote a plot")
+endif()
+
 find_program(GNUPLOT gnuplot)
 if(NOT GNUPLOT)
   message("gnuplot not found; skipped")
@@ -8,7 +29,8 @@ if(NOT GNUPLOT)
 endif()
 set(svg ${OUT}/plot_check.svg)
 file(REMOVE ${svg})
-set(args --ranks 2 -b 8 -e 64K -f 8 -n 5 -w 1 -R 1 --plot ${svg})
+set(json ${OUT}/plot_check.json)
+set(args --ranks 2 -b 8 -e 64K -f 8 -n 5 -w 1 -R 1 --plot ${svg} --json ${json})
 set(titles coccl)
 if(WITH_MPI)
   list(APPEND args --baseline mpi)
@@ -33,4 +55,19 @@ string(FIND "${text}" "bus bandwidth (GB/s)" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "${svg} has no bandwidth panel")
 endif()
+
+set(again ${OUT}/plot_check_again.svg)
+file(REMOVE ${again})
+execute_process(COMMAND ${PERF} --plot-from ${json} --plot ${again} RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${again})
+  message(FATAL_ERROR "--plot-from ${json} exited with ${rc}, no plot: ${out}${err}")
+endif()
+file(READ ${again} text)
+foreach(t IN LISTS titles)
+  string(FIND "${text}" "<title>${t}</title>" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${again} (from --json) has no series titled '${t}'")
+  endif()
+endforeach()
 message("${svg} holds the series ${titles}")
