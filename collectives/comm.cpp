@@ -107,6 +107,9 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
     try {
       const CommStatus s = decode_status(bytes);
       if (!s.error.empty()) return s.error;
+      if (s.started == s.finished && s.running_op == "bootstrap" && s.waiting_for >= 0)
+        return "still forming the communicator: passing the address table to rank " +
+               std::to_string(s.waiting_for);
       if (s.started > s.finished)
         return s.running_op + " #" + std::to_string(s.started) + " running" +
                (s.waiting_for >= 0 ? ", waiting for rank " + std::to_string(s.waiting_for)
@@ -483,6 +486,12 @@ CommStatus CommImpl::status() {
     if (s.waiting_for < 0 && s.started > s.finished) {
       s.waiting_for = peers_->linking_to();
       if (s.waiting_for >= 0) s.waiting_us = s.running_us;
+    }
+    // Not formed yet: a child in the bootstrap tree still has to take the address table (a
+    // stopped child holds this rank up, and whoever asks must learn that, not "idle").
+    if (s.waiting_for < 0 && s.started == s.finished && peers_->forwarding_table_to() >= 0) {
+      s.waiting_for = peers_->forwarding_table_to();
+      s.running_op = "bootstrap";
     }
   }
   std::function<std::vector<TraceEntry>()> device;

@@ -178,6 +178,11 @@ class Peers {
       if (!by_peer_[p] && (dialing_[p] || pending_[p])) return p;
     return -1;
   }
+  /// The rank this one is still passing the address table to during set-up, -1 if none: until
+  /// that child has it, this rank has not formed, and a status query says whom it waits for.
+  int forwarding_table_to() const noexcept {
+    return forwarding_.empty() ? -1 : forwarding_.front();
+  }
   /// A shrink request another rank sent to this rank's listener (collectives/recovery.cpp),
   /// authenticated with this communicator's secret; answer it on `channel`.
   struct RecoveryRequest {
@@ -315,6 +320,7 @@ class Peers {
   asio::steady_timer accept_retry_;  // pause after an accept error
   bool table_received_ = false;      // only the first table frame counts
   std::vector<PeerInfo> table_;
+  std::vector<int> forwarding_;  // children still being passed the table (forwarding_table_to)
   runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
   // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
   // the table earlier may dial before it reaches this rank; answering waits for it.
