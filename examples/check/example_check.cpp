@@ -6,8 +6,9 @@
 //     not-overlapped runs give the same losses) and 3 ranks on shares of it; every step's loss
 //     must agree with one rank's within a relative 1e-4 (float sums in another order).
 //     cuda: the cuBLAS form on one GPU against the host form (relative 1e-3: cuBLAS orders its
-//     sums differently), and 2 ranks on 2 GPUs against one when the machine has them. Exits 77
-//     (skipped) without a GPU.
+//     sums differently), and 2 ranks on 2 GPUs against one when the machine has them (or on
+//     one GPU with COCCL_EXAMPLE_SHARE_GPUS=1, the MPS daemon running). Exits 77 (skipped)
+//     without a GPU.
 //   coccl-example-check dead-worker PARAMETER_SERVER
 //     4 ranks, 2 servers; worker 3 kills itself after 3 pushes: every other rank must exit with
 //     status 3 naming rank 3 before the deadline.
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -161,11 +163,20 @@ int check_trainer(const std::string& exe, const std::string& device) {
     if (ran(first) && ran(train(1, "host", "host1", {}))) {
       const auto gpu = read_losses(d + "/gpu1");
       ok = same_curve(read_losses(d + "/host1"), gpu, 1e-3, "1 GPU against the host form");
-      const Result two = train(2, "cuda", "gpu2", {"--compare"});
+      // COCCL_EXAMPLE_SHARE_GPUS=1 (MPS running) lets the 2 ranks share one GPU.
+      const char* share = std::getenv("COCCL_EXAMPLE_SHARE_GPUS");
+      const bool shared = share && std::string(share) == "1";
+      std::vector<std::string> args{"--compare"};
+      if (shared) args.push_back("--share-gpus");
+      const Result two = train(2, "cuda", "gpu2", args);
       if (two.exit_code == 77)
-        std::printf("the 2-rank form needs 2 GPUs; checked 1 rank only\n");
+        std::printf(
+            "the 2-rank form needs 2 GPUs (or COCCL_EXAMPLE_SHARE_GPUS=1 under MPS); "
+            "checked 1 rank only\n");
       else if (ran(two))
-        ok = same_curve(gpu, read_losses(d + "/gpu2"), 1e-4, "2 GPUs against 1") && ok;
+        ok = same_curve(gpu, read_losses(d + "/gpu2"), 1e-4,
+                        shared ? "2 ranks on the GPUs against 1" : "2 GPUs against 1") &&
+             ok;
     }
   }
   for (const char* f : {"1", "2", "3", "gpu1", "gpu2", "host1"}) ::unlink((d + "/" + f).c_str());

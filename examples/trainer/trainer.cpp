@@ -2,6 +2,7 @@
 //
 //   coccl-example-trainer [--ranks N] [--steps S] [--batch B] [--layers L] [--hidden H]
 //                         [--bucket-kb K] [--no-overlap | --compare] [--device host|cuda]
+//                         [--share-gpus]
 //                         [--lr LR] [--momentum M] [--loss-file FILE]
 //
 // Every rank holds a replica of the model and trains on its share of each global batch (rank r
@@ -42,7 +43,7 @@ struct Options {
   trainer::Config model;
   int ranks = 0, steps = 20;
   std::size_t bucket_kib = 256;
-  bool overlap = true, compare = false, cuda = false;
+  bool overlap = true, compare = false, cuda = false, share_gpus = false;
   float lr = 0.05f, momentum = 0.9f;
   std::string loss_file;
 };
@@ -52,6 +53,8 @@ struct Options {
                "coccl-example-trainer: %s\n"
                "usage: coccl-example-trainer [--ranks N] [--steps S] [--batch B] [--layers L]\n"
                "  [--hidden H] [--bucket-kb K] [--no-overlap | --compare] [--device host|cuda]\n"
+               "  [--share-gpus]  (more ranks than GPUs: they share them in turn; start the MPS\n"
+               "                   daemon first, or their kernels take turns on the GPU)\n"
                "  [--lr LR] [--momentum M] [--loss-file FILE]\n",
                why.c_str());
   std::exit(2);
@@ -88,6 +91,8 @@ Options parse(int argc, char** argv) {
       o.overlap = false;
     else if (a == "--compare")
       o.compare = true;
+    else if (a == "--share-gpus")
+      o.share_gpus = true;
     else if (a == "--lr")
       o.lr = std::strtof(val().c_str(), nullptr);
     else if (a == "--momentum")
@@ -330,8 +335,9 @@ int main(int argc, char** argv) {
     std::printf("trainer: --device cuda needs a GPU (and a build with CUDA); skipped\n");
     return 77;
   }
-  if (o.cuda && o.ranks > trainer::cuda_devices() && !std::getenv("COCCL_EXAMPLE_ID")) {
-    // Ranks sharing a GPU need MPS (their kernels wait for each other); not set up here.
+  if (o.cuda && o.ranks > trainer::cuda_devices() && !o.share_gpus &&
+      !std::getenv("COCCL_EXAMPLE_ID")) {
+    // Ranks sharing a GPU need MPS (their kernels wait for each other): only on request.
     std::printf("trainer: --ranks %d --device cuda needs %d GPUs, found %d; skipped\n", o.ranks,
                 o.ranks, trainer::cuda_devices());
     return 77;
