@@ -7,8 +7,8 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/communicator.hpp>
-#include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -158,7 +158,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   int rank_;
   int size_;
   std::unique_ptr<transport::Peers> peers_;
-  std::deque<Queued> queue_;
+  // A list: taking a cancelled operation out from between others must not move them, because
+  // Boost 1.81's any_completion_handler recurses without end in its move assignment.
+  std::list<Queued> queue_;
   bool draining_ = false;
   std::function<void()> after_drain_;  // destroy()'s close, once the queue has drained
   bool closed_ = false;                // destroyed or aborted: no new operations

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -392,16 +393,16 @@ class EventPoller final : public runtime::Poller {
   void add(cudaEvent_t ev, OpHandler h) { waits_.push_back({ev, std::move(h)}); }
   bool poll() override {
     bool progress = false;
-    for (std::size_t i = 0; i < waits_.size();) {
-      cudaError_t e = cudaEventQuery(waits_[i].event);
+    for (auto it = waits_.begin(); it != waits_.end();) {
+      cudaError_t e = cudaEventQuery(it->event);
       if (e == cudaErrorNotReady) {
-        ++i;
+        ++it;
         continue;
       }
       if (e != cudaSuccess) cudaGetLastError();
-      cudaEventDestroy(waits_[i].event);
-      OpHandler h(std::move(waits_[i].handler));
-      waits_.erase(waits_.begin() + static_cast<std::ptrdiff_t>(i));
+      cudaEventDestroy(it->event);
+      OpHandler h(std::move(it->handler));
+      it = waits_.erase(it);
       // The kernels ran to their end, or gave up a wait (a peer that never came, an abort):
       // then the communicator has failed with the reason, which the operation reports.
       std::error_code ec = e == cudaSuccess ? comm_.error() : make_error_code(errc::cuda_error);
@@ -419,7 +420,10 @@ class EventPoller final : public runtime::Poller {
   };
   asio::any_io_executor ex_;
   CommImpl& comm_;  // owns this poller
-  std::vector<Wait> waits_;
+  // A list: erasing one wait must not move the others, because Boost 1.81's
+  // any_completion_handler recurses without end in its move assignment (several operations
+  // awaited at once on one stream crashed the trainer's 2-rank GPU form).
+  std::list<Wait> waits_;
 };
 
 }  // namespace

@@ -485,3 +485,55 @@ TEST(Group, CancellingAGroupBeforeItStartsRemovesEveryMember) {
 }
 }  // namespace
 }  // namespace coccl
+
+namespace coccl {
+namespace {
+
+TEST(AsioRules, CancellingAnOperationBetweenQueuedOnesKeepsTheOthers) {
+  // Rank 0 queues four all_reduces behind one that waits for rank 1, then cancels the second of
+  // the four: taking it out from between the others must leave them whole (Boost 1.81's
+  // any_completion_handler recursed without end when a queue moved one by assignment).
+  std::atomic<bool> cancelled{false};
+  std::vector<std::int32_t> sums(5, 0);
+  std::vector<boost::system::error_code> ecs(5, make_error_code(errc::internal));
+  on_ranks(2, {}, [&](int r, Communicator& c) {
+    std::int32_t x = r + 1;
+    if (r == 0) {
+      asio::io_context io;
+      asio::cancellation_signal sig;
+      int done = 0;
+      for (int i = 0; i < 5; ++i) {
+        auto record = asio::bind_executor(io, [&, i](boost::system::error_code e) {
+          ecs[i] = e;
+          ++done;
+        });
+        if (i == 2)
+          c.async_all_reduce(&x, &sums[i], 1, DataType::int32, ReduceOp::sum,
+                             asio::bind_cancellation_slot(sig.slot(), std::move(record)));
+        else
+          c.async_all_reduce(&x, &sums[i], 1, DataType::int32, ReduceOp::sum, std::move(record));
+      }
+      sig.emit(asio::cancellation_type::total);
+      while (ecs[2] == errc::internal) io.run_one();
+      cancelled = true;
+      cancelled.notify_one();
+      while (done < 5) io.run_one();
+    } else {
+      cancelled.wait(false);
+      std::int32_t sum = 0;
+      for (int i = 0; i < 4; ++i) {
+        c.all_reduce(&x, &sum, 1, DataType::int32, ReduceOp::sum);
+        EXPECT_EQ(sum, 3) << "rank 1, operation " << i;
+      }
+    }
+  });
+  EXPECT_EQ(ecs[2], std::errc::operation_canceled) << ecs[2].message();
+  EXPECT_EQ(sums[2], 0) << "the cancelled operation ran";
+  for (int i : {0, 1, 3, 4}) {
+    EXPECT_FALSE(ecs[i]) << "operation " << i << ": " << ecs[i].message();
+    EXPECT_EQ(sums[i], 3) << "operation " << i;
+  }
+}
+
+}  // namespace
+}  // namespace coccl
