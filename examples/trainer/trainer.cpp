@@ -23,6 +23,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
+#include <cmath>
 #include <coccl/coccl.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -306,12 +307,20 @@ int run_rank(coccl::Communicator comm, const Options& o) {
       const std::vector<StepStats> s2 = run_training(comm, o, device, false);
       if (rank == 0) {
         const Means on = means(s), off = means(s2);
+        // Bit for bit: a diverged run's NaN losses are the same run too.
         bool same = true;
-        for (std::size_t i = 0; i < s.size(); ++i) same = same && s[i].loss == s2[i].loss;
+        for (std::size_t i = 0; i < s.size(); ++i)
+          same = same && std::memcmp(&s[i].loss, &s2[i].loss, sizeof s[i].loss) == 0;
         std::printf("mean step %.2f ms (backward %.2f ms, then all_reduce %.2f ms), overlap off\n",
                     off.step, off.backward, off.wait);
         std::printf("overlap saves %.2f ms per step (%.1f%%); loss curves %s\n", off.step - on.step,
                     100.0 * (off.step - on.step) / off.step, same ? "identical" : "DIFFER");
+        for (std::size_t i = 0; i < s.size(); ++i)
+          if (!std::isfinite(s[i].loss)) {
+            std::printf("the loss is not finite from step %zu: training diverged (lower --lr)\n",
+                        i);
+            break;
+          }
         if (!same) {
           comm.destroy();
           return 1;
