@@ -36,40 +36,6 @@ static_assert(sizeof(SlotHeader) <= ib::slot_header);
 
 }  // namespace
 
-bool IbPoller::poll() {
-  // As in ShmPoller: resumed coroutines may re-activate connections, so scan a snapshot.
-  if (active_.empty()) return false;
-  scan_.swap(active_);
-  active_.clear();
-  bool progress = false;
-  for (IbConnection* c : scan_) {
-    if (c->check()) progress = true;
-    // A connection leaves the list armed: its completions (credits, send completions) must
-    // still be processed when nobody waits on it.
-    if (c->has_waiter())
-      activate(c);
-    else
-      c->arm();
-  }
-  scan_.clear();
-  return progress;
-}
-
-bool IbPoller::waiting() const {
-  // An armed connection wakes the event loop through its channel: the thread may sleep.
-  return std::any_of(active_.begin(), active_.end(),
-                     [](const IbConnection* c) { return !c->armed(); });
-}
-
-void IbPoller::activate(IbConnection* c) {
-  if (std::find(active_.begin(), active_.end(), c) == active_.end()) active_.push_back(c);
-}
-
-void IbPoller::forget(IbConnection* c) {
-  active_.erase(std::remove(active_.begin(), active_.end(), c), active_.end());
-  scan_.erase(std::remove(scan_.begin(), scan_.end(), c), scan_.end());
-}
-
 IbConnection::IbConnection(int self, int peer, asio::ip::tcp::socket socket,
                            std::unique_ptr<ib::Link> link, std::size_t split_bytes,
                            IbPoller& poller, std::shared_ptr<UserBuffers> buffers,

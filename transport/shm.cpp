@@ -120,30 +120,6 @@ ShmSegment::~ShmSegment() {
   ::munmap(data_, bytes_);
 }
 
-bool ShmPoller::poll() {
-  // Waiters resume inline (no post): a resumed coroutine may wait again, which re-activates its
-  // connection, so work on a snapshot of the list.
-  if (active_.empty()) return false;
-  scan_.swap(active_);
-  active_.clear();
-  bool progress = false;
-  for (ShmConnection* c : scan_) {
-    if (c->check()) progress = true;
-    if (c->has_waiter()) activate(c);
-  }
-  scan_.clear();
-  return progress;
-}
-
-void ShmPoller::activate(ShmConnection* c) {
-  if (std::find(active_.begin(), active_.end(), c) == active_.end()) active_.push_back(c);
-}
-
-void ShmPoller::forget(ShmConnection* c) {
-  active_.erase(std::remove(active_.begin(), active_.end(), c), active_.end());
-  scan_.erase(std::remove(scan_.begin(), scan_.end(), c), scan_.end());
-}
-
 std::size_t ShmConnection::segment_bytes(std::size_t slots, std::size_t slot_bytes) {
   return data_offset(slots) + slots * slot_bytes;
 }
