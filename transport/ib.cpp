@@ -56,7 +56,7 @@ IbConnection::IbConnection(int self, int peer, asio::ip::tcp::socket socket,
 }
 
 IbConnection::~IbConnection() {
-  *alive_ = false;
+  gate_.close();
   poller_.forget(this);
   // The descriptor belongs to the completion channel: give it back before the Link destroys it.
   boost::system::error_code ignored;
@@ -68,8 +68,8 @@ IbConnection::~IbConnection() {
 
 void IbConnection::watch() {
   events_.async_wait(asio::posix::stream_descriptor::wait_read,
-                     [this, alive = alive_](boost::system::error_code ec) {
-                       if (!*alive || ec) return;
+                     [this, pass = gate_.enter()](boost::system::error_code ec) {
+                       if (!pass.open() || ec) return;
                        ibv_cq* cq = nullptr;
                        void* context = nullptr;
                        while (link_->verbs().get_cq_event(link_->channel(), &cq, &context) == 0)

@@ -180,7 +180,7 @@ class IbConnection final : public SocketConnection, public PolledLink {
     std::shared_ptr<const ib::Registration> reg;
   };
   std::deque<Flight> flights_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 
 }  // namespace coccl::transport
