@@ -13,11 +13,11 @@
 #include <future>
 
 #include "collectives/algorithms.hpp"
+#include "collectives/comm_params.hpp"
 #include "collectives/status_codec.hpp"
 #include "runtime/gate.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 
 namespace coccl::detail {
 

@@ -16,15 +16,34 @@
 #include <optional>
 
 #include "collectives/comm.hpp"
+#include "collectives/comm_params.hpp"
 #include "collectives/device_budget.hpp"
+#include "collectives/device_params.hpp"
 #include "collectives/device_timeout.hpp"
 #include "collectives/net_device.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 #include "transport/peer_memory.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> device_oneshot_max{
+    "COCCL_DEVICE_ONESHOT_MAX", 512 << 10,
+    "largest device all_reduce (bytes per rank) run by the one-shot LL kernel; sizes the "
+    "workspace, so every rank must use the same value"};
+config::Param<bool> dependent_launch{
+    "COCCL_DEPENDENT_LAUNCH", true,
+    "launch device kernels with programmatic dependent launch (Hopper): a kernel starts while "
+    "the previous one in the stream finishes and waits on the device for it"};
+config::Param<std::int64_t> device_comms{
+    "COCCL_DEVICE_COMMS", 2,
+    "communicators a rank may have working on its GPU at once (data and tensor parallel: 2); "
+    "each device kernel takes at most 1/(this x ranks sharing the GPU x 2) of the GPU so that "
+    "all of them fit together; the count of this process's communicators on the GPU raises it"};
+
+}  // namespace coccl::params
 
 namespace coccl::detail {
 namespace {

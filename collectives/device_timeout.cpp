@@ -4,7 +4,6 @@
 
 #include "kernels/device.hpp"
 #include "runtime/deadline.hpp"
-#include "runtime/params.hpp"
 
 namespace coccl::detail {
 

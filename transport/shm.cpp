@@ -9,8 +9,16 @@
 #include <coccl/error.hpp>
 #include <cstring>
 
-#include "runtime/params.hpp"
 #include "transport/hmac.hpp"
+
+namespace coccl::params {
+
+config::Param<std::string> shm_dir{
+    "COCCL_SHM_DIR", "",
+    "directory for the shm transport's segments (files there instead of POSIX shared memory in "
+    "/dev/shm); every rank of a host must see the same one"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 

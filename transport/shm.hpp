@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.hpp"
 #include "transport/link_poller.hpp"
 #include "transport/socket_connection.hpp"
 
@@ -88,3 +89,9 @@ class ShmConnection final : public SocketConnection, public PolledLink {
 };
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::string> shm_dir;  // COCCL_SHM_DIR
+
+}  // namespace coccl::params

@@ -5,7 +5,6 @@
 #include <mutex>
 
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 
 #if COCCL_HAVE_URING
 #include <liburing.h>
@@ -27,6 +26,20 @@
 
 #include "transport/socket_connection.hpp"
 #endif
+
+namespace coccl::params {
+
+config::Param<std::string> tcp_engine{
+    "COCCL_TCP_ENGINE", "auto",
+    "what drives tcp links: uring (io_uring: multishot receives, zero-copy sends, several "
+    "sockets per peer), asio (one socket per peer on Boost.Asio) or auto (uring where the kernel "
+    "allows it, else asio)"};
+config::Param<std::int64_t> tcp_zc_min{
+    "COCCL_TCP_ZC_MIN", 1 << 20,
+    "smallest put the uring engine sends zero-copy (IORING_OP_SEND_ZC) from the caller's buffer; "
+    "smaller ones are copied into the socket"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 
