@@ -11,10 +11,10 @@
 #include <future>
 
 #include "collectives/comm.hpp"
+#include "collectives/comm_params.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 #include "transport/hmac.hpp"
 #include "transport/launcher.hpp"
 

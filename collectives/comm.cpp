@@ -13,10 +13,11 @@
 #include <future>
 
 #include "collectives/algorithms.hpp"
+#include "collectives/comm_params.hpp"
 #include "collectives/status_codec.hpp"
+#include "runtime/gate.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 
 namespace coccl::detail {
 
@@ -551,29 +552,27 @@ void CommImpl::destroy() {
     throw std::system_error(make_error_code(errc::invalid_argument),
                             "destroy() would wait for itself on the proxy thread; use abort()");
   // Operations already queued finish first (or fail by their deadline); then the links close
-  // with a goodbye, no abort notice.
-  std::promise<void> done;
-  auto close_quietly = [this, &done] {
+  // with a goodbye, no abort notice. Every step of that holds a pass of `closing`, so the caller
+  // returns once the last one is done (or dropped unrun, with the proxy thread's context).
+  runtime::Gate closing;
+  auto close_quietly = [this, pass = closing.enter()] {
     record_failure(make_error_code(errc::aborted), "communicator destroyed");
     watchdog_.cancel();
-    if (!peers_) {
-      done.set_value();
-      return;
-    }
+    if (!peers_) return;
     peers_->shutdown(make_error_code(errc::aborted), "destroyed", false);
     // A goodbye queued behind a frame in flight must leave before the caller may exit the
     // process; without it the peers would read the closed stream as a lost rank.
     asio::co_spawn(ex_, peers_->flush_notices(std::chrono::seconds(1)),
-                   [&done](std::exception_ptr) { done.set_value(); });
+                   [pass](std::exception_ptr) {});
   };
-  asio::post(ex_, [&] {
+  asio::post(ex_, [this, close_quietly = std::move(close_quietly)] {
     closed_ = true;
     if (draining_)
       after_drain_ = close_quietly;
     else
       close_quietly();
   });
-  done.get_future().wait();
+  closing.close_and_wait();
 }
 
 }  // namespace coccl::detail

@@ -17,14 +17,34 @@
 #include <optional>
 
 #include "collectives/comm.hpp"
+#include "collectives/comm_params.hpp"
 #include "collectives/device_budget.hpp"
+#include "collectives/device_params.hpp"
+#include "collectives/device_timeout.hpp"
 #include "collectives/net_device.hpp"
-#include "collectives/peer_memory.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
+#include "transport/peer_memory.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> device_oneshot_max{
+    "COCCL_DEVICE_ONESHOT_MAX", 512 << 10,
+    "largest device all_reduce (bytes per rank) run by the one-shot LL kernel; sizes the "
+    "workspace, so every rank must use the same value"};
+config::Param<bool> dependent_launch{
+    "COCCL_DEPENDENT_LAUNCH", true,
+    "launch device kernels with programmatic dependent launch (Hopper): a kernel starts while "
+    "the previous one in the stream finishes and waits on the device for it"};
+config::Param<std::int64_t> device_comms{
+    "COCCL_DEVICE_COMMS", 2,
+    "communicators a rank may have working on its GPU at once (data and tensor parallel: 2); "
+    "each device kernel takes at most 1/(this x ranks sharing the GPU x 2) of the GPU so that "
+    "all of them fit together; the count of this process's communicators on the GPU raises it"};
+
+}  // namespace coccl::params
 
 namespace coccl::detail {
 namespace {
@@ -96,7 +116,7 @@ struct DeviceState {
     for (void* p : scratch) cudaFree(p);
     for (Chain* ch : {&eager, &captured})
       if (ch->done) cudaEventDestroy(ch->done);
-    for (void* p : opened) cudaIpcCloseMemHandle(p);
+    for (void* p : opened) transport::unmap_peer(p);
     if (workspace) cudaFree(workspace);
     if (status) cudaFreeHost(status);
     if (gpu) {
@@ -108,7 +128,7 @@ struct DeviceState {
 
 // What each rank tells the others about its workspace and its GPU.
 struct Advert {
-  PeerAdvert memory;
+  transport::PeerAdvert memory;
   std::uint64_t oneshot_max;  // shapes the workspace: must agree
   GpuShare share;             // for the block budget
 };
@@ -298,8 +318,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   Advert mine{};
   if (across_hosts)
     mine.memory.host = c.peers().table()[me].host_hash;
-  else if (auto e =
-               advertise(st->workspace, st->device, c.peers().table()[me].host_hash, mine.memory))
+  else if (auto e = transport::advertise(st->workspace, st->device, c.peers().table()[me].host_hash,
+                                         mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
   mine.oneshot_max = oneshot_max;
   mine.share.host = mine.memory.host;
@@ -337,7 +357,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
       return make_error_code(errc::unsupported);
     }
     bool ipc = false;
-    if (auto e = map_peer(mine.memory, all[p].memory, &st->peers[p], &ipc))
+    if (auto e = transport::map_peer(mine.memory, all[p].memory, &st->peers[p], &ipc))
       return cuda_error(c, e, "mapping the workspace of rank " + std::to_string(p));
     if (ipc) st->opened.push_back(st->peers[p]);
   }

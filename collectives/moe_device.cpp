@@ -7,9 +7,10 @@
 #include <vector>
 
 #include "collectives/comm.hpp"
+#include "collectives/device_timeout.hpp"
 #include "collectives/moe_state.hpp"
-#include "collectives/peer_memory.hpp"
 #include "transport/bootstrap.hpp"
+#include "transport/peer_memory.hpp"
 
 namespace coccl::moe::detail {
 
@@ -36,7 +37,7 @@ void DeviceArenaDeleter::operator()(DeviceArena* a) const noexcept {
     a->comm.barrier();
   } catch (const std::exception&) {
   }
-  for (void* p : a->opened) cudaIpcCloseMemHandle(p);
+  for (void* p : a->opened) transport::unmap_peer(p);
   if (a->base) cudaFree(a->base);
   if (a->errors) cudaFreeHost(a->errors);
   if (current >= 0) cudaSetDevice(current);
@@ -102,12 +103,11 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
   check(static_cast<cudaError_t>(kernels::moe::load_moe()), "loading the MoE kernels");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 
-  coccl::detail::PeerAdvert mine{};
+  transport::PeerAdvert mine{};
   // The communicator's host identity (COCCL_HOSTID where set), as the device workspace uses.
-  check(coccl::detail::advertise(base, a->device, transport::host_hash(), mine),
-        "cudaIpcGetMemHandle");
-  std::vector<coccl::detail::PeerAdvert> all(n);
-  comm.all_gather(&mine, all.data(), sizeof(coccl::detail::PeerAdvert), DataType::uint8);
+  check(transport::advertise(base, a->device, transport::host_hash(), mine), "cudaIpcGetMemHandle");
+  std::vector<transport::PeerAdvert> all(n);
+  comm.all_gather(&mine, all.data(), sizeof(transport::PeerAdvert), DataType::uint8);
   a->arenas.rank = me;
   a->arenas.nranks = n;
   for (int p = 0; p < n; ++p) {
@@ -119,7 +119,7 @@ DeviceArenaPtr make_arena(Communicator& comm, std::size_t bytes) {
       fail(errc::unsupported, "rank " + std::to_string(p) + " is on another host");
     void* mapped = nullptr;
     bool ipc = false;
-    check(coccl::detail::map_peer(mine, all[p], &mapped, &ipc),
+    check(transport::map_peer(mine, all[p], &mapped, &ipc),
           ("mapping the arena of rank " + std::to_string(p)).c_str());
     if (ipc) a->opened.push_back(mapped);
     a->arenas.peer[p] = static_cast<char*>(mapped);

@@ -30,11 +30,24 @@
 #include <set>
 #include <vector>
 
+#include "collectives/device_params.hpp"
 #include "collectives/net_plan.hpp"
 #include "kernels/net.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> net_slot_bytes{
+    "COCCL_NET_SLOT_BYTES", 2 << 20,
+    "device operations across hosts: bytes a round stages in pinned host memory on each side "
+    "(2 x (COCCL_NET_LANES + 1) such areas per communicator); must be equal on every rank"};
+config::Param<std::int64_t> net_lanes{
+    "COCCL_NET_LANES", 4,
+    "device operations across hosts: rounds moved at once, each over its own connections and "
+    "proxy thread (1 to 15); must be equal on every rank"};
+
+}  // namespace coccl::params
 
 namespace coccl::detail {
 

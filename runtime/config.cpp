@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/log.hpp"
+#include "runtime/params.hpp"
 
 namespace coccl::config {
 namespace {
@@ -131,6 +132,8 @@ template class Param<double>;
 template class Param<std::string>;
 
 std::vector<ParamBase*> all_parameters() {
+  // Refers to the index so that a program listing the registry links every library parameter.
+  static_cast<void>(params::library());
   std::lock_guard lock(registry_mutex());
   return registry();
 }

@@ -1,9 +1,10 @@
 // Typed COCCL_* parameters read from the environment, in one registry.
 //
-// Each parameter is declared once (runtime/params.hpp) with its name, default, documentation and
-// an optional NCCL_* alias. Its value is read from the environment on first use and cached; tests
-// may override it with set_override(). print_parameters() lists every parameter with its value and
-// where it came from; the engine calls it once at COCCL_DEBUG=INFO.
+// Each parameter is declared once, beside the code that reads it (the header of its module; see
+// runtime/params.hpp), with its name, default, documentation and an optional NCCL_* alias. Its
+// value is read from the environment on first use and cached; tests may override it with
+// set_override(). print_parameters() lists every parameter with its value and where it came from;
+// the engine calls it once at COCCL_DEBUG=INFO.
 #pragma once
 
 #include <atomic>
@@ -62,7 +63,8 @@ class Param : public ParamBase {
   T default_;
 };
 
-/// Every registered parameter in declaration order.
+/// Every registered parameter: the library's (runtime/params.hpp, params::library()) and any a
+/// program declares itself, in the order of their construction.
 std::vector<ParamBase*> all_parameters();
 
 /// Writes "NAME=value (source): doc" for every parameter through the logger at INFO.

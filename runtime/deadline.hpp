@@ -13,6 +13,8 @@
 #include <memory>
 #include <optional>
 
+#include "runtime/config.hpp"
+
 namespace coccl::runtime {
 
 namespace asio = boost::asio;
@@ -112,3 +114,9 @@ class Mailbox {
 };
 
 }  // namespace coccl::runtime
+
+namespace coccl::params {
+
+extern config::Param<double> timeout_s;  // COCCL_TIMEOUT
+
+}  // namespace coccl::params

@@ -6,7 +6,16 @@
 #include <mutex>
 
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> proxy_threads{
+    "COCCL_PROXY_THREADS", 1, "proxy threads of the process engine (communicators are spread)"};
+config::Param<std::int64_t> spin_us{
+    "COCCL_SPIN_US", 2000,
+    "microseconds a proxy thread polls without progress before it sleeps on its event sources"};
+
+}  // namespace coccl::params
 
 namespace coccl::runtime {
 

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/config.hpp"
+
 namespace coccl::runtime {
 
 namespace asio = boost::asio;
@@ -84,3 +86,10 @@ class Engine {
 };
 
 }  // namespace coccl::runtime
+
+namespace coccl::params {
+
+extern config::Param<std::int64_t> proxy_threads;  // COCCL_PROXY_THREADS
+extern config::Param<std::int64_t> spin_us;        // COCCL_SPIN_US
+
+}  // namespace coccl::params

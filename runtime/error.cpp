@@ -3,7 +3,15 @@
 #include <coccl/error.hpp>
 
 #include "runtime/deadline.hpp"
-#include "runtime/params.hpp"
+
+namespace coccl::params {
+
+config::Param<double> timeout_s{
+    "COCCL_TIMEOUT", 300.0,
+    "seconds a communicator waits for a peer to make progress (or for bootstrap) before failing "
+    "with timed_out"};
+
+}  // namespace coccl::params
 
 namespace coccl {
 namespace {

@@ -4,7 +4,19 @@
 
 #include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> bootstrap_pending_max{
+    "COCCL_BOOTSTRAP_PENDING_MAX", 64,
+    "connections a bootstrap root or rank listener holds before they authenticate; a newer one "
+    "closes the oldest, so strangers cost bounded memory and descriptors"};
+config::Param<double> bootstrap_auth_timeout{
+    "COCCL_BOOTSTRAP_AUTH_TIMEOUT", 10.0,
+    "seconds a new connection to a bootstrap root or rank listener has to authenticate before it "
+    "is closed (at most COCCL_TIMEOUT)"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 

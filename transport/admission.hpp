@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/config.hpp"
+
 namespace coccl::transport {
 
 namespace asio = boost::asio;
@@ -84,3 +86,10 @@ std::chrono::milliseconds accept_retry_delay(const boost::system::error_code& ec
 bool out_of_resources(const boost::system::error_code& ec);
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::int64_t> bootstrap_pending_max;  // COCCL_BOOTSTRAP_PENDING_MAX
+extern config::Param<double> bootstrap_auth_timeout;       // COCCL_BOOTSTRAP_AUTH_TIMEOUT
+
+}  // namespace coccl::params

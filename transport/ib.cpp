@@ -36,40 +36,6 @@ static_assert(sizeof(SlotHeader) <= ib::slot_header);
 
 }  // namespace
 
-bool IbPoller::poll() {
-  // As in ShmPoller: resumed coroutines may re-activate connections, so scan a snapshot.
-  if (active_.empty()) return false;
-  scan_.swap(active_);
-  active_.clear();
-  bool progress = false;
-  for (IbConnection* c : scan_) {
-    if (c->check()) progress = true;
-    // A connection leaves the list armed: its completions (credits, send completions) must
-    // still be processed when nobody waits on it.
-    if (c->has_waiter())
-      activate(c);
-    else
-      c->arm();
-  }
-  scan_.clear();
-  return progress;
-}
-
-bool IbPoller::waiting() const {
-  // An armed connection wakes the event loop through its channel: the thread may sleep.
-  return std::any_of(active_.begin(), active_.end(),
-                     [](const IbConnection* c) { return !c->armed(); });
-}
-
-void IbPoller::activate(IbConnection* c) {
-  if (std::find(active_.begin(), active_.end(), c) == active_.end()) active_.push_back(c);
-}
-
-void IbPoller::forget(IbConnection* c) {
-  active_.erase(std::remove(active_.begin(), active_.end(), c), active_.end());
-  scan_.erase(std::remove(scan_.begin(), scan_.end(), c), scan_.end());
-}
-
 IbConnection::IbConnection(int self, int peer, asio::ip::tcp::socket socket,
                            std::unique_ptr<ib::Link> link, std::size_t split_bytes,
                            IbPoller& poller, std::shared_ptr<UserBuffers> buffers,
@@ -90,7 +56,7 @@ IbConnection::IbConnection(int self, int peer, asio::ip::tcp::socket socket,
 }
 
 IbConnection::~IbConnection() {
-  *alive_ = false;
+  gate_.close();
   poller_.forget(this);
   // The descriptor belongs to the completion channel: give it back before the Link destroys it.
   boost::system::error_code ignored;
@@ -102,8 +68,8 @@ IbConnection::~IbConnection() {
 
 void IbConnection::watch() {
   events_.async_wait(asio::posix::stream_descriptor::wait_read,
-                     [this, alive = alive_](boost::system::error_code ec) {
-                       if (!*alive || ec) return;
+                     [this, pass = gate_.enter()](boost::system::error_code ec) {
+                       if (!pass.open() || ec) return;
                        ibv_cq* cq = nullptr;
                        void* context = nullptr;
                        while (link_->verbs().get_cq_event(link_->channel(), &cq, &context) == 0)

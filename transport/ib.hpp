@@ -30,30 +30,19 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/engine.hpp"
 #include "transport/ib_link.hpp"
+#include "transport/link_poller.hpp"
 #include "transport/socket_connection.hpp"
 #include "transport/user_buffers.hpp"
 
 namespace coccl::transport {
 
-class IbConnection;
+/// The poller of a communicator's ib connections. A connection stays in its list while someone
+/// waits on it; the proxy thread may sleep while every listed connection has its completion
+/// channel armed.
+using IbPoller = LinkPoller;
 
-/// Polls the ib connections of one communicator that have a waiter and whose completion channel
-/// is not armed. Lives on its proxy thread.
-class IbPoller final : public runtime::Poller {
- public:
-  bool poll() override;
-  bool waiting() const override;
-  void activate(IbConnection* c);
-  void forget(IbConnection* c);
-
- private:
-  std::vector<IbConnection*> active_;
-  std::vector<IbConnection*> scan_;
-};
-
-class IbConnection final : public SocketConnection {
+class IbConnection final : public SocketConnection, public PolledLink {
  public:
   /// `link` is connected (both sides in RTS). `buffers` are the communicator's registered user
   /// buffers (blocks in them move zero-copy). Starts watching the completion channel.
@@ -75,13 +64,17 @@ class IbConnection final : public SocketConnection {
   asio::awaitable<bool> write_block(const void* src, std::size_t n) override;
   asio::awaitable<void> flush_blocks() override;
 
-  /// Called by IbPoller: processes completions, arms the channel when there were none, resumes
+  /// Called by the poller: processes completions, arms the channel when there were none, resumes
   /// waiters whose condition holds. True if anything progressed.
-  bool check();
-  bool has_waiter() const noexcept {
+  bool check() override;
+  bool has_waiter() const noexcept override {
     return recv_waiter_.has_value() || credit_waiter_.has_value();
   }
-  bool armed() const noexcept { return armed_; }
+  /// Leaving the poller's list armed: completions (credits, send completions) must still be
+  /// processed when nobody waits on the connection.
+  void idle() override { arm(); }
+  /// An armed connection wakes the event loop through its channel.
+  bool wakes_thread() const noexcept override { return armed_; }
   /// Requests an event for the next completion (then drains once more), unless already armed.
   void arm();
 
@@ -187,7 +180,7 @@ class IbConnection final : public SocketConnection {
     std::shared_ptr<const ib::Registration> reg;
   };
   std::deque<Flight> flights_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 
 }  // namespace coccl::transport

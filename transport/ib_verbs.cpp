@@ -8,7 +8,20 @@
 #include <mutex>
 
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
+
+namespace coccl::params {
+
+config::Param<std::string> ib_hca{
+    "COCCL_IB_HCA", "",
+    "RDMA devices and ports for the ib transport: mlx5_0:1,mlx5_1 (name prefixes), ^ to exclude, "
+    "= for exact names (empty: the first active port)",
+    "NCCL_IB_HCA"};
+config::Param<std::int64_t> ib_gid_index{
+    "COCCL_IB_GID_INDEX", -1,
+    "GID table index for RoCE (-1: the first RoCE v2 GID, IPv4-mapped preferred)",
+    "NCCL_IB_GID_INDEX"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport::ib {
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.hpp"
+
 namespace coccl::transport::ib {
 
 /// The libibverbs entry points coccl uses (names without the ibv_ prefix: verbs.h defines macros
@@ -115,3 +117,10 @@ class Device {
 };
 
 }  // namespace coccl::transport::ib
+
+namespace coccl::params {
+
+extern config::Param<std::string> ib_hca;         // COCCL_IB_HCA
+extern config::Param<std::int64_t> ib_gid_index;  // COCCL_IB_GID_INDEX
+
+}  // namespace coccl::params

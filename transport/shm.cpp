@@ -9,8 +9,16 @@
 #include <coccl/error.hpp>
 #include <cstring>
 
-#include "runtime/params.hpp"
 #include "transport/hmac.hpp"
+
+namespace coccl::params {
+
+config::Param<std::string> shm_dir{
+    "COCCL_SHM_DIR", "",
+    "directory for the shm transport's segments (files there instead of POSIX shared memory in "
+    "/dev/shm); every rank of a host must see the same one"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 
@@ -118,30 +126,6 @@ void ShmSegment::unlink() noexcept {
 ShmSegment::~ShmSegment() {
   if (owner_) unlink();
   ::munmap(data_, bytes_);
-}
-
-bool ShmPoller::poll() {
-  // Waiters resume inline (no post): a resumed coroutine may wait again, which re-activates its
-  // connection, so work on a snapshot of the list.
-  if (active_.empty()) return false;
-  scan_.swap(active_);
-  active_.clear();
-  bool progress = false;
-  for (ShmConnection* c : scan_) {
-    if (c->check()) progress = true;
-    if (c->has_waiter()) activate(c);
-  }
-  scan_.clear();
-  return progress;
-}
-
-void ShmPoller::activate(ShmConnection* c) {
-  if (std::find(active_.begin(), active_.end(), c) == active_.end()) active_.push_back(c);
-}
-
-void ShmPoller::forget(ShmConnection* c) {
-  active_.erase(std::remove(active_.begin(), active_.end(), c), active_.end());
-  scan_.erase(std::remove(scan_.begin(), scan_.end(), c), scan_.end());
 }
 
 std::size_t ShmConnection::segment_bytes(std::size_t slots, std::size_t slot_bytes) {

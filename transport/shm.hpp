@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine.hpp"
+#include "runtime/config.hpp"
+#include "transport/link_poller.hpp"
 #include "transport/socket_connection.hpp"
 
 namespace coccl::transport {
@@ -41,20 +42,10 @@ class ShmSegment {
   bool linked_ = true;
 };
 
-/// Polls the shm connections of one communicator that have a waiter. Lives on its proxy thread.
-class ShmPoller final : public runtime::Poller {
- public:
-  bool poll() override;
-  bool waiting() const override { return !active_.empty(); }
-  void activate(ShmConnection* c);
-  void forget(ShmConnection* c);
+/// The poller of a communicator's shm connections.
+using ShmPoller = LinkPoller;
 
- private:
-  std::vector<ShmConnection*> active_;
-  std::vector<ShmConnection*> scan_;
-};
-
-class ShmConnection final : public SocketConnection {
+class ShmConnection final : public SocketConnection, public PolledLink {
  public:
   /// Bytes of a ring segment for these parameters.
   static std::size_t segment_bytes(std::size_t slots, std::size_t slot_bytes);
@@ -73,9 +64,9 @@ class ShmConnection final : public SocketConnection {
   void release() override;
   bool settled() const noexcept override;
 
-  /// Called by ShmPoller: resumes waiters whose condition holds; true if it resumed any.
-  bool check();
-  bool has_waiter() const noexcept {
+  /// Called by the poller: resumes waiters whose condition holds; true if it resumed any.
+  bool check() override;
+  bool has_waiter() const noexcept override {
     return recv_waiter_.has_value() || credit_waiter_.has_value();
   }
 
@@ -98,3 +89,9 @@ class ShmConnection final : public SocketConnection {
 };
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::string> shm_dir;  // COCCL_SHM_DIR
+
+}  // namespace coccl::params

@@ -35,24 +35,24 @@ SocketConnection::SocketConnection(int self, int peer, asio::ip::tcp::socket soc
 }
 
 SocketConnection::~SocketConnection() {
-  // The reader coroutine may still be parked in the executor; it checks `alive` before touching
+  // The reader coroutine may still be parked in the executor; it checks its pass before touching
   // this object.
-  *alive_ = false;
+  gate_.close();
   boost::system::error_code ignored;
   socket_.close(ignored);
 }
 
 void SocketConnection::start() {
-  asio::co_spawn(socket_.get_executor(), read_loop(alive_), asio::detached);
+  asio::co_spawn(socket_.get_executor(), read_loop(gate_.enter()), asio::detached);
 }
 
-asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
+asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
   for (;;) {
     LinkHeader h{};
     boost::system::error_code ec;
     try {
       co_await asio::async_read(socket_, asio::buffer(&h, sizeof h), asio::use_awaitable);
-      if (!*alive) co_return;
+      if (!pass.open()) co_return;
       switch (h.type) {
         case LinkHeader::put:
           co_await on_put(h);
@@ -68,7 +68,7 @@ asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
         case LinkHeader::abort: {
           std::string text(abort_text_size(h), '\0');
           co_await asio::async_read(socket_, asio::buffer(text), asio::use_awaitable);
-          if (!*alive) co_return;
+          if (!pass.open()) co_return;
           close(make_error_code(abort_code(h.fingerprint)),
                 "rank " + std::to_string(peer_) + " aborted: " + text);
           co_return;
@@ -79,11 +79,11 @@ asio::awaitable<void> SocketConnection::read_loop(std::shared_ptr<bool> alive) {
     } catch (const boost::system::system_error& e) {
       ec = e.code();
     } catch (const std::system_error& e) {
-      if (!*alive) co_return;
+      if (!pass.open()) co_return;
       close(e.code(), "rank " + std::to_string(peer_) + ": protocol error: " + e.what());
       co_return;
     }
-    if (!*alive) co_return;
+    if (!pass.open()) co_return;
     if (ec) {
       if (departed_) {
         fail_waiters_soft();
@@ -112,8 +112,8 @@ void SocketConnection::write_next() {
   std::array<asio::const_buffer, 2> bufs{asio::buffer(&p.header, sizeof p.header),
                                          asio::buffer(p.data, p.size)};
   asio::async_write(socket_, bufs,
-                    [this, alive = alive_](boost::system::error_code ec, std::size_t) {
-                      if (!*alive) return;
+                    [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
+                      if (!pass.open()) return;
                       writing_ = false;
                       if (closed_) {
                         // close() waited for this frame to finish so that the abort notice
@@ -144,11 +144,12 @@ void SocketConnection::queue_broken(boost::system::error_code ec) {
   // The peer reset the link. Its abort notice, if it sent one, is still in our receive buffer:
   // give the reader a moment to deliver it (it names the real cause), then fail anyway.
   linger_.expires_after(std::chrono::milliseconds(200));
-  linger_.async_wait([this, alive = alive_, text = ec.message()](boost::system::error_code e) {
-    if (e || !*alive || closed_) return;
-    close(make_error_code(errc::peer_lost),
-          "lost rank " + std::to_string(peer_) + " (send " + text + ")");
-  });
+  linger_.async_wait(
+      [this, pass = gate_.enter(), text = ec.message()](boost::system::error_code e) {
+        if (e || !pass.open() || closed_) return;
+        close(make_error_code(errc::peer_lost),
+              "lost rank " + std::to_string(peer_) + " (send " + text + ")");
+      });
 }
 
 void SocketConnection::finish_close() {
@@ -209,8 +210,8 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
     // follows it whole; a peer that never drains its socket cannot hold this past a second.
     while (queue_.size() > 1) queue_.pop_back();
     linger_.expires_after(std::chrono::seconds(1));
-    linger_.async_wait([this, alive = alive_](boost::system::error_code e) {
-      if (!e && *alive) finish_close();
+    linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
+      if (!e && pass.open()) finish_close();
     });
   } else {
     queue_.clear();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/gate.hpp"
 #include "transport/connection.hpp"
 
 namespace coccl::transport {
@@ -105,7 +106,7 @@ class SocketConnection : public Connection {
     std::size_t size;
     Resume done;
   };
-  asio::awaitable<void> read_loop(std::shared_ptr<bool> alive);
+  asio::awaitable<void> read_loop(runtime::Gate::Pass pass);
   void write_next();
   void queue_broken(boost::system::error_code ec);
   void finish_close();
@@ -114,7 +115,7 @@ class SocketConnection : public Connection {
   std::string notice_;         // abort notice waiting for the frame in flight
   asio::steady_timer linger_;  // bounds how long a close waits for that frame
   bool writing_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 
 }  // namespace coccl::transport

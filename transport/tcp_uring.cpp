@@ -5,7 +5,6 @@
 #include <mutex>
 
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 
 #if COCCL_HAVE_URING
 #include <liburing.h>
@@ -27,6 +26,20 @@
 
 #include "transport/socket_connection.hpp"
 #endif
+
+namespace coccl::params {
+
+config::Param<std::string> tcp_engine{
+    "COCCL_TCP_ENGINE", "auto",
+    "what drives tcp links: uring (io_uring: multishot receives, zero-copy sends, several "
+    "sockets per peer), asio (one socket per peer on Boost.Asio) or auto (uring where the kernel "
+    "allows it, else asio)"};
+config::Param<std::int64_t> tcp_zc_min{
+    "COCCL_TCP_ZC_MIN", 1 << 20,
+    "smallest put the uring engine sends zero-copy (IORING_OP_SEND_ZC) from the caller's buffer; "
+    "smaller ones are copied into the socket"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 
@@ -285,7 +298,7 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   std::error_code error_;
   std::string error_text_;
   std::string notice_;  // abort notice waiting for the frame in flight on socket 0
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 
 UringTcpConnection::UringTcpConnection(int self, int peer,
@@ -349,7 +362,7 @@ UringTcpConnection::UringTcpConnection(int self, int peer,
 }
 
 UringTcpConnection::~UringTcpConnection() {
-  *alive_ = false;
+  gate_.close();
   thread_.remove_poller(this);
   boost::system::error_code ignored;
   event_.close(ignored);
@@ -424,8 +437,8 @@ void UringTcpConnection::arm(std::size_t i) {
 
 void UringTcpConnection::arm_event() {
   event_.async_read_some(asio::buffer(&event_value_, sizeof event_value_),
-                         [this, alive = alive_](boost::system::error_code ec, std::size_t) {
-                           if (!*alive || ec) return;
+                         [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
+                           if (!pass.open() || ec) return;
                            reap();
                            arm_event();
                          });
@@ -609,8 +622,8 @@ void UringTcpConnection::ended(std::size_t i, int res) {
   // The peer's abort notice or goodbye travels on socket 0 and may still be on its way: give it a
   // moment (it names the real cause), then fail anyway.
   linger_.expires_after(std::chrono::milliseconds(200));
-  linger_.async_wait([this, alive = alive_, what](boost::system::error_code e) {
-    if (e || !*alive || closed_ || bye_seen_) return;
+  linger_.async_wait([this, pass = gate_.enter(), what](boost::system::error_code e) {
+    if (e || !pass.open() || closed_ || bye_seen_) return;
     close(make_error_code(errc::peer_lost), lost(what));
   });
 }
@@ -718,10 +731,11 @@ void UringTcpConnection::send_failed(int err) {
   // The peer reset the link. Its abort notice, if it sent one, may still be in our receive
   // buffers: give the reaper a moment to deliver it (it names the real cause), then fail anyway.
   linger_.expires_after(std::chrono::milliseconds(200));
-  linger_.async_wait([this, alive = alive_, text = errno_text(err)](boost::system::error_code e) {
-    if (e || !*alive || closed_) return;
-    close(make_error_code(errc::peer_lost), lost("send " + text));
-  });
+  linger_.async_wait(
+      [this, pass = gate_.enter(), text = errno_text(err)](boost::system::error_code e) {
+        if (e || !pass.open() || closed_) return;
+        close(make_error_code(errc::peer_lost), lost("send " + text));
+      });
 }
 
 asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
@@ -830,8 +844,8 @@ void UringTcpConnection::close(std::error_code ec, const std::string& why) {
     // Let the frame in flight on socket 0 finish so the abort notice follows it whole; a peer
     // that never drains its socket cannot hold this past a second.
     linger_.expires_after(std::chrono::seconds(1));
-    linger_.async_wait([this, alive = alive_](boost::system::error_code e) {
-      if (!e && *alive) finish_close();
+    linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
+      if (!e && pass.open()) finish_close();
     });
   } else {
     finish_close();

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.hpp"
 #include "runtime/engine.hpp"
 #include "transport/connection.hpp"
 
@@ -60,3 +61,10 @@ std::unique_ptr<Connection> make_uring_connection(int self, int peer,
                                                   FailureHandler on_failure);
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::string> tcp_engine;   // COCCL_TCP_ENGINE
+extern config::Param<std::int64_t> tcp_zc_min;  // COCCL_TCP_ZC_MIN
+
+}  // namespace coccl::params

@@ -10,8 +10,16 @@
 #include <cstring>
 #include <system_error>
 
-#include "runtime/params.hpp"
 #include "transport/hmac.hpp"
+
+namespace coccl::params {
+
+config::Param<std::string> socket_ifname{
+    "COCCL_SOCKET_IFNAME", "",
+    "network interface(s) for sockets: a name prefix such as eth, ^lo to exclude, =eth0 exact",
+    "NCCL_SOCKET_IFNAME"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 namespace {

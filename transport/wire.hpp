@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.hpp"
+
 namespace coccl::transport {
 
 namespace asio = boost::asio;
@@ -199,3 +201,9 @@ HostPort split_endpoint(const std::string& text);
 asio::ip::tcp::endpoint parse_endpoint(const std::string& text);
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::string> socket_ifname;  // COCCL_SOCKET_IFNAME
+
+}  // namespace coccl::params

@@ -15,7 +15,9 @@
 #include <thread>
 
 #include "attacker.hpp"
-#include "runtime/params.hpp"
+#include "collectives/comm_params.hpp"
+#include "runtime/deadline.hpp"
+#include "transport/admission.hpp"
 #include "transport/bootstrap.hpp"
 #include "transport/hmac.hpp"
 

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "attacker.hpp"
-#include "runtime/params.hpp"
+#include "collectives/comm_params.hpp"
 #include "transport/bootstrap.hpp"
 #include "transport/wire.hpp"
 

@@ -7,7 +7,6 @@
 
 #include "runtime/config.hpp"
 #include "runtime/deadline.hpp"
-#include "runtime/params.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
 #include "transport/admission.hpp"
 

@@ -9,6 +9,8 @@
 // forced hierarchical, forced flat) run the same checks,
 // and a rank that dies makes the survivors' device operations fail with its rank named, while
 // their GPU stays usable.
+// Each collective is its own suite (DeviceAllReduce, DeviceBroadcast, ...: ctest -R
+// '^DeviceAllReduce\.' runs one alone), instantiated for every way of placing the ranks above.
 // The tests of one process per GPU skip without two GPUs, the others without a GPU (and the
 // processes sharing a GPU without MPS).
 #include <cuda_runtime_api.h>
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <latch>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -217,7 +220,10 @@ boost::asio::awaitable<std::error_code> enqueue_async(coccl::Communicator& comm,
   co_return std::get<0>(co_await comm.async_send_recv(std::move(ops), cs, tok));
 }
 
-int rank_main(int rank, int n, const std::string& id_hex) {
+// One rank of the checks of one collective, named as coccl-perf names it ("allreduce",
+// "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "gather", "scatter"), or
+// "alltoallv" or "sendrecv".
+int collective_main(const std::string& coll, int rank, int n, const std::string& id_hex) {
   CHECK_CUDA(cudaSetDevice(coccl::gpu_test::gpu_of(rank)));
   auto comm = coccl::Communicator::create(coccl::UniqueId::from_string(id_hex), rank, n);
   cudaStream_t st;
@@ -239,7 +245,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     }
   };
   // all_reduce: every type and op, one-shot and two-shot sizes, in and out of place.
-  for (int t = 0; t < coccl::data_type_count; ++t)
+  for (int t = 0; coll == "allreduce" && t < coccl::data_type_count; ++t)
     for (int o = 0; o < coccl::reduce_op_count; ++o)
       for (std::size_t count :
            {std::size_t{1}, std::size_t{7}, std::size_t{1023}, std::size_t{300001}})
@@ -249,30 +255,29 @@ int rank_main(int rank, int n, const std::string& id_hex) {
           record(run_one(comm, "allreduce", type, op, count, ip, st, b), "allreduce", type, op,
                  count, ip);
         }
-  for (const char* coll : {"allgather", "reducescatter", "alltoall"})
+  if (coll == "allgather" || coll == "reducescatter" || coll == "alltoall")
     for (DataType type : {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
       for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{70001}})
         for (bool ip : {false, true}) {
-          if (ip && std::string(coll) == "alltoall") continue;
-          record(run_one(comm, coll, type, ReduceOp::sum, count, ip, st, b), coll, type,
+          if (ip && coll == "alltoall") continue;
+          record(run_one(comm, coll, type, ReduceOp::sum, count, ip, st, b), coll.c_str(), type,
                  ReduceOp::sum, count, ip);
         }
   // Rooted collectives: every root, odd sizes, in and out of place; reduce with every op.
-  for (int root = 0; root < n; ++root)
-    for (const char* coll : {"broadcast", "reduce", "gather", "scatter"})
-      for (DataType type :
-           {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
-        for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{70001}})
-          for (bool ip : {false, true})
-            for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
-              if (op != ReduceOp::sum && std::string(coll) != "reduce") continue;
-              const long long w = run_one(comm, coll, type, op, count, ip, st, b, root);
-              record(w, (std::string(coll) + " root=" + std::to_string(root)).c_str(), type, op,
-                     count, ip);
-            }
+  const bool rooted =
+      coll == "broadcast" || coll == "reduce" || coll == "gather" || coll == "scatter";
+  for (int root = 0; rooted && root < n; ++root)
+    for (DataType type : {DataType::float32, DataType::bfloat16, DataType::int8, DataType::float64})
+      for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{70001}})
+        for (bool ip : {false, true})
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+            if (op != ReduceOp::sum && coll != "reduce") continue;
+            const long long w = run_one(comm, coll, type, op, count, ip, st, b, root);
+            record(w, (coll + " root=" + std::to_string(root)).c_str(), type, op, count, ip);
+          }
   // Broadcasts from 4 MiB up: among more than 2 GPUs a scatter then an all_gather, with a
   // remainder under one 16-byte vector per rank.
-  for (int root = 0; root < n; ++root)
+  for (int root = 0; coll == "broadcast" && root < n; ++root)
     for (auto [type, count] : {std::pair{DataType::float32, std::size_t{1048583}},
                                std::pair{DataType::bfloat16, std::size_t{2097169}},
                                std::pair{DataType::int8, std::size_t{4194319}}})
@@ -282,6 +287,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   // all_to_allv with uneven counts (rank r sends r + 2q + 1 elements, scaled, to rank q) and
   // blocks placed in reverse order with gaps.
   for (std::size_t scale : {std::size_t{1}, std::size_t{1000}, std::size_t{30011}}) {
+    if (coll != "alltoallv") break;
     auto cnt = [&](int from, int to) { return (from + 2 * to + 1) * scale; };
     std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
     std::size_t so = 0, ro = 0;
@@ -311,6 +317,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   // send/recv: a ring exchange as one group, then single sends and receives (rank 0 to the
   // others), each checked exactly.
   for (std::size_t count : {std::size_t{3}, std::size_t{4097}, std::size_t{500001}}) {
+    if (coll != "sendrecv") break;
     const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
     std::vector<std::int64_t> hs(count), hr(count, -1);
     for (std::size_t i = 0; i < count; ++i) hs[i] = rank * 100000007ll + static_cast<long long>(i);
@@ -343,8 +350,8 @@ int rank_main(int rank, int n, const std::string& id_hex) {
     record(bad, "send/recv", DataType::int64, ReduceOp::sum, count, false);
   }
   // Graph: broadcast from rank 0 then reduce to rank n-1, captured once, replayed 100 times with
-  // new inputs on the root before every replay.
-  {
+  // new inputs on the root before every replay (with the reduce checks).
+  if (coll == "reduce") {
     const std::size_t count = 70001;
     std::vector<float> host(count), out(count);
     char* mid = static_cast<char*>(b.recv) + (4u << 20);
@@ -381,6 +388,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   // Graphs of every collective: each captured once (sizes past the one-shot limit included),
   // replayed 100 times with new inputs before every replay, every replay checked.
   for (const Case& c : every_collective) {
+    if (c.coll != coll) continue;
     const Layout l = layout(c, n);
     std::vector<float> host(l.send_elems), out(l.recv_elems);
     auto cs = reinterpret_cast<coccl::cuda_stream>(st);
@@ -413,6 +421,7 @@ int rank_main(int rank, int n, const std::string& id_hex) {
   // The awaitable device form of every collective: resumes once the GPU is done, so the result
   // is read with no synchronisation.
   for (const Case& c : every_collective) {
+    if (c.coll != coll) continue;
     const Layout l = layout(c, n);
     std::vector<float> host(l.send_elems), out(l.recv_elems, -1.0f);
     for (std::size_t j = 0; j < l.send_elems; ++j) host[j] = input(rank, j, 5);
@@ -432,7 +441,11 @@ int rank_main(int rank, int n, const std::string& id_hex) {
            ("async " + std::string(c.coll)).c_str(), DataType::float32, ReduceOp::sum, c.count,
            false);
   }
-  std::printf("rank %d: %d cases, %lld wrong\n", rank, cases, wrong);
+  std::printf("rank %d: %s: %d cases, %lld wrong\n", rank, coll.c_str(), cases, wrong);
+  if (cases == 0) {
+    std::printf("FAIL rank %d: no checks of a collective named '%s'\n", rank, coll.c_str());
+    return 1;
+  }
   cudaStreamDestroy(st);
   comm.destroy();
   return wrong ? 1 : 0;
@@ -583,46 +596,70 @@ int dead_rank_main(int rank, int n, const std::string& id_hex) {
   return 0;
 }
 
-TEST(DeviceCollectives, OneProcessPerGpuMatchReferenceReplayInGraphsAndAwait) {
-  const int n = coccl::gpu_test::ranks_here();
-  if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
-  coccl::gpu_test::expect_rank_processes_pass(n);
+// The checks of each collective as a rank body that rank processes ask for by its name.
+#define COCCL_COLLECTIVE_BODY(name)                        \
+  coccl::gpu_test::NamedRankMain {                         \
+    name, [](int rank, int n, const std::string& id_hex) { \
+      return collective_main(name, rank, n, id_hex);       \
+    }                                                      \
+  }
+const coccl::gpu_test::NamedRankMain collective_bodies[] = {
+    COCCL_COLLECTIVE_BODY("allreduce"),     COCCL_COLLECTIVE_BODY("allgather"),
+    COCCL_COLLECTIVE_BODY("reducescatter"), COCCL_COLLECTIVE_BODY("alltoall"),
+    COCCL_COLLECTIVE_BODY("alltoallv"),     COCCL_COLLECTIVE_BODY("broadcast"),
+    COCCL_COLLECTIVE_BODY("reduce"),        COCCL_COLLECTIVE_BODY("gather"),
+    COCCL_COLLECTIVE_BODY("scatter"),       COCCL_COLLECTIVE_BODY("sendrecv")};
+#undef COCCL_COLLECTIVE_BODY
+
+coccl::gpu_test::RankMain body_of(const std::string& coll) {
+  for (const auto& b : collective_bodies)
+    if (coll == b.name) return b.body;
+  return nullptr;
 }
 
-TEST(DeviceCollectives, SeveralGpusInOneProcessMatchReference) {
-  const int n = coccl::gpu_test::ranks_here();
-  if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
-  coccl::gpu_test::expect_rank_threads_pass(n, rank_main);
-}
+// Where a test's ranks run.
+struct Placement {
+  enum class Where {
+    process_per_gpu,  // one process per GPU (CUDA IPC), every GPU
+    thread_per_gpu,   // one thread per GPU in one process (peer access), every GPU
+    processes,        // `ranks` processes on GPU 0, under MPS
+    threads,          // `ranks` threads of one process on GPU 0
+    hosts,            // `ranks` processes on GPU 0 under MPS, hosts of `per_host` ranks each
+  };
+  const char* name;
+  Where where;
+  int ranks;        // processes, threads, hosts: how many ranks
+  int per_host;     // hosts: ranks per host
+  const char* env;  // one VAR=value for the rank processes, or null
+};
 
-// n rank processes on GPU 0, under MPS (started here unless it runs). A hang ends in a failure
-// before the test's TIMEOUT, so that MPS is still stopped.
-void expect_processes_on_one_gpu_pass(int n) {
-  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
-  coccl::gpu_test::Mps mps;
-  if (!mps.available())
-    GTEST_SKIP() << n << " processes on one GPU need MPS: " << mps.why_unavailable();
-  coccl::gpu_test::RankProcesses how;
-  how.gpus = 1;
-  how.deadline_s = 540;
-  coccl::gpu_test::expect_rank_processes_pass(n, how);
-}
+// How GoogleTest names a placement in the test list (and so in CTest).
+void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
 
-TEST(DeviceCollectives, TwoProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
-  expect_processes_on_one_gpu_pass(2);
-}
+using W = Placement::Where;
+const Placement placements[] = {
+    {"OneProcessPerGpu", W::process_per_gpu, 0, 1, nullptr},
+    {"SeveralGpusInOneProcess", W::thread_per_gpu, 0, 1, nullptr},
+    {"TwoProcessesOnOneGpu", W::processes, 2, 1, nullptr},
+    {"ThreeProcessesOnOneGpu", W::processes, 3, 1, nullptr},
+    {"FourProcessesOnOneGpu", W::processes, 4, 1, nullptr},
+    {"TwoThreadsOnOneGpu", W::threads, 2, 1, nullptr},
+    {"ThreeThreadsOnOneGpu", W::threads, 3, 1, nullptr},
+    {"FourThreadsOnOneGpu", W::threads, 4, 1, nullptr},
+    {"TwoHosts", W::hosts, 2, 1, nullptr},
+    {"ThreeHosts", W::hosts, 3, 1, nullptr},
+    {"FourHosts", W::hosts, 4, 1, nullptr},
+    {"TwoHostsOfTwoRanks", W::hosts, 4, 2, nullptr},
+    // Every size through the hierarchical algorithms (by default only from 64 KiB), and none.
+    {"TwoHostsOfTwoRanksForcedHierarchical", W::hosts, 4, 2, "COCCL_ALGO=hierarchical"},
+    {"TwoHostsOfTwoRanksForcedFlat", W::hosts, 4, 2, "COCCL_ALGO=flat"},
+};
 
-TEST(DeviceCollectives, ThreeProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
-  expect_processes_on_one_gpu_pass(3);
-}
-
-TEST(DeviceCollectives, FourProcessesOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
-  expect_processes_on_one_gpu_pass(4);
-}
-
-// n rank processes on GPU 0 under MPS, acting as hosts of `per_host` ranks each.
-void expect_hosts_on_one_gpu_pass(int n, int per_host, const char* body = "",
-                                  std::vector<std::string> env = {}) {
+// n rank processes on GPU 0, under MPS (started here unless it runs), running the body named
+// `body`, as hosts of `per_host` ranks each. A hang ends in a failure before the test's TIMEOUT,
+// so that MPS is still stopped.
+void expect_processes_on_one_gpu_pass(int n, const char* body, int per_host = 1,
+                                      std::vector<std::string> env = {}) {
   if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   coccl::gpu_test::Mps mps;
   if (!mps.available())
@@ -636,38 +673,71 @@ void expect_hosts_on_one_gpu_pass(int n, int per_host, const char* body = "",
   coccl::gpu_test::expect_rank_processes_pass(n, how);
 }
 
-TEST(DeviceCollectivesAcrossHosts, TwoHostsMatchReferenceReplayInGraphsAndAwait) {
-  expect_hosts_on_one_gpu_pass(2, 1);
+// A collective's suite: its checks, once per placement.
+class DeviceCollective : public ::testing::TestWithParam<Placement> {
+ protected:
+  void expect_pass(const char* coll) {
+    const Placement& p = GetParam();
+    const coccl::gpu_test::RankMain body = body_of(coll);
+    ASSERT_NE(body, nullptr) << coll;
+    switch (p.where) {
+      case W::process_per_gpu:
+      case W::thread_per_gpu: {
+        const int n = coccl::gpu_test::ranks_here();
+        if (n < 2) GTEST_SKIP() << "needs 2 GPUs";
+        if (p.where == W::thread_per_gpu) {
+          coccl::gpu_test::expect_rank_threads_pass(n, body);
+        } else {
+          coccl::gpu_test::RankProcesses how;
+          how.body = coll;
+          coccl::gpu_test::expect_rank_processes_pass(n, how);
+        }
+        return;
+      }
+      case W::threads:
+        if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+        coccl::gpu_test::expect_rank_threads_pass(p.ranks, body, 1);
+        return;
+      case W::processes:
+      case W::hosts: {
+        std::vector<std::string> env;
+        if (p.env) env.push_back(p.env);
+        expect_processes_on_one_gpu_pass(p.ranks, coll, p.where == W::hosts ? p.per_host : 1,
+                                         std::move(env));
+        return;
+      }
+    }
+  }
+};
+
+std::string placement_name(const ::testing::TestParamInfo<Placement>& info) {
+  return info.param.name;
 }
 
-TEST(DeviceCollectivesAcrossHosts, ThreeHostsMatchReferenceReplayInGraphsAndAwait) {
-  expect_hosts_on_one_gpu_pass(3, 1);
+#define COCCL_DEVICE_COLLECTIVE_SUITE(Suite, coll)       \
+  class Suite : public DeviceCollective {};              \
+  TEST_P(Suite, MatchesReference) { expect_pass(coll); } \
+  INSTANTIATE_TEST_SUITE_P(, Suite, ::testing::ValuesIn(placements), placement_name)
+
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceAllReduce, "allreduce");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceAllGather, "allgather");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceReduceScatter, "reducescatter");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceAllToAll, "alltoall");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceAllToAllv, "alltoallv");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceBroadcast, "broadcast");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceReduce, "reduce");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceGather, "gather");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceScatter, "scatter");
+COCCL_DEVICE_COLLECTIVE_SUITE(DeviceSendRecv, "sendrecv");
+#undef COCCL_DEVICE_COLLECTIVE_SUITE
+
+TEST(DeviceSendRecvAcrossHosts, GroupOf122TransfersIsExact) {
+  expect_processes_on_one_gpu_pass(2, "many_transfers");
+  expect_processes_on_one_gpu_pass(3, "many_transfers");
 }
 
-TEST(DeviceCollectivesAcrossHosts, FourHostsMatchReferenceReplayInGraphsAndAwait) {
-  expect_hosts_on_one_gpu_pass(4, 1);
-}
-
-TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksMatchReferenceReplayInGraphsAndAwait) {
-  expect_hosts_on_one_gpu_pass(4, 2);
-}
-
-// Every size through the hierarchical algorithms (by default only from 64 KiB), and none.
-TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksForcedHierarchicalMatchReference) {
-  expect_hosts_on_one_gpu_pass(4, 2, "", {"COCCL_ALGO=hierarchical"});
-}
-
-TEST(DeviceCollectivesAcrossHosts, TwoHostsOfTwoRanksForcedFlatMatchReference) {
-  expect_hosts_on_one_gpu_pass(4, 2, "", {"COCCL_ALGO=flat"});
-}
-
-TEST(DeviceCollectivesAcrossHosts, SendRecvGroupOf122TransfersIsExact) {
-  expect_hosts_on_one_gpu_pass(2, 1, "many_transfers");
-  expect_hosts_on_one_gpu_pass(3, 1, "many_transfers");
-}
-
-TEST(DeviceCollectivesAcrossHosts, DeadRankFailsSurvivorsAndTheirShrunkCommunicatorWorks) {
-  expect_hosts_on_one_gpu_pass(3, 1, "dead_rank");
+TEST(DeviceFailureAcrossHosts, DeadRankFailsSurvivorsAndTheirShrunkCommunicatorWorks) {
+  expect_processes_on_one_gpu_pass(3, "dead_rank");
 }
 
 // CollTrace of device operations. Two ranks as threads: rank 1 launches the last all_reduce only
@@ -727,30 +797,17 @@ int trace_main(int rank, int n, const std::string& id_hex) {
   return 0;
 }
 
-TEST(DeviceCollectives, TraceShowsDeviceOperationsStartedAndDone) {
+TEST(DeviceTrace, ShowsDeviceOperationsStartedAndDone) {
   if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   coccl::gpu_test::expect_rank_threads_pass(2, trace_main, 1);
-}
-
-TEST(DeviceCollectives, TwoThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
-  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
-  coccl::gpu_test::expect_rank_threads_pass(2, rank_main, 1);
-}
-
-TEST(DeviceCollectives, ThreeThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
-  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
-  coccl::gpu_test::expect_rank_threads_pass(3, rank_main, 1);
-}
-
-TEST(DeviceCollectives, FourThreadsOnOneGpuMatchReferenceReplayInGraphsAndAwait) {
-  if (coccl::gpu_test::gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
-  coccl::gpu_test::expect_rank_threads_pass(4, rank_main, 1);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return coccl::gpu_test::rank_or_tests_main(
-      argc, argv,
-      {{"", rank_main}, {"dead_rank", dead_rank_main}, {"many_transfers", many_transfers_main}});
+  std::vector<coccl::gpu_test::NamedRankMain> bodies(std::begin(collective_bodies),
+                                                     std::end(collective_bodies));
+  bodies.push_back({"dead_rank", dead_rank_main});
+  bodies.push_back({"many_transfers", many_transfers_main});
+  return coccl::gpu_test::rank_or_tests_main(argc, argv, bodies);
 }

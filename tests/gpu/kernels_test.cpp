@@ -130,6 +130,18 @@ class TwoGpus : public ::testing::Test {
   std::mt19937_64 rng_{7};
 };
 
+// One suite per collective (ctest -R '^AllReduceKernel\\.' runs one alone); the tests that mix
+// collectives stay in TwoGpus.
+class AllReduceKernel : public TwoGpus {};
+class AllGatherKernel : public TwoGpus {};
+class AllToAllKernel : public TwoGpus {};
+class ReduceScatterKernel : public TwoGpus {};
+class BroadcastKernel : public TwoGpus {};
+class ReduceKernel : public TwoGpus {};
+class GatherKernel : public TwoGpus {};
+class ScatterKernel : public TwoGpus {};
+class SendRecvKernel : public TwoGpus {};
+
 TEST_F(OneGpu, ReduceMatchesHostReferenceForEveryTypeAndOpAtAnyAlignment) {
   constexpr int nsrc = 3;
   for (DataType t : all_types) {
@@ -239,14 +251,14 @@ void check_all_reduce(Group& g, bool oneshot, DataType t, ReduceOp op, std::size
   }
 }
 
-TEST_F(TwoGpus, OneshotAllReduceMatchesReferenceForEveryTypeAndOp) {
+TEST_F(AllReduceKernel, OneshotAllReduceMatchesReferenceForEveryTypeAndOp) {
   Group g(2, oneshot_max, small_staging);
   for (DataType t : all_types) {
     for (ReduceOp op : all_ops) check_all_reduce(g, true, t, op, 1001, 1, false, rng_);
   }
 }
 
-TEST_F(TwoGpus, OneshotAllReduceHandlesEdgeSizesAndInPlace) {
+TEST_F(AllReduceKernel, OneshotAllReduceHandlesEdgeSizesAndInPlace) {
   Group g(2, oneshot_max, small_staging);
   for (std::size_t count : {1, 2, 3, 7, 8, 9, 4095, 65535, 65536}) {
     for (std::size_t offset : {0, 1, 3}) {
@@ -257,7 +269,7 @@ TEST_F(TwoGpus, OneshotAllReduceHandlesEdgeSizesAndInPlace) {
   check_all_reduce(g, true, DataType::uint8, ReduceOp::max, oneshot_max, 0, false, rng_);
 }
 
-TEST_F(TwoGpus, OneshotAllReduceRejectsMessagesOverItsScratch) {
+TEST_F(AllReduceKernel, OneshotAllReduceRejectsMessagesOverItsScratch) {
   Group g(2, oneshot_max, small_staging);
   DeviceBuffer buf(0, oneshot_max + 4);
   EXPECT_EQ(
@@ -265,14 +277,14 @@ TEST_F(TwoGpus, OneshotAllReduceRejectsMessagesOverItsScratch) {
                                      ReduceOp::sum, g.workspace(0), as_stream(g.stream(0))));
 }
 
-TEST_F(TwoGpus, TwoshotAllReduceMatchesReferenceForEveryTypeAndOp) {
+TEST_F(AllReduceKernel, TwoshotAllReduceMatchesReferenceForEveryTypeAndOp) {
   Group g(2, oneshot_max, small_staging);
   for (DataType t : all_types) {
     for (ReduceOp op : all_ops) check_all_reduce(g, false, t, op, 100003, 1, false, rng_);
   }
 }
 
-TEST_F(TwoGpus, TwoshotAllReduceHandlesEdgeSizesOffsetsAndInPlace) {
+TEST_F(AllReduceKernel, TwoshotAllReduceHandlesEdgeSizesOffsetsAndInPlace) {
   Group g(2, oneshot_max, small_staging);
   for (std::size_t count : {1, 3, 4, 5, 1023, 1024, 1025, 262147, 3000001}) {
     for (std::size_t offset : {0, 1, 2}) {
@@ -283,13 +295,13 @@ TEST_F(TwoGpus, TwoshotAllReduceHandlesEdgeSizesOffsetsAndInPlace) {
   check_all_reduce(g, false, DataType::bfloat16, ReduceOp::avg, 5000011, 1, true, rng_);
 }
 
-TEST_F(TwoGpus, TwoshotAllReduceWithDefaultStaging) {
+TEST_F(AllReduceKernel, TwoshotAllReduceWithDefaultStaging) {
   Group g(2, oneshot_max, device::default_staging_bytes);
   check_all_reduce(g, false, DataType::float32, ReduceOp::sum, 20000003, 0, false, rng_);
   check_all_reduce(g, false, DataType::float16, ReduceOp::max, 777777, 1, false, rng_);
 }
 
-TEST_F(TwoGpus, AllGatherPlacesEveryRanksBlockInRankOrder) {
+TEST_F(AllGatherKernel, AllGatherPlacesEveryRanksBlockInRankOrder) {
   Group g(2, oneshot_max, small_staging);
   for (std::size_t es : {1, 2, 4, 8}) {
     for (std::size_t count : {1, 5, 1000, 300001}) {
@@ -323,7 +335,7 @@ TEST_F(TwoGpus, AllGatherPlacesEveryRanksBlockInRankOrder) {
   }
 }
 
-TEST_F(TwoGpus, AllToAllSendsBlockRToRankR) {
+TEST_F(AllToAllKernel, AllToAllSendsBlockRToRankR) {
   Group g(2, oneshot_max, small_staging);
   for (std::size_t es : {1, 4, 8}) {
     for (std::size_t count : {1, 7, 4096, 250001}) {
@@ -354,7 +366,7 @@ TEST_F(TwoGpus, AllToAllSendsBlockRToRankR) {
   }
 }
 
-TEST_F(TwoGpus, ReduceScatterMatchesReferenceForEveryTypeAndOp) {
+TEST_F(ReduceScatterKernel, ReduceScatterMatchesReferenceForEveryTypeAndOp) {
   Group g(2, oneshot_max, small_staging);
   for (DataType t : all_types) {
     for (ReduceOp op : all_ops) {
@@ -385,7 +397,7 @@ TEST_F(TwoGpus, ReduceScatterMatchesReferenceForEveryTypeAndOp) {
   }
 }
 
-TEST_F(TwoGpus, ReduceScatterRunsInPlace) {
+TEST_F(ReduceScatterKernel, ReduceScatterRunsInPlace) {
   Group g(2, oneshot_max, small_staging);
   for (std::size_t count : {1, 1001, 200003}) {
     const DataType t = DataType::float32;
@@ -411,7 +423,7 @@ TEST_F(TwoGpus, ReduceScatterRunsInPlace) {
   }
 }
 
-TEST_F(TwoGpus, BroadcastCopiesTheRootsBufferToEveryRankFromEveryRoot) {
+TEST_F(BroadcastKernel, BroadcastCopiesTheRootsBufferToEveryRankFromEveryRoot) {
   Group g(2, oneshot_max, small_staging);
   for (int root = 0; root < 2; ++root) {
     for (std::size_t bytes : {1, 7, 16, 1000, 300001}) {
@@ -443,7 +455,7 @@ TEST_F(TwoGpus, BroadcastCopiesTheRootsBufferToEveryRankFromEveryRoot) {
   }
 }
 
-TEST_F(TwoGpus, ReduceToRootMatchesReferenceForEveryTypeOpAndRoot) {
+TEST_F(ReduceKernel, ReduceToRootMatchesReferenceForEveryTypeOpAndRoot) {
   Group g(2, oneshot_max, small_staging);
   for (int root = 0; root < 2; ++root) {
     for (DataType t : all_types) {
@@ -480,7 +492,7 @@ TEST_F(TwoGpus, ReduceToRootMatchesReferenceForEveryTypeOpAndRoot) {
   }
 }
 
-TEST_F(TwoGpus, GatherPlacesEveryRanksBlockAtTheRoot) {
+TEST_F(GatherKernel, GatherPlacesEveryRanksBlockAtTheRoot) {
   Group g(2, oneshot_max, small_staging);
   for (int root = 0; root < 2; ++root) {
     for (std::size_t es : {1, 2, 8}) {
@@ -516,7 +528,7 @@ TEST_F(TwoGpus, GatherPlacesEveryRanksBlockAtTheRoot) {
   }
 }
 
-TEST_F(TwoGpus, ScatterSendsTheRootsBlockRToRankR) {
+TEST_F(ScatterKernel, ScatterSendsTheRootsBlockRToRankR) {
   Group g(2, oneshot_max, small_staging);
   for (int root = 0; root < 2; ++root) {
     for (std::size_t es : {1, 4, 8}) {
@@ -552,7 +564,7 @@ TEST_F(TwoGpus, ScatterSendsTheRootsBlockRToRankR) {
 
 // Rank 0 sends three buffers to rank 1 (matched in order), rank 1 sends one back, both copy one
 // buffer to themselves: all in one group per rank, launched without host synchronisation.
-TEST_F(TwoGpus, SendRecvMatchesTransfersInOrderInBothDirections) {
+TEST_F(SendRecvKernel, SendRecvMatchesTransfersInOrderInBothDirections) {
   Group g(2, oneshot_max, small_staging);
   const std::size_t sizes[] = {5, 300001, 0, 64};
   const std::size_t back = 123457;
@@ -609,7 +621,7 @@ TEST_F(TwoGpus, SendRecvMatchesTransfersInOrderInBothDirections) {
 // Only ranks of a transfer launch it; interleaved with collectives on the same workspace and no
 // host synchronisation, the pair counters and the collective epochs must not trip over each other
 // (a send that overwrote staging a collective still reads would show in the sums).
-TEST_F(TwoGpus, SendRecvInterleavedWithCollectivesNeverOverwritesUnreadData) {
+TEST_F(SendRecvKernel, SendRecvInterleavedWithCollectivesNeverOverwritesUnreadData) {
   Group g(2, oneshot_max, small_staging);
   const std::size_t large = 300000;
   std::vector<DeviceBuffer> a;
@@ -648,7 +660,7 @@ TEST_F(TwoGpus, SendRecvInterleavedWithCollectivesNeverOverwritesUnreadData) {
   }
 }
 
-TEST_F(TwoGpus, AllToAllvMovesUnevenBlocksToTheirDisplacements) {
+TEST_F(AllToAllKernel, AllToAllvMovesUnevenBlocksToTheirDisplacements) {
   Group g(2, oneshot_max, small_staging);
   for (std::size_t scale : {0, 1, 777, 100003}) {
     const std::size_t es = 4;

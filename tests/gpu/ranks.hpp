@@ -169,7 +169,7 @@ inline void expect_rank_threads_pass(int n, RankMain body, int gpus = 0) {
 
 /// main() of such a test: `--rank R N ID [GPUS [BODY]]` runs one rank with the body named BODY
 /// (the first when empty or absent), anything else the tests.
-inline int rank_or_tests_main(int argc, char** argv, std::initializer_list<NamedRankMain> bodies) {
+inline int rank_or_tests_main(int argc, char** argv, const std::vector<NamedRankMain>& bodies) {
   if (argc >= 5 && std::string(argv[1]) == "--rank") {
     rank_gpus() = argc > 5 ? std::atoi(argv[5]) : 0;
     const std::string want = argc > 6 ? argv[6] : "";

@@ -13,7 +13,7 @@
 
 #include "collectives/status_codec.hpp"
 #include "harness.hpp"
-#include "runtime/params.hpp"
+#include "runtime/deadline.hpp"
 
 namespace coccl::test {
 namespace {

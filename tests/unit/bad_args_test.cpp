@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/params.hpp"
+#include "runtime/deadline.hpp"
 
 namespace coccl {
 namespace {

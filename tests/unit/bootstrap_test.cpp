@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/params.hpp"
+#include "runtime/deadline.hpp"
 #include "transport/wire.hpp"
 
 namespace coccl {

@@ -182,6 +182,21 @@ TEST(AllParameters, ListsParametersDeclaredOutsideTheLibrary) {
   EXPECT_EQ(std::count(names.begin(), names.end(), "COCCL_TEST_CACHED"), 1);
 }
 
+// The index (params::library()) and the registry agree: every indexed parameter is registered
+// once, and every registered parameter but this test's own is in the index.
+TEST(AllParameters, IndexAndRegistryHoldTheSameLibraryParameters) {
+  auto names = registered_names();
+  std::vector<std::string> indexed;
+  for (const ParamBase* p : params::library()) {
+    indexed.emplace_back(p->name());
+    EXPECT_EQ(std::count(names.begin(), names.end(), p->name()), 1) << p->name();
+  }
+  for (const std::string& name : names) {
+    if (name.rfind("COCCL_TEST_", 0) == 0) continue;
+    EXPECT_EQ(std::count(indexed.begin(), indexed.end(), name), 1) << name;
+  }
+}
+
 TEST(AllParameters, DocumentsEveryParameter) {
   for (ParamBase* p : all_parameters()) {
     ASSERT_NE(p->doc(), nullptr) << p->name();

@@ -15,7 +15,7 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/params.hpp"
+#include "collectives/comm_params.hpp"
 #include "transport/ib.hpp"
 
 namespace coccl::transport {

@@ -13,8 +13,6 @@
 #include <string>
 #include <system_error>
 
-#include "runtime/params.hpp"
-
 namespace coccl {
 namespace {
 

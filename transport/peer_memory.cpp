@@ -1,17 +1,12 @@
-#include "collectives/peer_memory.hpp"
+#include "transport/peer_memory.hpp"
 
 #include <unistd.h>
 
-#include <chrono>
 #include <mutex>
 #include <set>
 #include <utility>
 
-#include "kernels/device.hpp"
-#include "runtime/deadline.hpp"
-#include "runtime/params.hpp"
-
-namespace coccl::detail {
+namespace coccl::transport {
 
 namespace {
 
@@ -33,13 +28,6 @@ cudaError_t enable_peer_access(int from, int to) {
 }
 
 }  // namespace
-
-std::uint64_t kernel_timeout_ns() {
-  const double s = params::timeout_s.get();
-  if (!(s > 0)) return device::default_timeout_ns;
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(runtime::default_timeout()).count());
-}
 
 cudaError_t advertise(void* base, int device, std::uint64_t host, PeerAdvert& out) {
   out = PeerAdvert{};
@@ -67,4 +55,6 @@ cudaError_t map_peer(const PeerAdvert& mine, const PeerAdvert& theirs, void** ou
   return cudaSuccess;
 }
 
-}  // namespace coccl::detail
+void unmap_peer(void* mapped) { cudaIpcCloseMemHandle(mapped); }
+
+}  // namespace coccl::transport

@@ -1,13 +1,14 @@
 // Sharing a device allocation with the other ranks of a group on one host: each rank advertises
-// its allocation (all_gather of PeerAdvert), then maps every peer's. Used by the communicator's
-// device workspace and by the MoE exchange arena.
+// its allocation (all_gather of PeerAdvert), then maps every peer's, through CUDA IPC across
+// processes and peer access between GPUs of one process. Used by the communicator's device
+// workspace (collectives/device.cpp) and by the MoE exchange arena (collectives/moe_device.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-namespace coccl::detail {
+namespace coccl::transport {
 
 /// What a rank tells the others about an allocation it shares.
 struct PeerAdvert {
@@ -18,17 +19,16 @@ struct PeerAdvert {
   std::int32_t device;
 };
 
-/// How long a device kernel waits for a peer before it gives up (COCCL_TIMEOUT; see
-/// device::Workspace::timeout_ns).
-std::uint64_t kernel_timeout_ns();
-
 /// The advert of `base`, allocated on GPU `device`, from this process on `host`.
 cudaError_t advertise(void* base, int device, std::uint64_t host, PeerAdvert& out);
 
 /// Makes the allocation advertised by `theirs` reachable from this process (the caller checked
-/// that it is on this host): another process's through IPC (`*ipc` set: close it with
-/// cudaIpcCloseMemHandle), another GPU of this process through peer access, enabled once per
+/// that it is on this host): another process's through IPC (`*ipc` set: unmap it with
+/// unmap_peer), another GPU of this process through peer access, enabled once per
 /// process and pair of GPUs (enabling it again is an error that compute-sanitizer reports).
 cudaError_t map_peer(const PeerAdvert& mine, const PeerAdvert& theirs, void** out, bool* ipc);
 
-}  // namespace coccl::detail
+/// Closes a mapping that map_peer opened through IPC (`*ipc` was set).
+void unmap_peer(void* mapped);
+
+}  // namespace coccl::transport
