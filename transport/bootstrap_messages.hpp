@@ -9,6 +9,7 @@
 #include <array>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <utility>
@@ -31,6 +32,24 @@ struct PeerInfo {
   /// The rank has a usable RDMA device (COCCL_TRANSPORT=auto then takes ib across hosts).
   static constexpr std::uint8_t cap_ib = 1;
 };
+
+/// Largest hello, connection request or small answer a reader accepts.
+inline constexpr std::size_t max_small_frame = 4096;
+/// Largest frame of the bootstrap (an address table is 32 bytes a rank).
+inline constexpr std::size_t max_table_frame = 64u << 20;
+
+/// Throws std::system_error(errc::bad_message) with `what`.
+[[noreturn]] void bad_message(const std::string& what);
+/// "address:port", for messages.
+std::string endpoint_text(const boost::asio::ip::tcp::endpoint& ep);
+/// Why a connection was dropped before it authenticated, without Boost's source locations.
+std::string drop_reason(const std::exception& e);
+
+/// A failed rank -> a peer, or to the root: why its set-up or its communicator failed. The
+/// decoded text names the rank ("rank P has failed: ..."); notice_sender reads only the rank.
+std::vector<std::uint8_t> encode_notice(int from, const std::string& why);
+std::string decode_notice(std::span<const std::uint8_t> payload);
+int notice_sender(std::span<const std::uint8_t> payload);
 
 /// rank -> root: who the rank is and where it listens. The root checks the ranks. A communicator
 /// made from several ids (ncclCommInitRankScalable) has `roots` of them: rank r says hello to
