@@ -19,7 +19,7 @@
 #include "kernels/device.hpp"
 #include "kernels/net.hpp"
 #include "runtime/engine.hpp"
-#include "transport/bootstrap.hpp"
+#include "transport/peers.hpp"
 
 namespace coccl::detail {
 

@@ -11,77 +11,33 @@
 #include <coccl/error.hpp>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
-#include <sstream>
-#include <tuple>
 
 #include "runtime/log.hpp"
-#include "runtime/params.hpp"
 #include "transport/admission.hpp"
 #include "transport/hmac.hpp"
+#include "transport/peers.hpp"
 #include "transport/tcp.hpp"
+
+namespace coccl::params {
+
+config::Param<std::string> hostid{
+    "COCCL_HOSTID", "",
+    "host identity: ranks with equal values are on one host (empty: the host name and boot id), "
+    "so one machine can act as several hosts and take the network path between its ranks",
+    "NCCL_HOSTID"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 
 namespace {
 
-constexpr std::uint32_t id_magic = 0x31444343u;  // "CCD1"
-// Hellos and connection requests are small; a table is 32 bytes a rank.
-constexpr std::size_t max_small_frame = 4096;
-constexpr std::size_t max_table_frame = 64u << 20;
+constexpr std::uint32_t id_magic = 0x31444343u;        // "CCD1"
 constexpr std::uint32_t root_view_magic = 0x52565743;  // "CWVR"
 
 using tcp = asio::ip::tcp;
-
-#if COCCL_HAVE_IB
-int ib_qps() { return static_cast<int>(params::ib_qps_per_peer.get()); }
-std::size_t ib_split_bytes() {
-  return static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_split_bytes.get()));
-}
-std::size_t ib_block_min() {
-  return static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_zcopy_min.get()));
-}
-#endif
-
-// Why a connection was dropped, without Boost's source locations.
-std::string reason(const std::exception& e) {
-  if (auto* b = dynamic_cast<const boost::system::system_error*>(&e))
-    return "connection ended before it authenticated (" + b->code().message() + ")";
-  return e.what();
-}
-
-[[noreturn]] void bad(const std::string& what) {
-  throw std::system_error(make_error_code(errc::bad_message), what);
-}
-
-constexpr std::uint32_t notice_magic = 0x4543544eu;  // "NTCE"
-
-std::vector<std::uint8_t> encode_notice(int from, const std::string& why) {
-  Writer w;
-  w.put(notice_magic).put<std::int32_t>(from);
-  const std::string text = why.substr(0, 2048);
-  w.put_bytes({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
-  return std::move(w.bytes());
-}
-
-// The text a peer's notice carries, prefixed by nothing: it already names the peer.
-std::string decode_notice(std::span<const std::uint8_t> payload) {
-  Reader r(payload);
-  if (r.get<std::uint32_t>() != notice_magic) bad("not a notice");
-  const int from = r.get<std::int32_t>();
-  auto text = r.get_bytes();
-  if (!r.done()) bad("trailing bytes after a notice");
-  std::string why(text.begin(), text.end());
-  for (char& c : why)
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-  return "rank " + std::to_string(from) + " has failed: " + why;
-}
-
-std::string text_of(const tcp::endpoint& ep) {
-  std::ostringstream out;
-  out << ep;
-  return out.str();
-}
 
 struct Root : std::enable_shared_from_this<Root> {
   Root(asio::any_io_executor ex, const Secret& s)
@@ -185,7 +141,7 @@ std::vector<std::uint8_t> encode_root_view(const Root& root) {
 
 RootView decode_root_view(std::span<const std::uint8_t> payload) {
   Reader r(payload);
-  if (r.get<std::uint32_t>() != root_view_magic) bad("not a root's status answer");
+  if (r.get<std::uint32_t>() != root_view_magic) bad_message("not a root's status answer");
   RootView v;
   v.nranks = r.get<std::int32_t>();
   v.arrived = r.get<std::int32_t>();
@@ -195,7 +151,7 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
   const std::size_t per_rank = 1 + sizeof(PeerInfo);
   if (v.nranks < 0 || v.arrived < 0 || v.arrived > v.nranks ||
       static_cast<std::size_t>(v.nranks) > payload.size() / per_rank)
-    bad("root's status answer has an impossible size");
+    bad_message("root's status answer has an impossible size");
   v.seen.resize(v.nranks);
   v.table.resize(v.nranks);
   for (int i = 0; i < v.nranks; ++i) {
@@ -207,10 +163,10 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
   for (std::uint32_t i = 0; i < failures; ++i) {
     const int rank = r.get<std::int32_t>();
     auto text = r.get_bytes();
-    if (rank < 0 || rank >= v.nranks) bad("root's status answer names a rank out of range");
+    if (rank < 0 || rank >= v.nranks) bad_message("root's status answer names a rank out of range");
     v.failed[rank].assign(text.begin(), text.end());
   }
-  if (!r.done()) bad("trailing bytes after the root's status answer");
+  if (!r.done()) bad_message("trailing bytes after the root's status answer");
   return v;
 }
 
@@ -328,16 +284,14 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
     channel.emplace(co_await Channel::respond(*sock, root->secret));
     Frame f = co_await read_frame(*sock, *channel, max_table_frame);
     if (f.type == FrameType::status_query) {
-      if (!f.payload.empty()) bad("a status query carries nothing");
+      if (!f.payload.empty()) bad_message("a status query carries nothing");
       auto view = encode_root_view(*root);
       co_await write_frame(*sock, *channel, FrameType::status, view);
       co_return;
     }
     if (f.type == FrameType::notice) {
       // A rank whose set-up failed says why, for peers that find it gone (Peers::get).
-      Reader r(f.payload);
-      if (r.get<std::uint32_t>() != notice_magic) bad("not a notice");
-      const int from = r.get<std::int32_t>();
+      const int from = notice_sender(f.payload);
       if (root->nranks > 0 && from >= 0 && from < root->nranks && root->failures.size() < 1024)
         root->failures[from] = decode_notice(f.payload);
       co_return;
@@ -345,13 +299,14 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
     if (f.type == FrameType::share) {
       share = std::move(f.payload);
     } else {
-      if (f.type != FrameType::hello || f.payload.size() > max_small_frame) bad("expected a hello");
+      if (f.type != FrameType::hello || f.payload.size() > max_small_frame)
+        bad_message("expected a hello");
       hello = decode_hello(f.payload);
     }
   } catch (const std::exception& e) {
     // Wrong secret, garbage, a replayed frame, or a connection that never spoke (or was evicted
     // by newer ones): drop it, keep serving the rest.
-    if (!root->done) root->drops.dropped(reason(e));
+    if (!root->done) root->drops.dropped(drop_reason(e));
     co_return;
   }
   if (!share.empty()) {
@@ -436,16 +391,16 @@ asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp
     if (!ec) co_return sock;
     if (out_of_resources(ec))
       throw std::system_error(std::error_code(ec.value(), std::system_category()),
-                              "cannot connect to " + text_of(ep) +
+                              "cannot connect to " + endpoint_text(ep) +
                                   ": this process is out of file descriptors or socket memory "
                                   "(raise ulimit -n)");
     if (listening && ec == asio::error::connection_refused)
       throw std::system_error(make_error_code(errc::peer_lost),
-                              text_of(ep) + " refused the connection: the process has gone");
+                              endpoint_text(ep) + " refused the connection: the process has gone");
     if (std::chrono::steady_clock::now() >= until || ec == asio::error::timed_out)
-      throw std::system_error(
-          make_error_code(errc::timed_out),
-          "cannot connect to " + text_of(ep) + " within COCCL_TIMEOUT (" + ec.message() + ")");
+      throw std::system_error(make_error_code(errc::timed_out),
+                              "cannot connect to " + endpoint_text(ep) + " within COCCL_TIMEOUT (" +
+                                  ec.message() + ")");
     asio::steady_timer t(ex, std::chrono::milliseconds(20));
     co_await t.async_wait(asio::use_awaitable);
   }
@@ -536,7 +491,7 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
   if (!ec) bound = root->acceptor.local_endpoint(ec);
   if (ec)
     throw std::system_error(make_error_code(errc::invalid_argument),
-                            "bootstrap root cannot listen on " + text_of(endpoint) + ": " +
+                            "bootstrap root cannot listen on " + endpoint_text(endpoint) + ": " +
                                 ec.message() +
                                 (ec == asio::error::address_in_use
                                      ? " (another process, or an earlier job, holds the port)"
@@ -557,274 +512,6 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
   });
   asio::co_spawn(thread.executor(), root_accept(root), asio::detached);
   return bound;
-}
-
-Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int nranks,
-             LinkOptions options, FailureHandler on_failure)
-    : thread_(thread),
-      ex_(thread.executor()),
-      secret_(secret),
-      rank_(rank),
-      nranks_(nranks),
-      options_(std::move(options)),
-      on_failure_(std::move(on_failure)),
-      acceptor_(ex_),
-      drops_(rank, "listener"),
-      accept_retry_(ex_),
-      table_box_(ex_),
-      table_ready_(ex_, runtime::default_timeout()),
-      by_peer_(nranks, nullptr),
-      pending_(nranks),
-      dialing_(nranks, false),
-      failed_(nranks),
-      stripes_(nranks),
-      recovery_box_(ex_),
-      budget_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::mem_budget.get()))),
-      ring_of_(nranks, 0),
-      last_used_(nranks),
-      held_(nranks, 0),
-      closing_(nranks, false),
-      close_done_(nranks),
-      link_gen_(nranks, 0),
-      idle_timer_(ex_) {
-  stats_.budget = budget_;
-  const double idle_s = params::link_idle_s.get();
-  if (idle_s > 0)
-    idle_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(std::min(idle_s, 1e6)));
-  // A bad COCCL_TCP_ENGINE, or uring forced where the kernel refuses it, fails here; the choice
-  // is logged once.
-  if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
-  auto addrs = local_addresses();
-  tcp::endpoint ep(addrs.front(), 0);
-  acceptor_.open(ep.protocol());
-  acceptor_.bind(ep);
-  acceptor_.listen(asio::socket_base::max_listen_connections);
-  // Before any poller is registered: a constructor that throws runs no destructor to remove it.
-#if COCCL_HAVE_IB
-  // auto takes ib across hosts where both ends have a usable device (tcp otherwise).
-  if (options_.transport == "auto") ib_device_ = ib::Device::get();
-#endif
-  if (options_.transport == "ib") {
-#if COCCL_HAVE_IB
-    std::string why;
-    ib_device_ = ib::Device::get(&why);
-    if (!ib_device_)
-      throw std::system_error(make_error_code(errc::unsupported),
-                              "COCCL_TRANSPORT=ib, but the ib transport is not available: " + why);
-#else
-    throw std::system_error(make_error_code(errc::unsupported),
-                            "COCCL_TRANSPORT=ib, but coccl was built without ibverbs headers");
-#endif
-  }
-#if COCCL_HAVE_IB
-  user_buffers_ =
-      std::make_shared<UserBuffers>(ib_device_ ? &ib::registrations(ib_device_) : nullptr);
-#else
-  user_buffers_ = std::make_shared<UserBuffers>(nullptr);
-#endif
-  thread_.add_poller(&poller_);
-#if COCCL_HAVE_IB
-  if (ib_device_) thread_.add_poller(&ib_poller_);
-#endif
-  accept_loop();
-  if (idle_.count() > 0) arm_idle_timer();
-}
-
-Peers::~Peers() {
-  *alive_ = false;
-  thread_.remove_poller(&poller_);
-#if COCCL_HAVE_IB
-  thread_.remove_poller(&ib_poller_);
-#endif
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
-}
-
-PeerInfo Peers::self_info() const {
-  PeerInfo info = PeerInfo::from(acceptor_.local_endpoint());
-#if COCCL_HAVE_IB
-  if (ib_device_) info.caps |= PeerInfo::cap_ib;
-#endif
-  return info;
-}
-
-void Peers::accept_loop() {
-  auto sock = std::make_shared<tcp::socket>(ex_);
-  // The loop outlives shutdown(): status queries are answered, and survivors of a failure
-  // probe and shrink through here (handle_incoming).
-  acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
-    if (!*alive) return;
-    if (ec) {
-      accept_failed(ec);
-      return;
-    }
-    asio::co_spawn(ex_, handle_incoming(sock), asio::detached);
-    accept_loop();
-  });
-}
-
-void Peers::accept_failed(boost::system::error_code ec) {
-  // An accept error ends nothing: peers still have to reach this rank.
-  auto delay = accept_retry_delay(ec);
-  if (delay.count() == 0) return;
-  drops_.dropped("accept failed: " + ec.message());
-  // Out of descriptors: a stranger still waiting to authenticate is the one to give up.
-  if (out_of_resources(ec)) admission_.evict_oldest();
-  accept_retry_.expires_after(delay);
-  accept_retry_.async_wait([this, alive = alive_](boost::system::error_code e) {
-    if (!e && *alive) accept_loop();
-  });
-}
-
-asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
-  auto alive = alive_;
-  Frame f;
-  std::shared_ptr<Channel> channel;
-  try {
-    // Until its first frame authenticates, the connection holds a place in admission_ (bounded
-    // in number) and has auth_timeout() to earn it.
-    auto ticket = admission_.admit(s);
-    runtime::CloseAfter guard(*s, auth_timeout());
-    channel = std::make_shared<Channel>(co_await Channel::respond(*s, secret_));
-    f = co_await read_frame(*s, *channel, max_table_frame);
-  } catch (const std::exception& e) {
-    if (*alive && !shut_) drops_.dropped(reason(e));
-    co_return;
-  }
-  if (!*alive) co_return;
-  if (f.type == FrameType::recover) {
-    co_await serve_recovery(s, channel, std::move(f));
-    co_return;
-  }
-  if (f.type == FrameType::status_query) {
-    try {
-      if (!f.payload.empty()) bad("a status query carries nothing");
-      auto answer = status_source_ ? status_source_() : std::vector<std::uint8_t>{};
-      runtime::CloseAfter guard(*s, auth_timeout());
-      co_await write_frame(*s, *channel, FrameType::status, answer);
-    } catch (const std::exception& e) {
-      if (*alive && !shut_) drops_.dropped(reason(e));
-    }
-    co_return;
-  }
-  if (f.type == FrameType::notice) {
-    // A peer that failed before it could reach this rank through a link tells why.
-    try {
-      const std::string why = decode_notice(f.payload);
-      if (!shut_) on_failure_(-1, make_error_code(errc::remote_error), why);
-    } catch (const std::exception& e) {
-      if (*alive && !shut_) drops_.dropped(reason(e));
-    }
-    co_return;
-  }
-  // After shutdown the listener answers status queries, and a peer's connection request with why
-  // this rank has failed (the peer then fails naming the cause, at once rather than at its
-  // deadline).
-  if (shut_) {
-    if (f.type != FrameType::connect) co_return;
-    try {
-      runtime::CloseAfter guard(*s, auth_timeout());
-      auto payload = encode_notice(rank_, shut_why_);
-      co_await write_frame(*s, *channel, FrameType::notice, payload);
-    } catch (const std::exception&) {
-    }
-    co_return;
-  }
-  if (f.type == FrameType::close) {
-    co_await serve_close(s, channel, std::move(f));
-    co_return;
-  }
-  if (f.type == FrameType::table) {
-    // The one table this rank needs; an extra one (a confused or hostile peer holding the
-    // secret) is not queued.
-    if (table_received_) {
-      drops_.dropped("a second address table");
-      co_return;
-    }
-    table_received_ = true;
-    table_box_.push(std::move(f.payload));
-    co_return;
-  }
-  if (f.type == FrameType::stripe) {
-    // A further socket of a tcp link this rank is answering: hand it to that answer.
-    try {
-      Reader r(f.payload);
-      int from = r.get<std::int32_t>();
-      int to = r.get<std::int32_t>();
-      auto index = r.get<std::uint32_t>();
-      if (to != rank_ || from < 0 || from >= rank_ || !stripes_[from])
-        bad("a stray socket for a tcp link");
-      stripes_[from]->push(Stripe{index, s});
-    } catch (const std::exception& e) {
-      drops_.dropped(e.what());
-    }
-    co_return;
-  }
-  int from = -1;
-  try {
-    if (f.type != FrameType::connect) bad("unexpected frame");
-    int to;
-    std::tie(from, to) = link_request_ranks(f.payload);
-    if (to != rank_ || from < 0 || from >= rank_) bad("connection request for the wrong rank");
-  } catch (const std::exception& e) {
-    drops_.dropped(e.what());
-    co_return;
-  }
-  // The peer agreed to close the link this rank asked about and may dial again before the answer
-  // is read here: the close settles first.
-  co_await await_close(from);
-  if (!*alive || shut_) co_return;
-  try {
-    if (by_peer_[from] || dialing_[from])
-      bad("a second connection request from rank " + std::to_string(from));
-  } catch (const std::exception& e) {
-    drops_.dropped(e.what());
-    co_return;
-  }
-  dialing_[from] = true;
-  try {
-    co_await answer(from, s, channel, std::move(f.payload));
-  } catch (const std::exception& e) {
-    if (!*alive) co_return;
-    stripes_[from].reset();
-    failed_[from] = e.what();
-    COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
-  }
-  if (!*alive) co_return;
-  dialing_[from] = false;
-  announce(from);
-}
-
-asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<tcp::socket> s,
-                                            std::shared_ptr<Channel> channel, Frame f) {
-  if (f.payload.empty()) {
-    drops_.dropped("an empty recovery frame");
-    co_return;
-  }
-  if (f.payload[0] == recover_shrink) {
-    // Each survivor sends one per attempt; a bound keeps a confused member from holding sockets
-    // here without end (at most two attempts' worth wait for this rank's shrink).
-    if (recovery_box_.size() >= 2 * static_cast<std::size_t>(nranks_)) {
-      drops_.dropped("too many shrink requests queued");
-      co_return;
-    }
-    recovery_box_.push(RecoveryRequest{std::move(s), std::move(channel), std::move(f.payload)});
-    co_return;
-  }
-  if (f.payload[0] != recover_probe) {
-    drops_.dropped("an unknown recovery frame");
-    co_return;
-  }
-  // The answer names this rank, so that a prober knows it reached the member it meant.
-  Writer w;
-  w.put<std::int32_t>(rank_);
-  try {
-    runtime::CloseAfter guard(*s, auth_timeout());
-    co_await write_frame(*s, *channel, FrameType::recover, w.bytes());
-  } catch (const std::exception&) {
-    // The prober gave up; it counts this rank as lost on its own deadline.
-  }
 }
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
@@ -908,7 +595,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
           make_error_code(errc::timed_out),
           "bootstrap: no address table from the root within COCCL_TIMEOUT: " + why);
     }
-    if (f.type != FrameType::table) bad("expected the address table");
+    if (f.type != FrameType::table) bad_message("expected the address table");
     payload = std::move(f.payload);
     // Tells the root the table arrived (it then serves status queries while this link lasts).
     const std::vector<std::uint8_t> ack;
@@ -988,7 +675,7 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Chann
                               "bootstrap: no share of the address table from root " +
                                   std::to_string(at) + " within COCCL_TIMEOUT: " + why);
     }
-    if (f.type != FrameType::share) bad("expected a share of the address table");
+    if (f.type != FrameType::share) bad_message("expected a share of the address table");
     decode_share(f.payload);
     const std::vector<std::uint8_t> ack;
     co_await write_frame(*sock, channel, FrameType::status, ack);
@@ -1008,7 +695,7 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Chann
         "bootstrap: the first root refused the share of root " + std::to_string(at) + ": " + why);
   }
   if (answer.type != FrameType::status || !answer.payload.empty())
-    bad("expected the first root to take the share");
+    bad_message("expected the first root to take the share");
 }
 
 asio::awaitable<void> Peers::tell_root(std::string why) {
@@ -1043,54 +730,6 @@ asio::awaitable<std::string> Peers::gone_because(int peer) {
     co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   }
   co_return std::string();
-}
-
-asio::awaitable<void> Peers::flush_notices(std::chrono::milliseconds most) {
-  const auto until = std::chrono::steady_clock::now() + most;
-  asio::steady_timer tick(ex_);
-  while (std::chrono::steady_clock::now() < until &&
-         (*telling_ > 0 || std::any_of(conns_.begin(), conns_.end(),
-                                       [](const auto& c) { return c->notice_pending(); }))) {
-    tick.expires_after(std::chrono::milliseconds(1));
-    boost::system::error_code ignored;
-    co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-  }
-}
-
-asio::awaitable<void> Peers::tell_everyone(std::string why) {
-  // Bounded: small jobs hear it from this rank; in large ones the ranks in this rank's tree
-  // neighbourhood do, and the rest time out on their own.
-  std::vector<int> whom;
-  if (nranks_ <= 64) {
-    for (int r = 0; r < nranks_; ++r)
-      if (r != rank_ && !by_peer_[r]) whom.push_back(r);
-  } else {
-    for (int r : {(rank_ - 1) / 2, 2 * rank_ + 1, 2 * rank_ + 2})
-      if (r >= 0 && r < nranks_ && r != rank_ && !by_peer_[r]) whom.push_back(r);
-  }
-  auto payload = std::make_shared<std::vector<std::uint8_t>>(encode_notice(rank_, why));
-  auto left = std::make_shared<int>(static_cast<int>(whom.size()));
-  // Shared: a notice still under way when the second is up completes after this returns.
-  auto all_told = std::make_shared<asio::steady_timer>(ex_, std::chrono::seconds(1));
-  for (int r : whom) {
-    asio::co_spawn(
-        ex_,
-        [](asio::any_io_executor ex, tcp::endpoint ep, Secret secret,
-           std::shared_ptr<std::vector<std::uint8_t>> bytes) -> asio::awaitable<void> {
-          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-          auto sock = co_await transport::dial(ex, ep, until, true);
-          runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
-          Channel channel = co_await Channel::initiate(*sock, secret);
-          co_await write_frame(*sock, channel, FrameType::notice, *bytes);
-        }(ex_, table_[r].endpoint(), secret_, payload),
-        [left, all_told](std::exception_ptr) {
-          if (--*left == 0) all_told->cancel();
-        });
-  }
-  if (!whom.empty()) {
-    boost::system::error_code ignored;
-    co_await all_told->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-  }
 }
 
 asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
@@ -1145,596 +784,6 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
       parent_says + ")";
 }
 
-asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
-  std::vector<std::uint8_t> bytes;
-  try {
-    bytes = co_await query_rank(ex_, where, secret_,
-                                std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
-  } catch (const std::exception&) {
-    co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
-  }
-  if (bytes.empty()) co_return "rank " + std::to_string(peer) + " has not formed the communicator";
-  co_return "rank " + std::to_string(peer) +
-      " reports: " + (status_reader_ ? status_reader_(bytes) : std::string("a status"));
-}
-
-Peers::Kind Peers::kind_for(int peer) const {
-  if (options_.transport == "ib") return Kind::ib;
-  if (options_.transport == "tcp") return Kind::tcp;
-  const bool same_host = table_[peer].host_hash == table_[rank_].host_hash;
-  // auto: across hosts ib when both ends offer it; within a host shm, which beats a loop through
-  // the NIC.
-  if (options_.transport == "auto" && !same_host &&
-      (table_[peer].caps & table_[rank_].caps & PeerInfo::cap_ib) != 0)
-    return Kind::ib;
-  if (params::shm_disable.get()) return Kind::tcp;
-  return same_host ? Kind::shm : Kind::tcp;
-}
-
-std::uint32_t Peers::prepare_tcp(int peer, Made& made) {
-  if (tcp_engine(rank_) == TcpEngine::asio) return 1;
-  std::string why;
-  made.ring = make_uring_ring(why);
-  if (!made.ring) {
-    if (params::tcp_engine.get() == "uring")
-      throw std::system_error(make_error_code(errc::unsupported),
-                              "COCCL_TCP_ENGINE=uring, but the link to rank " +
-                                  std::to_string(peer) + " cannot have an io_uring: " + why);
-    COCCL_INFO(net, rank_, "link to rank %d on asio: %s", peer, why.c_str());
-    return 1;
-  }
-  return static_cast<std::uint32_t>(std::clamp<std::int64_t>(params::tcp_sockets.get(), 1, 16));
-}
-
-void Peers::announce(int peer) {
-  if (pending_[peer]) pending_[peer]->cancel();
-  pending_[peer].reset();
-}
-
-asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
-  if (peer < 0 || peer >= nranks_ || peer == rank_)
-    throw std::system_error(make_error_code(errc::internal), "no connection to self");
-  // The running operation holds what it gets (Use), and the use counts for idleness.
-  auto touch = [this, peer] {
-    last_used_[peer] = std::chrono::steady_clock::now();
-    if (users_ > 0) held_[peer] = period_;
-    return by_peer_[peer];
-  };
-  co_await await_close(peer);
-  if (by_peer_[peer]) co_return touch();
-  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-  if (peer > rank_ && !dialing_[peer]) {
-    dialing_[peer] = true;
-    std::string gone;
-    try {
-      co_await dial(peer, slots_for(bytes));
-    } catch (const LinkError&) {
-      dialing_[peer] = false;
-      announce(peer);
-      throw;
-    } catch (const std::system_error& e) {
-      dialing_[peer] = false;
-      announce(peer);
-      // Out of descriptors or memory here is this rank's problem, not the peer's.
-      const bool local = e.code().category() == std::system_category() &&
-                         out_of_resources(boost::system::error_code(
-                             e.code().value(), boost::system::system_category()));
-      throw LinkError(local ? e.code() : make_error_code(errc::peer_lost),
-                      "rank " + std::to_string(rank_) + " cannot connect to rank " +
-                          std::to_string(peer) + ": " + e.what());
-    } catch (const std::exception& e) {
-      gone = e.what();
-    }
-    if (!gone.empty()) {
-      // The peer went away during set-up: if its own set-up failed, the root knows why. Until
-      // then this rank still counts as linking to it, so that a status query names the peer.
-      const std::string because = co_await gone_because(peer);
-      dialing_[peer] = false;
-      announce(peer);
-      throw LinkError(make_error_code(errc::peer_lost),
-                      "cannot connect to rank " + std::to_string(peer) + ": " + gone + because);
-    }
-    dialing_[peer] = false;
-    announce(peer);
-    co_return touch();
-  }
-  // The link is being dialled by another coroutine of ours, or the peer (lower rank) dials it:
-  // wait for it to be announced, until the deadline.
-  if (!pending_[peer])
-    pending_[peer] = std::make_shared<asio::steady_timer>(ex_, runtime::default_timeout());
-  auto event = pending_[peer];
-  boost::system::error_code ec;
-  try {
-    co_await event->async_wait(asio::use_awaitable);
-  } catch (const boost::system::system_error& e) {
-    ec = e.code();
-  }
-  if (by_peer_[peer]) co_return touch();
-  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-  if (!ec) {
-    pending_[peer].reset();
-    // Whatever holds the peer up is what to name: ask it.
-    const std::string about = co_await ask_about(peer, table_[peer]);
-    throw LinkError(
-        make_error_code(errc::timed_out),
-        "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " + about);
-  }
-  throw LinkError(make_error_code(errc::peer_lost),
-                  "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
-}
-
-asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
-  auto limit = runtime::default_timeout();
-  const Kind kind = kind_for(peer);
-  const bool shm = kind == Kind::shm;
-  // A ring never larger than the whole budget (the budget's own check names one too small for
-  // the smallest ring).
-  if (budget_ > 0) slots = std::max<std::size_t>(2, std::min(slots, budget_ / options_.slot_bytes));
-  Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
-  std::size_t seg_bytes = ShmConnection::segment_bytes(slots, options_.slot_bytes);
-  auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                       std::chrono::steady_clock::now() + limit, true);
-  Made made;
-  made.slots = slots;
-  const std::uint32_t want = kind == Kind::tcp ? prepare_tcp(peer, made) : 1;
-  {
-    runtime::CloseAfter guard(*sock, limit);
-    if (shm) made.own = ShmSegment::create(seg_bytes);
-    std::vector<std::uint8_t> address;
-#if COCCL_HAVE_IB
-    if (kind == Kind::ib) {
-      made.link = std::make_unique<ib::Link>(ib_device_, slots, options_.slot_bytes, ib_qps(),
-                                             ib_block_min());
-      address = made.link->address().encode();
-    }
-#endif
-    const std::string name = made.own ? made.own->name() : "";
-    const std::vector<std::uint8_t> request = encode_link_request(
-        {rank_, peer, static_cast<std::uint8_t>(kind), slots, options_.slot_bytes,
-         std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address), want});
-    Channel channel = co_await Channel::initiate(*sock, secret_);
-    co_await write_frame(*sock, channel, FrameType::connect, request);
-    Frame f = co_await read_frame(*sock, channel, max_small_frame);
-    if (f.type == FrameType::notice)
-      throw std::system_error(make_error_code(errc::remote_error), decode_notice(f.payload));
-    if (f.type != FrameType::accept) bad("expected accept");
-    LinkReply reply = decode_link_reply(f.payload);
-    const std::uint32_t sockets = reply.sockets;
-    if (sockets < 1 || sockets > want)
-      bad("rank " + std::to_string(peer) + " answered with " + std::to_string(sockets) +
-          " sockets");
-    // The link's further sockets, each authenticated like the first.
-    for (std::uint32_t index = 1; index < sockets; ++index) {
-      auto extra = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                            std::chrono::steady_clock::now() + limit);
-      runtime::CloseAfter extra_guard(*extra, limit);
-      Writer sw;
-      sw.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint32_t>(index);
-      Channel extra_channel = co_await Channel::initiate(*extra, secret_);
-      co_await write_frame(*extra, extra_channel, FrameType::stripe, sw.bytes());
-      made.extra.push_back(std::move(*extra));
-    }
-    if (shm) {
-      made.theirs =
-          ShmSegment::open(std::string(reply.shm_name.begin(), reply.shm_name.end()), seg_bytes);
-      made.own->unlink();  // the peer mapped it before accepting
-    }
-#if COCCL_HAVE_IB
-    if (made.link) {
-      made.link->connect(ib::LinkAddress::decode(reply.address));
-      // The peer may write only once our queue pairs are ready to receive.
-      const std::vector<std::uint8_t> ready;
-      co_await write_frame(*sock, channel, FrameType::accept, ready);
-    }
-#endif
-  }
-  if (shut_) {
-    abort_new_link(peer, std::move(*sock), std::move(made));
-    throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-  }
-  add_made(peer, std::move(*sock), std::move(made));
-}
-
-asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
-                                    std::shared_ptr<Channel> channel,
-                                    std::vector<std::uint8_t> payload) {
-  auto limit = runtime::default_timeout();
-  auto alive = alive_;
-  if (table_.empty()) {
-    try {
-      co_await table_ready_.async_wait(asio::use_awaitable);
-    } catch (const boost::system::system_error&) {
-      // Cancelled: the table is here, or this rank is shutting down (checked below).
-    }
-    if (!*alive) co_return;
-    if (shut_) {
-      // This rank failed while the request waited for its table: the dialler must learn why, or
-      // it would blame this rank for a closed stream.
-      runtime::CloseAfter guard(*sock, auth_timeout());
-      const auto notice = encode_notice(rank_, shut_why_);
-      co_await write_frame(*sock, *channel, FrameType::notice, notice);
-      co_return;
-    }
-    if (table_.empty())
-      bad("rank " + std::to_string(peer) + " connected before this rank had the address table");
-  }
-  const Kind kind = kind_for(peer);
-  const bool shm = kind == Kind::shm;
-  Made made;
-  {
-    runtime::CloseAfter guard(*sock, limit);
-    LinkRequest request = decode_link_request(payload);
-    const std::uint32_t their_sockets = request.sockets;
-    // The dialler sizes the ring (fewer slots for a small operation), up to this rank's
-    // COCCL_SLOTS.
-    if (request.kind != static_cast<std::uint8_t>(kind) || request.slots < 2 ||
-        request.slots > options_.slots || request.slot_bytes != options_.slot_bytes ||
-        their_sockets < 1 || their_sockets > 16 || (kind != Kind::tcp && their_sockets != 1))
-      bad("rank " + std::to_string(peer) + " uses different link settings");
-    made.slots = static_cast<std::size_t>(request.slots);
-    Reservation room;
-    std::string refused;
-    try {
-      room = co_await make_room(peer, made.slots * options_.slot_bytes);
-    } catch (const LinkError& e) {
-      refused = e.what();
-    }
-    if (!*alive) co_return;
-    if (!refused.empty()) {
-      // The dialler fails with the reason rather than a bare end of the connection.
-      const auto notice = encode_notice(rank_, refused);
-      co_await write_frame(*sock, *channel, FrameType::notice, notice);
-      throw LinkError(make_error_code(errc::invalid_argument), refused);
-    }
-    std::size_t seg_bytes = ShmConnection::segment_bytes(made.slots, options_.slot_bytes);
-    // A link has as many sockets as the end that wants fewer.
-    const std::uint32_t sockets =
-        kind == Kind::tcp ? std::min(their_sockets, prepare_tcp(peer, made)) : 1;
-    if (sockets > 1) stripes_[peer] = std::make_unique<runtime::Mailbox<Stripe>>(ex_);
-    if (shm) {
-      made.theirs = ShmSegment::open(std::string(request.shm_name.begin(), request.shm_name.end()),
-                                     seg_bytes);
-      made.own = ShmSegment::create(seg_bytes);
-    }
-    std::vector<std::uint8_t> address;
-#if COCCL_HAVE_IB
-    if (kind == Kind::ib) {
-      made.link = std::make_unique<ib::Link>(ib_device_, made.slots, options_.slot_bytes, ib_qps(),
-                                             ib_block_min());
-      made.link->connect(ib::LinkAddress::decode(request.address));
-      address = made.link->address().encode();
-    }
-#endif
-    const std::string name = made.own ? made.own->name() : "";
-    const std::vector<std::uint8_t> reply = encode_link_reply(
-        {std::vector<std::uint8_t>(name.begin(), name.end()), std::move(address), sockets});
-    co_await write_frame(*sock, *channel, FrameType::accept, reply);
-    if (sockets > 1) {
-      std::vector<std::shared_ptr<asio::ip::tcp::socket>> extra(sockets - 1);
-      try {
-        for (std::uint32_t k = 1; k < sockets; ++k) {
-          Stripe stripe = co_await stripes_[peer]->pop(limit);
-          if (!*alive) co_return;
-          const std::uint32_t index = stripe.first;
-          if (index < 1 || index >= sockets || extra[index - 1])
-            bad("rank " + std::to_string(peer) + " sent a bad socket index");
-          extra[index - 1] = std::move(stripe.second);
-        }
-      } catch (...) {
-        if (!*alive) co_return;
-        throw;
-      }
-      stripes_[peer].reset();
-      for (auto& s : extra) made.extra.push_back(std::move(*s));
-    }
-#if COCCL_HAVE_IB
-    if (made.link) {
-      Frame ready = co_await read_frame(*sock, *channel, max_small_frame);
-      if (ready.type != FrameType::accept || !ready.payload.empty())
-        bad("rank " + std::to_string(peer) + " did not confirm the ib link");
-    }
-#endif
-  }
-  // The communicator may have been destroyed while this coroutine (detached) waited.
-  if (!*alive) co_return;
-  if (shut_) {
-    abort_new_link(peer, std::move(*sock), std::move(made));
-    co_return;
-  }
-  add_made(peer, std::move(*sock), std::move(made));
-}
-
-void Peers::abort_new_link(int peer, tcp::socket s, Made made) {
-  // The peer already counts the link as made: closing it bare would read as this rank's death.
-  // Make it, then abort it with the reason, as shutdown() does with the others.
-  add_made(peer, std::move(s), std::move(made));
-  if (Connection* c = by_peer_[peer]) {
-    c->send_abort(shut_ec_, shut_why_);
-    c->close(shut_ec_, shut_why_);
-  }
-}
-
-void Peers::add_made(int peer, tcp::socket s, Made made) {
-  const std::size_t ring = made.slots * options_.slot_bytes;
-#if COCCL_HAVE_IB
-  if (made.link) {
-    auto c =
-        std::make_unique<IbConnection>(rank_, peer, std::move(s), std::move(made.link),
-                                       ib_split_bytes(), ib_poller_, user_buffers_, on_failure_);
-    c->start();
-    add(peer, std::move(c), ring);
-    return;
-  }
-#endif
-  if (made.own) {
-    auto c = std::make_unique<ShmConnection>(rank_, peer, std::move(s), made.slots,
-                                             options_.slot_bytes, std::move(made.own),
-                                             std::move(made.theirs), poller_, on_failure_);
-    c->start();
-    add(peer, std::move(c), ring);
-  } else if (made.ring) {
-    std::vector<tcp::socket> sockets;
-    sockets.push_back(std::move(s));
-    for (auto& e : made.extra) sockets.push_back(std::move(e));
-    const std::size_t n = sockets.size();
-    add(peer,
-        make_uring_connection(rank_, peer, std::move(sockets), std::move(made.ring), made.slots,
-                              options_.slot_bytes, thread_, on_failure_),
-        ring);
-    COCCL_INFO(net, rank_, "tcp link to rank %d on io_uring over %zu socket(s)", peer, n);
-  } else {
-    auto c = std::make_unique<TcpConnection>(rank_, peer, std::move(s), made.slots,
-                                             options_.slot_bytes, on_failure_);
-    c->start();
-    add(peer, std::move(c), ring);
-  }
-}
-
-void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes) {
-  COCCL_INFO(net, rank_, "connected to rank %d over %s (receive ring %zu bytes)", peer, c->kind(),
-             ring_bytes);
-  by_peer_[peer] = c.get();
-  conns_.push_back(std::move(c));
-  ring_of_[peer] = ring_bytes;
-  ring_bytes_ += ring_bytes;
-  ++link_gen_[peer];
-  ++stats_.opened;
-  last_used_[peer] = std::chrono::steady_clock::now();
-}
-
-Peers::LinkStats Peers::link_stats() const noexcept {
-  LinkStats s = stats_;
-  s.open = static_cast<int>(std::count_if(by_peer_.begin(), by_peer_.end(),
-                                          [](const Connection* c) { return c != nullptr; }));
-  s.ring_bytes = ring_bytes_;
-  return s;
-}
-
-std::size_t Peers::slots_for(std::size_t bytes) const noexcept {
-  if (bytes == 0) return options_.slots;
-  const std::size_t want = (bytes + options_.slot_bytes - 1) / options_.slot_bytes;
-  return std::clamp<std::size_t>(want, 2, options_.slots);
-}
-
-asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes) {
-  Reservation room;
-  if (budget_ == 0) co_return room;
-  const auto text = [](std::size_t n) { return std::to_string(n) + " bytes"; };
-  if (bytes > budget_)
-    throw LinkError(
-        make_error_code(errc::invalid_argument),
-        "COCCL_MEM_BUDGET (" + text(budget_) +
-            ") cannot hold even one link: the "
-            "link to rank " +
-            std::to_string(peer) + " needs a receive ring of " + text(bytes) +
-            " (at least 2 slots of COCCL_SLOT_BYTES=" + std::to_string(options_.slot_bytes) +
-            "); raise COCCL_MEM_BUDGET or lower "
-            "COCCL_SLOT_BYTES");
-  const auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  auto pause = std::chrono::milliseconds(1);
-  asio::steady_timer timer(ex_);
-  while (ring_bytes_ + reserved_ + bytes > budget_) {
-    if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-    // Links the running operation does not hold, least recently used first.
-    std::vector<int> idle;
-    for (int p = 0; p < nranks_; ++p)
-      if (p != peer && by_peer_[p] && !held(p) && !closing_[p]) idle.push_back(p);
-    const auto open = std::count_if(by_peer_.begin(), by_peer_.end(),
-                                    [](const Connection* c) { return c != nullptr; });
-    const std::string holding =
-        std::to_string(open) + " open links hold " + text(ring_bytes_) + " of receive rings";
-    if (idle.empty() && reserved_ == 0)
-      throw LinkError(make_error_code(errc::invalid_argument),
-                      "COCCL_MEM_BUDGET (" + text(budget_) +
-                          ") is too small for this "
-                          "operation: its " +
-                          holding + " and none is idle, but the link to rank " +
-                          std::to_string(peer) + " needs " + text(bytes) +
-                          " more; raise "
-                          "COCCL_MEM_BUDGET");
-    std::sort(idle.begin(), idle.end(),
-              [this](int a, int b) { return last_used_[a] < last_used_[b]; });
-    bool closed = false;
-    for (int p : idle) {
-      if (!by_peer_[p] || held(p) || closing_[p] || !by_peer_[p]->settled()) continue;
-      if (co_await try_close(p, CloseReason::budget)) {
-        closed = true;
-        break;
-      }
-    }
-    if (closed) continue;
-    // The peers still use those links (or data for a later operation waits in them): try again
-    // shortly, until the deadline.
-    if (std::chrono::steady_clock::now() >= until)
-      throw LinkError(make_error_code(errc::timed_out),
-                      "COCCL_MEM_BUDGET (" + text(budget_) +
-                          "): no idle link could be closed "
-                          "within COCCL_TIMEOUT to make room for the link to rank " +
-                          std::to_string(peer) + " (" + holding + "; their peers kept using them)");
-    timer.expires_after(pause);
-    boost::system::error_code ignored;
-    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
-  }
-  reserved_ += bytes;
-  room.peers = this;
-  room.bytes = bytes;
-  room.alive = alive_;
-  co_return room;
-}
-
-asio::awaitable<void> Peers::await_close(int peer) {
-  while (closing_[peer] && close_done_[peer]) {
-    auto done = close_done_[peer];
-    boost::system::error_code ignored;
-    co_await done->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-  }
-}
-
-asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
-  Connection* c = by_peer_[peer];
-  if (!c || closing_[peer] || held(peer) || !c->settled() || shut_) co_return false;
-  auto alive = alive_;
-  const std::uint64_t gen = link_gen_[peer];
-  closing_[peer] = true;
-  close_done_[peer] =
-      std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
-  // The peer closes its end first when it agrees: that end of file is not a failure.
-  c->hold_failures();
-  bool agreed = false;
-  try {
-    const auto limit = auth_timeout();
-    auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                         std::chrono::steady_clock::now() + limit, true);
-    runtime::CloseAfter guard(*sock, limit);
-    Channel channel = co_await Channel::initiate(*sock, secret_);
-    Writer w;
-    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put(static_cast<std::uint8_t>(why));
-    co_await write_frame(*sock, channel, FrameType::close, w.bytes());
-    Frame f = co_await read_frame(*sock, channel, max_small_frame);
-    agreed = f.type == FrameType::status && f.payload.size() == 1 && f.payload[0] == 1;
-  } catch (const std::exception& e) {
-    // Unreachable, or gone: the link itself reports that once failures are not held.
-    if (*alive)
-      COCCL_INFO(net, rank_, "asking rank %d to close the link failed: %s", peer, e.what());
-  }
-  if (!*alive) co_return false;
-  closing_[peer] = false;
-  if (auto done = std::exchange(close_done_[peer], nullptr)) done->cancel();
-  // The peer may have closed the link meanwhile on its own request (link_gen_ moved on).
-  if (link_gen_[peer] != gen || !by_peer_[peer]) co_return agreed;
-  if (agreed) {
-    retire(peer, why);
-    co_return true;
-  }
-  by_peer_[peer]->release_failures();
-  co_return false;
-}
-
-asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
-                                         std::shared_ptr<Channel> channel, Frame f) {
-  auto alive = alive_;
-  int from = -1;
-  CloseReason why = CloseReason::idle;
-  try {
-    Reader r(f.payload);
-    from = r.get<std::int32_t>();
-    const int to = r.get<std::int32_t>();
-    const auto reason = r.get<std::uint8_t>();
-    if (!r.done() || to != rank_ || from < 0 || from >= nranks_ || from == rank_ ||
-        (reason != static_cast<std::uint8_t>(CloseReason::budget) &&
-         reason != static_cast<std::uint8_t>(CloseReason::idle)))
-      bad("a malformed request to close a link");
-    why = static_cast<CloseReason>(reason);
-  } catch (const std::exception& e) {
-    drops_.dropped(e.what());
-    co_return;
-  }
-  // Agreed when this end is settled and not in use; when both ends ask at once, the lower rank's
-  // request wins.
-  Connection* c = by_peer_[from];
-  const bool agree =
-      c && !dialing_[from] && !held(from) && c->settled() && !(closing_[from] && rank_ < from);
-  if (agree) retire(from, why);
-  try {
-    runtime::CloseAfter guard(*s, auth_timeout());
-    const std::vector<std::uint8_t> answer{static_cast<std::uint8_t>(agree ? 1 : 0)};
-    co_await write_frame(*s, *channel, FrameType::status, answer);
-  } catch (const std::exception& e) {
-    // The asker keeps its end until it hears: a lost answer leaves it to fail on its own.
-    if (*alive && !shut_) drops_.dropped(reason(e));
-  }
-}
-
-void Peers::retire(int peer, CloseReason why) {
-  Connection* c = by_peer_[peer];
-  if (!c) return;
-  by_peer_[peer] = nullptr;
-  ++link_gen_[peer];
-  ring_bytes_ -= ring_of_[peer];
-  ring_of_[peer] = 0;
-  ++(why == CloseReason::budget ? stats_.closed_budget : stats_.closed_idle);
-  const char* what = why == CloseReason::budget ? "to stay under COCCL_MEM_BUDGET" : "idle";
-  COCCL_INFO(net, rank_, "closed the link to rank %d (%s)", peer, what);
-  c->hold_failures();
-  c->close(make_error_code(errc::aborted),
-           "link to rank " + std::to_string(peer) + " closed (" + what + ")");
-  auto it = std::find_if(conns_.begin(), conns_.end(),
-                         [c](const std::unique_ptr<Connection>& p) { return p.get() == c; });
-  if (it == conns_.end()) return;
-  // Freed from the executor, not here: the caller may still use `c` on its way out. Kept by
-  // this object meanwhile, so that it never outlives the pollers it unregisters from.
-  retired_.push_back(std::move(*it));
-  conns_.erase(it);
-  asio::post(ex_, [this, alive = alive_] {
-    if (*alive) retired_.clear();
-  });
-}
-
-void Peers::arm_idle_timer() {
-  idle_timer_.expires_after(
-      std::max<std::chrono::steady_clock::duration>(idle_ / 4, std::chrono::milliseconds(10)));
-  idle_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
-    if (ec || !*alive || shut_) return;
-    const auto now = std::chrono::steady_clock::now();
-    for (int p = 0; p < nranks_; ++p) {
-      Connection* c = by_peer_[p];
-      if (!c || closing_[p] || held(p) || now - last_used_[p] < idle_ || !c->settled()) continue;
-      asio::co_spawn(ex_, try_close(p, CloseReason::idle), asio::detached);
-    }
-    arm_idle_timer();
-  });
-}
-
-void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
-  if (shut_) return;
-  shut_ = true;
-  shut_why_ = why;
-  shut_ec_ = ec;
-  // Peers without a link may be waiting for this rank to make one: tell them too (the linked
-  // ones get the abort notice below).
-  if (notify && !table_.empty()) {
-    ++*telling_;
-    asio::co_spawn(ex_, tell_everyone(why),
-                   [telling = telling_](std::exception_ptr) { --*telling; });
-  }
-  // The listener stays open until the communicator is destroyed: it answers status queries and
-  // liveness probes, takes shrink requests (recovery), and answers link requests with the reason.
-  table_box_.fail(asio::error::operation_aborted);
-  for (auto& box : stripes_)
-    if (box) box->fail(asio::error::operation_aborted);
-  table_ready_.cancel();
-  idle_timer_.cancel();
-  for (int p = 0; p < nranks_; ++p) announce(p);
-  for (auto& c : conns_) {
-    if (notify)
-      c->send_abort(ec, why);
-    else
-      c->send_goodbye();
-    c->close(ec, why);
-  }
-}
-
 namespace {
 
 // One question and its answer on a fresh authenticated connection, all before `until`.
@@ -1749,14 +798,15 @@ asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Se
     const std::vector<std::uint8_t> nothing;
     co_await write_frame(*sock, channel, FrameType::status_query, nothing);
     Frame f = co_await read_frame(*sock, channel, max_answer);
-    if (f.type != FrameType::status) bad("expected a status answer from " + text_of(ep));
+    if (f.type != FrameType::status)
+      bad_message("expected a status answer from " + endpoint_text(ep));
     co_return f;
   } catch (const boost::system::system_error& e) {
     if (std::chrono::steady_clock::now() >= until)
       throw std::system_error(make_error_code(errc::timed_out),
-                              "no status answer from " + text_of(ep) + " in time");
+                              "no status answer from " + endpoint_text(ep) + " in time");
     throw std::system_error(make_error_code(errc::peer_lost),
-                            text_of(ep) + " ended the status query: " + e.code().message());
+                            endpoint_text(ep) + " ended the status query: " + e.code().message());
   }
 }
 

@@ -1,6 +1,8 @@
 #include "transport/bootstrap_messages.hpp"
 
+#include <boost/system/system_error.hpp>
 #include <coccl/error.hpp>
+#include <sstream>
 #include <system_error>
 
 #include "transport/wire.hpp"
@@ -11,11 +13,51 @@ namespace {
 constexpr std::uint32_t hello_magic = 0x4f4c4548u;
 constexpr std::uint32_t share_magic = 0x52414853u;  // "SHAR"
 
-[[noreturn]] void bad(const std::string& what) {
+constexpr std::uint32_t notice_magic = 0x4543544eu;  // "NTCE"
+
+}  // namespace
+
+[[noreturn]] void bad_message(const std::string& what) {
   throw std::system_error(make_error_code(errc::bad_message), what);
 }
 
-}  // namespace
+std::string endpoint_text(const boost::asio::ip::tcp::endpoint& ep) {
+  std::ostringstream out;
+  out << ep;
+  return out.str();
+}
+
+std::string drop_reason(const std::exception& e) {
+  if (auto* b = dynamic_cast<const boost::system::system_error*>(&e))
+    return "connection ended before it authenticated (" + b->code().message() + ")";
+  return e.what();
+}
+
+std::vector<std::uint8_t> encode_notice(int from, const std::string& why) {
+  Writer w;
+  w.put(notice_magic).put<std::int32_t>(from);
+  const std::string text = why.substr(0, 2048);
+  w.put_bytes({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+  return std::move(w.bytes());
+}
+
+std::string decode_notice(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != notice_magic) bad_message("not a notice");
+  const int from = r.get<std::int32_t>();
+  auto text = r.get_bytes();
+  if (!r.done()) bad_message("trailing bytes after a notice");
+  std::string why(text.begin(), text.end());
+  for (char& c : why)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return "rank " + std::to_string(from) + " has failed: " + why;
+}
+
+int notice_sender(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != notice_magic) bad_message("not a notice");
+  return r.get<std::int32_t>();
+}
 
 std::vector<std::uint8_t> encode_hello(const Hello& h) {
   Writer w;
@@ -25,14 +67,14 @@ std::vector<std::uint8_t> encode_hello(const Hello& h) {
 
 Hello decode_hello(std::span<const std::uint8_t> payload) {
   Reader r(payload);
-  if (r.get<std::uint32_t>() != hello_magic) bad("bad hello");
+  if (r.get<std::uint32_t>() != hello_magic) bad_message("bad hello");
   Hello h;
   h.rank = r.get<std::int32_t>();
   h.nranks = r.get<std::int32_t>();
   h.info = r.get<PeerInfo>();
   h.roots = r.get<std::uint32_t>();
   h.ids = r.get<std::uint64_t>();
-  if (!r.done()) bad("trailing bytes in hello");
+  if (!r.done()) bad_message("trailing bytes in hello");
   return h;
 }
 
@@ -54,7 +96,7 @@ std::vector<std::uint8_t> encode_share(const Share& s) {
 
 Share decode_share(std::span<const std::uint8_t> payload) {
   Reader r(payload);
-  if (r.get<std::uint32_t>() != share_magic) bad("not a share of the address table");
+  if (r.get<std::uint32_t>() != share_magic) bad_message("not a share of the address table");
   Share s;
   s.nranks = r.get<std::int32_t>();
   s.roots = r.get<std::uint32_t>();
@@ -64,16 +106,16 @@ Share decode_share(std::span<const std::uint8_t> payload) {
   const auto count = r.get<std::uint32_t>();
   if (s.nranks < 1 || s.roots < 2 || s.roots > static_cast<std::uint32_t>(s.nranks) ||
       s.index < 1 || s.index >= s.roots)
-    bad("a share with impossible settings");
+    bad_message("a share with impossible settings");
   const int roots = static_cast<int>(s.roots), index = static_cast<int>(s.index);
   if (s.first != share_begin(index, s.nranks, roots) ||
       static_cast<std::int64_t>(count) != share_begin(index + 1, s.nranks, roots) - s.first)
-    bad("a share that is not the one its index names");
+    bad_message("a share that is not the one its index names");
   // The count is checked against the settings before anything is allocated for it.
-  if (count > payload.size() / sizeof(PeerInfo)) bad("a share longer than its payload");
+  if (count > payload.size() / sizeof(PeerInfo)) bad_message("a share longer than its payload");
   s.entries.resize(count);
   for (auto& p : s.entries) p = r.get<PeerInfo>();
-  if (!r.done()) bad("trailing bytes after a share");
+  if (!r.done()) bad_message("trailing bytes after a share");
   return s;
 }
 
@@ -87,17 +129,17 @@ std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table) {
 std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks) {
   Reader r(payload);
   auto n = r.get<std::uint32_t>();
-  if (static_cast<int>(n) != nranks) bad("address table has the wrong size");
+  if (static_cast<int>(n) != nranks) bad_message("address table has the wrong size");
   std::vector<PeerInfo> t(n);
   for (auto& p : t) p = r.get<PeerInfo>();
-  if (!r.done()) bad("trailing bytes after the address table");
+  if (!r.done()) bad_message("trailing bytes after the address table");
   return t;
 }
 
 std::vector<std::uint8_t> encode_link_request(const LinkRequest& q) {
   Writer w;
   w.put(q.from).put(q.to).put(q.kind).put(q.slots).put(q.slot_bytes);
-  w.put_bytes(q.shm_name).put_bytes(q.address).put(q.sockets);
+  w.put_bytes(q.address).put(q.sockets);
   return std::move(w.bytes());
 }
 
@@ -116,24 +158,24 @@ LinkRequest decode_link_request(std::span<const std::uint8_t> payload) {
   q.kind = r.get<std::uint8_t>();
   q.slots = r.get<std::uint64_t>();
   q.slot_bytes = r.get<std::uint64_t>();
-  q.shm_name = r.get_bytes();
   q.address = r.get_bytes();
   q.sockets = r.get<std::uint32_t>();
+  if (!r.done()) bad_message("trailing bytes after a link request");
   return q;
 }
 
 std::vector<std::uint8_t> encode_link_reply(const LinkReply& a) {
   Writer w;
-  w.put_bytes(a.shm_name).put_bytes(a.address).put(a.sockets);
+  w.put_bytes(a.address).put(a.sockets);
   return std::move(w.bytes());
 }
 
 LinkReply decode_link_reply(std::span<const std::uint8_t> payload) {
   Reader r(payload);
   LinkReply a;
-  a.shm_name = r.get_bytes();
   a.address = r.get_bytes();
   a.sockets = r.get<std::uint32_t>();
+  if (!r.done()) bad_message("trailing bytes after a link reply");
   return a;
 }
 

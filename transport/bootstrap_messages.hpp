@@ -9,6 +9,7 @@
 #include <array>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <utility>
@@ -31,6 +32,24 @@ struct PeerInfo {
   /// The rank has a usable RDMA device (COCCL_TRANSPORT=auto then takes ib across hosts).
   static constexpr std::uint8_t cap_ib = 1;
 };
+
+/// Largest hello, connection request or small answer a reader accepts.
+inline constexpr std::size_t max_small_frame = 4096;
+/// Largest frame of the bootstrap (an address table is 32 bytes a rank).
+inline constexpr std::size_t max_table_frame = 64u << 20;
+
+/// Throws std::system_error(errc::bad_message) with `what`.
+[[noreturn]] void bad_message(const std::string& what);
+/// "address:port", for messages.
+std::string endpoint_text(const boost::asio::ip::tcp::endpoint& ep);
+/// Why a connection was dropped before it authenticated, without Boost's source locations.
+std::string drop_reason(const std::exception& e);
+
+/// A failed rank -> a peer, or to the root: why its set-up or its communicator failed. The
+/// decoded text names the rank ("rank P has failed: ..."); notice_sender reads only the rank.
+std::vector<std::uint8_t> encode_notice(int from, const std::string& why);
+std::string decode_notice(std::span<const std::uint8_t> payload);
+int notice_sender(std::span<const std::uint8_t> payload);
 
 /// rank -> root: who the rank is and where it listens. The root checks the ranks. A communicator
 /// made from several ids (ncclCommInitRankScalable) has `roots` of them: rank r says hello to
@@ -69,16 +88,15 @@ Share decode_share(std::span<const std::uint8_t> payload);
 std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table);
 std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks);
 
-/// Lower rank -> higher rank: open a link of `kind` with these settings. `shm_name` names the
-/// dialler's shared segment (shm links), `address` is its RDMA address (ib links), `sockets` the
-/// number of sockets the dialler wants for a tcp link (1 for other kinds).
+/// Lower rank -> higher rank: open a link of `kind` with these settings. `address` is the
+/// dialler's end as its transport describes it (LinkSetup::offer: a shared segment's name, an RDMA
+/// address, nothing for tcp), `sockets` the number of sockets the dialler would use.
 struct LinkRequest {
   std::int32_t from;
   std::int32_t to;
   std::uint8_t kind;
   std::uint64_t slots;
   std::uint64_t slot_bytes;
-  std::vector<std::uint8_t> shm_name;
   std::vector<std::uint8_t> address;
   std::uint32_t sockets = 1;
 };
@@ -87,10 +105,9 @@ std::vector<std::uint8_t> encode_link_request(const LinkRequest& r);
 std::pair<std::int32_t, std::int32_t> link_request_ranks(std::span<const std::uint8_t> payload);
 LinkRequest decode_link_request(std::span<const std::uint8_t> payload);
 
-/// Higher rank -> lower rank: the link request accepted, with the answering rank's segment name
-/// and RDMA address, and the link's socket count (at most the request's).
+/// Higher rank -> lower rank: the link request accepted, with the answering rank's end
+/// (LinkSetup::accept) and the link's socket count (at most the request's).
 struct LinkReply {
-  std::vector<std::uint8_t> shm_name;
   std::vector<std::uint8_t> address;
   std::uint32_t sockets = 1;
 };

@@ -9,6 +9,23 @@
 #include <numeric>
 
 #include "runtime/log.hpp"
+#include "transport/link_setup.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> ib_qps_per_peer{
+    "COCCL_IB_QPS_PER_PEER", 2,
+    "data queue pairs per ib connection; a large put is split across them",
+    "NCCL_IB_QPS_PER_CONNECTION"};
+config::Param<std::int64_t> ib_split_bytes{
+    "COCCL_IB_SPLIT_BYTES", 64 << 10,
+    "smallest piece of a put split across the queue pairs of an ib connection"};
+config::Param<std::int64_t> ib_zcopy_min{
+    "COCCL_IB_ZCOPY_MIN", 64 << 10,
+    "smallest transfer an ib connection moves as a block: zero-copy when both buffers are "
+    "registered (register_buffer), after a rendezvous; every rank must use the same value"};
+
+}  // namespace coccl::params
 
 namespace coccl::transport {
 
@@ -518,6 +535,59 @@ void IbConnection::flush_control() {
     control_queue_.pop_front();
     if (!post_control(&m, sizeof m, "a control message")) return;
   }
+}
+
+namespace {
+
+// An ib link: queue pairs on both ends, their addresses exchanged in the request and reply; the
+// dialler confirms once its queue pairs can receive, before the answerer may write.
+class IbSetup final : public LinkSetup {
+ public:
+  IbSetup(const LinkEnv& env, std::size_t slots) : env_(env), slots_(slots) {}
+
+  std::vector<std::uint8_t> offer() override {
+    make_link();
+    return link_->address().encode();
+  }
+  std::vector<std::uint8_t> accept(std::span<const std::uint8_t> theirs) override {
+    make_link();
+    link_->connect(ib::LinkAddress::decode(theirs));
+    return link_->address().encode();
+  }
+  void complete(std::span<const std::uint8_t> theirs) override {
+    link_->connect(ib::LinkAddress::decode(theirs));
+  }
+  bool confirms() const override { return true; }
+  std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
+                                   std::vector<asio::ip::tcp::socket> further) override {
+    if (!further.empty())
+      throw std::system_error(make_error_code(errc::internal), "an ib link has one socket");
+    const std::size_t split =
+        static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_split_bytes.get()));
+    auto c =
+        std::make_unique<IbConnection>(env_.rank, peer, std::move(control), std::move(link_), split,
+                                       *env_.ib_poller, env_.user_buffers, env_.on_failure);
+    c->start();
+    return c;
+  }
+
+ private:
+  void make_link() {
+    const int qps = static_cast<int>(params::ib_qps_per_peer.get());
+    const std::size_t block_min =
+        static_cast<std::size_t>(std::max<std::int64_t>(4096, params::ib_zcopy_min.get()));
+    link_ = std::make_unique<ib::Link>(env_.ib_device, slots_, env_.slot_bytes, qps, block_min);
+  }
+
+  LinkEnv env_;
+  std::size_t slots_;
+  std::unique_ptr<ib::Link> link_;
+};
+
+}  // namespace
+
+std::unique_ptr<LinkSetup> make_ib_setup(const LinkEnv& env, std::size_t slots) {
+  return std::make_unique<IbSetup>(env, slots);
 }
 
 }  // namespace coccl::transport

@@ -184,3 +184,11 @@ class IbConnection final : public SocketConnection, public PolledLink {
 };
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::int64_t> ib_qps_per_peer;  // COCCL_IB_QPS_PER_PEER
+extern config::Param<std::int64_t> ib_split_bytes;   // COCCL_IB_SPLIT_BYTES
+extern config::Param<std::int64_t> ib_zcopy_min;     // COCCL_IB_ZCOPY_MIN
+
+}  // namespace coccl::params

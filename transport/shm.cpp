@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "transport/hmac.hpp"
+#include "transport/link_setup.hpp"
 
 namespace coccl::params {
 
@@ -216,6 +217,56 @@ void ShmConnection::release() {
   ++released_;
   // The receiver is done reading the slot before the sender may overwrite it.
   recv_ring_->tail.store(released_, std::memory_order_release);
+}
+
+namespace {
+
+// A shm link: each end creates the segment of its own receive ring and sends its name; the other
+// maps it. A name is unlinked once both ends have it mapped.
+class ShmSetup final : public LinkSetup {
+ public:
+  ShmSetup(const LinkEnv& env, std::size_t slots)
+      : env_(env), slots_(slots), bytes_(ShmConnection::segment_bytes(slots, env.slot_bytes)) {}
+
+  std::vector<std::uint8_t> offer() override {
+    own_ = ShmSegment::create(bytes_);
+    return name_bytes();
+  }
+  std::vector<std::uint8_t> accept(std::span<const std::uint8_t> theirs) override {
+    theirs_ = ShmSegment::open(std::string(theirs.begin(), theirs.end()), bytes_);
+    own_ = ShmSegment::create(bytes_);
+    return name_bytes();
+  }
+  void complete(std::span<const std::uint8_t> theirs) override {
+    theirs_ = ShmSegment::open(std::string(theirs.begin(), theirs.end()), bytes_);
+    own_->unlink();  // the peer mapped it before it answered
+  }
+  std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
+                                   std::vector<asio::ip::tcp::socket> further) override {
+    if (!further.empty())
+      throw std::system_error(make_error_code(errc::internal), "a shm link has one socket");
+    auto c = std::make_unique<ShmConnection>(env_.rank, peer, std::move(control), slots_,
+                                             env_.slot_bytes, std::move(own_), std::move(theirs_),
+                                             *env_.poller, env_.on_failure);
+    c->start();
+    return c;
+  }
+
+ private:
+  std::vector<std::uint8_t> name_bytes() const {
+    return std::vector<std::uint8_t>(own_->name().begin(), own_->name().end());
+  }
+
+  LinkEnv env_;
+  std::size_t slots_;
+  std::size_t bytes_;
+  std::unique_ptr<ShmSegment> own_, theirs_;
+};
+
+}  // namespace
+
+std::unique_ptr<LinkSetup> make_shm_setup(const LinkEnv& env, std::size_t slots) {
+  return std::make_unique<ShmSetup>(env, slots);
 }
 
 }  // namespace coccl::transport

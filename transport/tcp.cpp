@@ -4,6 +4,19 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/error.hpp>
 
+#include "runtime/log.hpp"
+#include "transport/link_setup.hpp"
+#include "transport/tcp_uring.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> tcp_sockets{
+    "COCCL_TCP_SOCKETS", 2,
+    "sockets per tcp link under the uring engine (1 to 16), puts striped over them in turn; a "
+    "link takes the smaller count of its two ends (1 where one end runs the asio engine)"};
+
+}  // namespace coccl::params
+
 namespace coccl::transport {
 
 TcpConnection::TcpConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
@@ -79,6 +92,77 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h) {
 void TcpConnection::on_credit(std::uint64_t n) {
   acked_ += n;
   resume(credit_waiter_);
+}
+
+namespace {
+
+// A tcp link: nothing to exchange but the socket count. On the uring engine the link has an
+// io_uring of its own and may stripe its puts over several sockets; on the asio engine, one.
+class TcpSetup final : public LinkSetup {
+ public:
+  TcpSetup(const LinkEnv& env, int peer, std::size_t slots)
+      : env_(env), slots_(slots), sockets_(prepare(peer)) {}
+
+  std::vector<std::uint8_t> offer() override { return {}; }
+  std::uint32_t sockets() const override { return sockets_; }
+  std::vector<std::uint8_t> accept(std::span<const std::uint8_t> theirs) override {
+    expect_empty(theirs);
+    return {};
+  }
+  void complete(std::span<const std::uint8_t> theirs) override { expect_empty(theirs); }
+  std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
+                                   std::vector<asio::ip::tcp::socket> further) override {
+    if (!ring_) {
+      if (!further.empty())
+        throw std::system_error(make_error_code(errc::internal),
+                                "a tcp link on the asio engine has one socket");
+      auto c = std::make_unique<TcpConnection>(env_.rank, peer, std::move(control), slots_,
+                                               env_.slot_bytes, env_.on_failure);
+      c->start();
+      return c;
+    }
+    std::vector<asio::ip::tcp::socket> sockets;
+    sockets.push_back(std::move(control));
+    for (auto& s : further) sockets.push_back(std::move(s));
+    COCCL_INFO(net, env_.rank, "tcp link to rank %d on io_uring over %zu socket(s)", peer,
+               sockets.size());
+    return make_uring_connection(env_.rank, peer, std::move(sockets), std::move(ring_), slots_,
+                                 env_.slot_bytes, *env_.thread, env_.on_failure);
+  }
+
+ private:
+  // Makes the link's io_uring when this rank's engine is uring; returns how many sockets this
+  // end wants (1 on the asio engine).
+  std::uint32_t prepare(int peer) {
+    if (tcp_engine(env_.rank) == TcpEngine::asio) return 1;
+    std::string why;
+    ring_ = make_uring_ring(why);
+    if (!ring_) {
+      if (params::tcp_engine.get() == "uring")
+        throw std::system_error(make_error_code(errc::unsupported),
+                                "COCCL_TCP_ENGINE=uring, but the link to rank " +
+                                    std::to_string(peer) + " cannot have an io_uring: " + why);
+      COCCL_INFO(net, env_.rank, "link to rank %d on asio: %s", peer, why.c_str());
+      return 1;
+    }
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(params::tcp_sockets.get(), 1, 16));
+  }
+  static void expect_empty(std::span<const std::uint8_t> theirs) {
+    if (!theirs.empty())
+      throw std::system_error(make_error_code(errc::bad_message),
+                              "a tcp link request carries no address");
+  }
+
+  LinkEnv env_;
+  std::size_t slots_;
+  UringRingPtr ring_;
+  std::uint32_t sockets_;
+};
+
+}  // namespace
+
+std::unique_ptr<LinkSetup> make_tcp_setup(const LinkEnv& env, int peer, std::size_t slots) {
+  return std::make_unique<TcpSetup>(env, peer, slots);
 }
 
 }  // namespace coccl::transport

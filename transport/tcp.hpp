@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/config.hpp"
 #include "transport/socket_connection.hpp"
 
 namespace coccl::transport {
@@ -43,3 +44,9 @@ class TcpConnection final : public SocketConnection {
 };
 
 }  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<std::int64_t> tcp_sockets;  // COCCL_TCP_SOCKETS
+
+}  // namespace coccl::params

@@ -67,7 +67,7 @@ void wire_seeds() {
   Bytes stream{2};
   append(stream, p.dialler.seal(FrameType::hello, encode_hello({1, 4, info(4000)})));
   append(stream, p.dialler.seal(FrameType::connect,
-                                encode_link_request({0, 1, 1, 8, 65536, Bytes{'/', 's'}, {}})));
+                                encode_link_request({0, 1, 1, 8, 65536, Bytes{'/', 's'}})));
   append(stream, p.dialler.seal(FrameType::ctrl, {}));
   seed("wire", "dialler_frames", stream);
   // The table from the listener's side.
@@ -88,8 +88,8 @@ void bootstrap_seeds() {
   table.insert(table.begin(), 3);
   seed("bootstrap", "table", with(1, table));
   seed("bootstrap", "link_request",
-       with(2, encode_link_request({0, 2, 1, 8, 1 << 20, Bytes{'/', 'c', 'o', 'c'}, {}})));
-  seed("bootstrap", "link_reply", with(3, encode_link_reply({Bytes{'/', 'x'}, Bytes(40, 7)})));
+       with(2, encode_link_request({0, 2, 1, 8, 1 << 20, Bytes{'/', 'c', 'o', 'c'}})));
+  seed("bootstrap", "link_reply", with(3, encode_link_reply({Bytes(40, 7), 2})));
   Bytes abort{4};
   put<std::uint32_t>(abort, 5);
   put<std::uint64_t>(abort, 12);

@@ -1,0 +1,837 @@
+#include "transport/peers.hpp"
+
+#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <coccl/error.hpp>
+#include <cstring>
+#include <tuple>
+
+#include "runtime/log.hpp"
+#include "transport/admission.hpp"
+#include "transport/tcp.hpp"
+#include "transport/tcp_uring.hpp"
+
+namespace coccl::params {
+
+config::Param<bool> shm_disable{"COCCL_SHM_DISABLE", false, "never use the shared-memory transport",
+                                "NCCL_SHM_DISABLE"};
+config::Param<std::int64_t> mem_budget{
+    "COCCL_MEM_BUDGET", std::int64_t{1} << 30,
+    "bytes of receive rings the links of one communicator may hold (0: no limit); a link that "
+    "would exceed it first closes the least recently used idle link, and an operation fails when "
+    "none can be closed"};
+config::Param<double> link_idle_s{
+    "COCCL_LINK_IDLE_S", 0.0,
+    "seconds after which a link no operation used is closed (both ends agree; the next "
+    "operation that needs it opens it again); 0: never"};
+
+}  // namespace coccl::params
+
+namespace coccl::transport {
+
+namespace {
+
+using tcp = asio::ip::tcp;
+
+}  // namespace
+
+Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int nranks,
+             LinkOptions options, FailureHandler on_failure)
+    : thread_(thread),
+      ex_(thread.executor()),
+      secret_(secret),
+      rank_(rank),
+      nranks_(nranks),
+      options_(std::move(options)),
+      on_failure_(std::move(on_failure)),
+      acceptor_(ex_),
+      drops_(rank, "listener"),
+      accept_retry_(ex_),
+      table_box_(ex_),
+      table_ready_(ex_, runtime::default_timeout()),
+      by_peer_(nranks, nullptr),
+      pending_(nranks),
+      dialing_(nranks, false),
+      failed_(nranks),
+      stripes_(nranks),
+      recovery_box_(ex_),
+      budget_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::mem_budget.get()))),
+      ring_of_(nranks, 0),
+      last_used_(nranks),
+      held_(nranks, 0),
+      closing_(nranks, false),
+      close_done_(nranks),
+      link_gen_(nranks, 0),
+      idle_timer_(ex_) {
+  stats_.budget = budget_;
+  const double idle_s = params::link_idle_s.get();
+  if (idle_s > 0)
+    idle_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(std::min(idle_s, 1e6)));
+  // A bad COCCL_TCP_ENGINE, or uring forced where the kernel refuses it, fails here; the choice
+  // is logged once.
+  if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
+  auto addrs = local_addresses();
+  tcp::endpoint ep(addrs.front(), 0);
+  acceptor_.open(ep.protocol());
+  acceptor_.bind(ep);
+  acceptor_.listen(asio::socket_base::max_listen_connections);
+  // Before any poller is registered: a constructor that throws runs no destructor to remove it.
+  ib_device_ = ib_device_for(options_.transport);
+  user_buffers_ = make_user_buffers(ib_device_);
+  env_.thread = &thread_;
+  env_.rank = rank_;
+  env_.slot_bytes = options_.slot_bytes;
+  env_.poller = &poller_;
+  env_.ib_poller = &ib_poller_;
+  env_.ib_device = ib_device_;
+  env_.user_buffers = user_buffers_;
+  env_.on_failure = on_failure_;
+  thread_.add_poller(&poller_);
+  if (ib_device_) thread_.add_poller(&ib_poller_);
+  accept_loop();
+  if (idle_.count() > 0) arm_idle_timer();
+}
+
+Peers::~Peers() {
+  *alive_ = false;
+  thread_.remove_poller(&poller_);
+  thread_.remove_poller(&ib_poller_);
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+PeerInfo Peers::self_info() const {
+  PeerInfo info = PeerInfo::from(acceptor_.local_endpoint());
+  if (ib_device_) info.caps |= PeerInfo::cap_ib;
+  return info;
+}
+
+void Peers::accept_loop() {
+  auto sock = std::make_shared<tcp::socket>(ex_);
+  // The loop outlives shutdown(): status queries are answered, and survivors of a failure
+  // probe and shrink through here (handle_incoming).
+  acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
+    if (!*alive) return;
+    if (ec) {
+      accept_failed(ec);
+      return;
+    }
+    asio::co_spawn(ex_, handle_incoming(sock), asio::detached);
+    accept_loop();
+  });
+}
+
+void Peers::accept_failed(boost::system::error_code ec) {
+  // An accept error ends nothing: peers still have to reach this rank.
+  auto delay = accept_retry_delay(ec);
+  if (delay.count() == 0) return;
+  drops_.dropped("accept failed: " + ec.message());
+  // Out of descriptors: a stranger still waiting to authenticate is the one to give up.
+  if (out_of_resources(ec)) admission_.evict_oldest();
+  accept_retry_.expires_after(delay);
+  accept_retry_.async_wait([this, alive = alive_](boost::system::error_code e) {
+    if (!e && *alive) accept_loop();
+  });
+}
+
+asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
+  auto alive = alive_;
+  Frame f;
+  std::shared_ptr<Channel> channel;
+  try {
+    // Until its first frame authenticates, the connection holds a place in admission_ (bounded
+    // in number) and has auth_timeout() to earn it.
+    auto ticket = admission_.admit(s);
+    runtime::CloseAfter guard(*s, auth_timeout());
+    channel = std::make_shared<Channel>(co_await Channel::respond(*s, secret_));
+    f = co_await read_frame(*s, *channel, max_table_frame);
+  } catch (const std::exception& e) {
+    if (*alive && !shut_) drops_.dropped(drop_reason(e));
+    co_return;
+  }
+  if (!*alive) co_return;
+  if (f.type == FrameType::recover) {
+    co_await serve_recovery(s, channel, std::move(f));
+    co_return;
+  }
+  if (f.type == FrameType::status_query) {
+    try {
+      if (!f.payload.empty()) bad_message("a status query carries nothing");
+      auto answer = status_source_ ? status_source_() : std::vector<std::uint8_t>{};
+      runtime::CloseAfter guard(*s, auth_timeout());
+      co_await write_frame(*s, *channel, FrameType::status, answer);
+    } catch (const std::exception& e) {
+      if (*alive && !shut_) drops_.dropped(drop_reason(e));
+    }
+    co_return;
+  }
+  if (f.type == FrameType::notice) {
+    // A peer that failed before it could reach this rank through a link tells why.
+    try {
+      const std::string why = decode_notice(f.payload);
+      if (!shut_) on_failure_(-1, make_error_code(errc::remote_error), why);
+    } catch (const std::exception& e) {
+      if (*alive && !shut_) drops_.dropped(drop_reason(e));
+    }
+    co_return;
+  }
+  // After shutdown the listener answers status queries, and a peer's connection request with why
+  // this rank has failed (the peer then fails naming the cause, at once rather than at its
+  // deadline).
+  if (shut_) {
+    if (f.type != FrameType::connect) co_return;
+    try {
+      runtime::CloseAfter guard(*s, auth_timeout());
+      auto payload = encode_notice(rank_, shut_why_);
+      co_await write_frame(*s, *channel, FrameType::notice, payload);
+    } catch (const std::exception&) {
+    }
+    co_return;
+  }
+  if (f.type == FrameType::close) {
+    co_await serve_close(s, channel, std::move(f));
+    co_return;
+  }
+  if (f.type == FrameType::table) {
+    // The one table this rank needs; an extra one (a confused or hostile peer holding the
+    // secret) is not queued.
+    if (table_received_) {
+      drops_.dropped("a second address table");
+      co_return;
+    }
+    table_received_ = true;
+    table_box_.push(std::move(f.payload));
+    co_return;
+  }
+  if (f.type == FrameType::stripe) {
+    // A further socket of a tcp link this rank is answering: hand it to that answer.
+    try {
+      Reader r(f.payload);
+      int from = r.get<std::int32_t>();
+      int to = r.get<std::int32_t>();
+      auto index = r.get<std::uint32_t>();
+      if (to != rank_ || from < 0 || from >= rank_ || !stripes_[from])
+        bad_message("a stray socket for a tcp link");
+      stripes_[from]->push(Stripe{index, s});
+    } catch (const std::exception& e) {
+      drops_.dropped(e.what());
+    }
+    co_return;
+  }
+  int from = -1;
+  try {
+    if (f.type != FrameType::connect) bad_message("unexpected frame");
+    int to;
+    std::tie(from, to) = link_request_ranks(f.payload);
+    if (to != rank_ || from < 0 || from >= rank_)
+      bad_message("connection request for the wrong rank");
+  } catch (const std::exception& e) {
+    drops_.dropped(e.what());
+    co_return;
+  }
+  // The peer agreed to close the link this rank asked about and may dial again before the answer
+  // is read here: the close settles first.
+  co_await await_close(from);
+  if (!*alive || shut_) co_return;
+  try {
+    if (by_peer_[from] || dialing_[from])
+      bad_message("a second connection request from rank " + std::to_string(from));
+  } catch (const std::exception& e) {
+    drops_.dropped(e.what());
+    co_return;
+  }
+  dialing_[from] = true;
+  try {
+    co_await answer(from, s, channel, std::move(f.payload));
+  } catch (const std::exception& e) {
+    if (!*alive) co_return;
+    stripes_[from].reset();
+    failed_[from] = e.what();
+    COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
+  }
+  if (!*alive) co_return;
+  dialing_[from] = false;
+  announce(from);
+}
+
+asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<tcp::socket> s,
+                                            std::shared_ptr<Channel> channel, Frame f) {
+  if (f.payload.empty()) {
+    drops_.dropped("an empty recovery frame");
+    co_return;
+  }
+  if (f.payload[0] == recover_shrink) {
+    // Each survivor sends one per attempt; a bound keeps a confused member from holding sockets
+    // here without end (at most two attempts' worth wait for this rank's shrink).
+    if (recovery_box_.size() >= 2 * static_cast<std::size_t>(nranks_)) {
+      drops_.dropped("too many shrink requests queued");
+      co_return;
+    }
+    recovery_box_.push(RecoveryRequest{std::move(s), std::move(channel), std::move(f.payload)});
+    co_return;
+  }
+  if (f.payload[0] != recover_probe) {
+    drops_.dropped("an unknown recovery frame");
+    co_return;
+  }
+  // The answer names this rank, so that a prober knows it reached the member it meant.
+  Writer w;
+  w.put<std::int32_t>(rank_);
+  try {
+    runtime::CloseAfter guard(*s, auth_timeout());
+    co_await write_frame(*s, *channel, FrameType::recover, w.bytes());
+  } catch (const std::exception&) {
+    // The prober gave up; it counts this rank as lost on its own deadline.
+  }
+}
+
+asio::awaitable<void> Peers::flush_notices(std::chrono::milliseconds most) {
+  const auto until = std::chrono::steady_clock::now() + most;
+  asio::steady_timer tick(ex_);
+  while (std::chrono::steady_clock::now() < until &&
+         (*telling_ > 0 || std::any_of(conns_.begin(), conns_.end(),
+                                       [](const auto& c) { return c->notice_pending(); }))) {
+    tick.expires_after(std::chrono::milliseconds(1));
+    boost::system::error_code ignored;
+    co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+}
+
+asio::awaitable<void> Peers::tell_everyone(std::string why) {
+  // Bounded: small jobs hear it from this rank; in large ones the ranks in this rank's tree
+  // neighbourhood do, and the rest time out on their own.
+  std::vector<int> whom;
+  if (nranks_ <= 64) {
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_ && !by_peer_[r]) whom.push_back(r);
+  } else {
+    for (int r : {(rank_ - 1) / 2, 2 * rank_ + 1, 2 * rank_ + 2})
+      if (r >= 0 && r < nranks_ && r != rank_ && !by_peer_[r]) whom.push_back(r);
+  }
+  auto payload = std::make_shared<std::vector<std::uint8_t>>(encode_notice(rank_, why));
+  auto left = std::make_shared<int>(static_cast<int>(whom.size()));
+  // Shared: a notice still under way when the second is up completes after this returns.
+  auto all_told = std::make_shared<asio::steady_timer>(ex_, std::chrono::seconds(1));
+  for (int r : whom) {
+    asio::co_spawn(
+        ex_,
+        [](asio::any_io_executor ex, tcp::endpoint ep, Secret secret,
+           std::shared_ptr<std::vector<std::uint8_t>> bytes) -> asio::awaitable<void> {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          auto sock = co_await transport::dial(ex, ep, until, true);
+          runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
+          Channel channel = co_await Channel::initiate(*sock, secret);
+          co_await write_frame(*sock, channel, FrameType::notice, *bytes);
+        }(ex_, table_[r].endpoint(), secret_, payload),
+        [left, all_told](std::exception_ptr) {
+          if (--*left == 0) all_told->cancel();
+        });
+  }
+  if (!whom.empty()) {
+    boost::system::error_code ignored;
+    co_await all_told->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+}
+
+asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
+  std::vector<std::uint8_t> bytes;
+  try {
+    bytes = co_await query_rank(ex_, where, secret_,
+                                std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+  } catch (const std::exception&) {
+    co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
+  }
+  if (bytes.empty()) co_return "rank " + std::to_string(peer) + " has not formed the communicator";
+  co_return "rank " + std::to_string(peer) +
+      " reports: " + (status_reader_ ? status_reader_(bytes) : std::string("a status"));
+}
+
+LinkKind Peers::kind_for(int peer) const {
+  if (options_.transport == "ib") return LinkKind::ib;
+  if (options_.transport == "tcp") return LinkKind::tcp;
+  const bool same_host = table_[peer].host_hash == table_[rank_].host_hash;
+  // auto: across hosts ib when both ends offer it; within a host shm, which beats a loop through
+  // the NIC.
+  if (options_.transport == "auto" && !same_host &&
+      (table_[peer].caps & table_[rank_].caps & PeerInfo::cap_ib) != 0)
+    return LinkKind::ib;
+  if (params::shm_disable.get()) return LinkKind::tcp;
+  return same_host ? LinkKind::shm : LinkKind::tcp;
+}
+
+void Peers::announce(int peer) {
+  if (pending_[peer]) pending_[peer]->cancel();
+  pending_[peer].reset();
+}
+
+asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_)
+    throw std::system_error(make_error_code(errc::internal), "no connection to self");
+  // The running operation holds what it gets (Use), and the use counts for idleness.
+  auto touch = [this, peer] {
+    last_used_[peer] = std::chrono::steady_clock::now();
+    if (users_ > 0) held_[peer] = period_;
+    return by_peer_[peer];
+  };
+  co_await await_close(peer);
+  if (by_peer_[peer]) co_return touch();
+  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  if (peer > rank_ && !dialing_[peer]) {
+    dialing_[peer] = true;
+    std::string gone;
+    try {
+      co_await dial(peer, slots_for(bytes));
+    } catch (const LinkError&) {
+      dialing_[peer] = false;
+      announce(peer);
+      throw;
+    } catch (const std::system_error& e) {
+      dialing_[peer] = false;
+      announce(peer);
+      // Out of descriptors or memory here is this rank's problem, not the peer's.
+      const bool local = e.code().category() == std::system_category() &&
+                         out_of_resources(boost::system::error_code(
+                             e.code().value(), boost::system::system_category()));
+      throw LinkError(local ? e.code() : make_error_code(errc::peer_lost),
+                      "rank " + std::to_string(rank_) + " cannot connect to rank " +
+                          std::to_string(peer) + ": " + e.what());
+    } catch (const std::exception& e) {
+      gone = e.what();
+    }
+    if (!gone.empty()) {
+      // The peer went away during set-up: if its own set-up failed, the root knows why. Until
+      // then this rank still counts as linking to it, so that a status query names the peer.
+      const std::string because = co_await gone_because(peer);
+      dialing_[peer] = false;
+      announce(peer);
+      throw LinkError(make_error_code(errc::peer_lost),
+                      "cannot connect to rank " + std::to_string(peer) + ": " + gone + because);
+    }
+    dialing_[peer] = false;
+    announce(peer);
+    co_return touch();
+  }
+  // The link is being dialled by another coroutine of ours, or the peer (lower rank) dials it:
+  // wait for it to be announced, until the deadline.
+  if (!pending_[peer])
+    pending_[peer] = std::make_shared<asio::steady_timer>(ex_, runtime::default_timeout());
+  auto event = pending_[peer];
+  boost::system::error_code ec;
+  try {
+    co_await event->async_wait(asio::use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    ec = e.code();
+  }
+  if (by_peer_[peer]) co_return touch();
+  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+  if (!ec) {
+    pending_[peer].reset();
+    // Whatever holds the peer up is what to name: ask it.
+    const std::string about = co_await ask_about(peer, table_[peer]);
+    throw LinkError(
+        make_error_code(errc::timed_out),
+        "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " + about);
+  }
+  throw LinkError(make_error_code(errc::peer_lost),
+                  "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
+}
+
+asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
+  auto limit = runtime::default_timeout();
+  const LinkKind kind = kind_for(peer);
+  // A ring never larger than the whole budget (the budget's own check names one too small for
+  // the smallest ring).
+  if (budget_ > 0) slots = std::max<std::size_t>(2, std::min(slots, budget_ / options_.slot_bytes));
+  Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
+  auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
+                                       std::chrono::steady_clock::now() + limit, true);
+  std::unique_ptr<LinkSetup> setup = make_link_setup(kind, env_, peer, slots);
+  const std::uint32_t want = setup->sockets();
+  std::vector<tcp::socket> further;
+  {
+    runtime::CloseAfter guard(*sock, limit);
+    const std::vector<std::uint8_t> request =
+        encode_link_request({rank_, peer, static_cast<std::uint8_t>(kind), slots,
+                             options_.slot_bytes, setup->offer(), want});
+    Channel channel = co_await Channel::initiate(*sock, secret_);
+    co_await write_frame(*sock, channel, FrameType::connect, request);
+    Frame f = co_await read_frame(*sock, channel, max_small_frame);
+    if (f.type == FrameType::notice)
+      throw std::system_error(make_error_code(errc::remote_error), decode_notice(f.payload));
+    if (f.type != FrameType::accept) bad_message("expected accept");
+    LinkReply reply = decode_link_reply(f.payload);
+    if (reply.sockets < 1 || reply.sockets > want)
+      bad_message("rank " + std::to_string(peer) + " answered with " +
+                  std::to_string(reply.sockets) + " sockets");
+    // The link's further sockets, each authenticated like the first.
+    for (std::uint32_t index = 1; index < reply.sockets; ++index) {
+      auto extra = co_await transport::dial(ex_, table_[peer].endpoint(),
+                                            std::chrono::steady_clock::now() + limit);
+      runtime::CloseAfter extra_guard(*extra, limit);
+      Writer sw;
+      sw.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint32_t>(index);
+      Channel extra_channel = co_await Channel::initiate(*extra, secret_);
+      co_await write_frame(*extra, extra_channel, FrameType::stripe, sw.bytes());
+      further.push_back(std::move(*extra));
+    }
+    setup->complete(reply.address);
+    if (setup->confirms()) {
+      const std::vector<std::uint8_t> ready;
+      co_await write_frame(*sock, channel, FrameType::accept, ready);
+    }
+  }
+  add_made(peer, setup->make(peer, std::move(*sock), std::move(further)), slots);
+  if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+}
+
+asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
+                                    std::shared_ptr<Channel> channel,
+                                    std::vector<std::uint8_t> payload) {
+  auto limit = runtime::default_timeout();
+  auto alive = alive_;
+  if (table_.empty()) {
+    try {
+      co_await table_ready_.async_wait(asio::use_awaitable);
+    } catch (const boost::system::system_error&) {
+      // Cancelled: the table is here, or this rank is shutting down (checked below).
+    }
+    if (!*alive) co_return;
+    if (shut_) {
+      // This rank failed while the request waited for its table: the dialler must learn why, or
+      // it would blame this rank for a closed stream.
+      runtime::CloseAfter guard(*sock, auth_timeout());
+      const auto notice = encode_notice(rank_, shut_why_);
+      co_await write_frame(*sock, *channel, FrameType::notice, notice);
+      co_return;
+    }
+    if (table_.empty())
+      bad_message("rank " + std::to_string(peer) +
+                  " connected before this rank had the address table");
+  }
+  const LinkKind kind = kind_for(peer);
+  std::unique_ptr<LinkSetup> setup;
+  std::vector<tcp::socket> further;
+  std::size_t slots = 0;
+  {
+    runtime::CloseAfter guard(*sock, limit);
+    LinkRequest request = decode_link_request(payload);
+    // The dialler sizes the ring (fewer slots for a small operation), up to this rank's
+    // COCCL_SLOTS.
+    if (request.kind != static_cast<std::uint8_t>(kind) || request.slots < 2 ||
+        request.slots > options_.slots || request.slot_bytes != options_.slot_bytes ||
+        request.sockets < 1 || request.sockets > 16)
+      bad_message("rank " + std::to_string(peer) + " uses different link settings");
+    slots = static_cast<std::size_t>(request.slots);
+    Reservation room;
+    std::string refused;
+    try {
+      room = co_await make_room(peer, slots * options_.slot_bytes);
+    } catch (const LinkError& e) {
+      refused = e.what();
+    }
+    if (!*alive) co_return;
+    if (!refused.empty()) {
+      // The dialler fails with the reason rather than a bare end of the connection.
+      const auto notice = encode_notice(rank_, refused);
+      co_await write_frame(*sock, *channel, FrameType::notice, notice);
+      throw LinkError(make_error_code(errc::invalid_argument), refused);
+    }
+    setup = make_link_setup(kind, env_, peer, slots);
+    // A link has as many sockets as the end that wants fewer.
+    const std::uint32_t sockets = std::min(request.sockets, setup->sockets());
+    if (sockets > 1) stripes_[peer] = std::make_unique<runtime::Mailbox<Stripe>>(ex_);
+    const std::vector<std::uint8_t> reply =
+        encode_link_reply({setup->accept(request.address), sockets});
+    co_await write_frame(*sock, *channel, FrameType::accept, reply);
+    if (sockets > 1) {
+      std::vector<std::shared_ptr<asio::ip::tcp::socket>> extra(sockets - 1);
+      try {
+        for (std::uint32_t k = 1; k < sockets; ++k) {
+          Stripe stripe = co_await stripes_[peer]->pop(limit);
+          if (!*alive) co_return;
+          const std::uint32_t index = stripe.first;
+          if (index < 1 || index >= sockets || extra[index - 1])
+            bad_message("rank " + std::to_string(peer) + " sent a bad socket index");
+          extra[index - 1] = std::move(stripe.second);
+        }
+      } catch (...) {
+        if (!*alive) co_return;
+        throw;
+      }
+      stripes_[peer].reset();
+      for (auto& s : extra) further.push_back(std::move(*s));
+    }
+    if (setup->confirms()) {
+      Frame ready = co_await read_frame(*sock, *channel, max_small_frame);
+      if (ready.type != FrameType::accept || !ready.payload.empty())
+        bad_message("rank " + std::to_string(peer) + " did not confirm the link");
+    }
+  }
+  // The communicator may have been destroyed while this coroutine (detached) waited.
+  if (!*alive) co_return;
+  add_made(peer, setup->make(peer, std::move(*sock), std::move(further)), slots);
+}
+
+void Peers::add_made(int peer, std::unique_ptr<Connection> c, std::size_t slots) {
+  add(peer, std::move(c), slots * options_.slot_bytes);
+  // Finished after shutdown(): the peer already counts the link as made, so closing it bare would
+  // read as this rank's death. It is made, then aborted with the reason, as shutdown() does with
+  // the others.
+  if (shut_) {
+    Connection* made = by_peer_[peer];
+    made->send_abort(shut_ec_, shut_why_);
+    made->close(shut_ec_, shut_why_);
+  }
+}
+
+void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes) {
+  COCCL_INFO(net, rank_, "connected to rank %d over %s (receive ring %zu bytes)", peer, c->kind(),
+             ring_bytes);
+  by_peer_[peer] = c.get();
+  conns_.push_back(std::move(c));
+  ring_of_[peer] = ring_bytes;
+  ring_bytes_ += ring_bytes;
+  ++link_gen_[peer];
+  ++stats_.opened;
+  last_used_[peer] = std::chrono::steady_clock::now();
+}
+
+Peers::LinkStats Peers::link_stats() const noexcept {
+  LinkStats s = stats_;
+  s.open = static_cast<int>(std::count_if(by_peer_.begin(), by_peer_.end(),
+                                          [](const Connection* c) { return c != nullptr; }));
+  s.ring_bytes = ring_bytes_;
+  return s;
+}
+
+std::size_t Peers::slots_for(std::size_t bytes) const noexcept {
+  if (bytes == 0) return options_.slots;
+  const std::size_t want = (bytes + options_.slot_bytes - 1) / options_.slot_bytes;
+  return std::clamp<std::size_t>(want, 2, options_.slots);
+}
+
+asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes) {
+  Reservation room;
+  if (budget_ == 0) co_return room;
+  const auto text = [](std::size_t n) { return std::to_string(n) + " bytes"; };
+  if (bytes > budget_)
+    throw LinkError(
+        make_error_code(errc::invalid_argument),
+        "COCCL_MEM_BUDGET (" + text(budget_) +
+            ") cannot hold even one link: the "
+            "link to rank " +
+            std::to_string(peer) + " needs a receive ring of " + text(bytes) +
+            " (at least 2 slots of COCCL_SLOT_BYTES=" + std::to_string(options_.slot_bytes) +
+            "); raise COCCL_MEM_BUDGET or lower "
+            "COCCL_SLOT_BYTES");
+  const auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
+  auto pause = std::chrono::milliseconds(1);
+  asio::steady_timer timer(ex_);
+  while (ring_bytes_ + reserved_ + bytes > budget_) {
+    if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
+    // Links the running operation does not hold, least recently used first.
+    std::vector<int> idle;
+    for (int p = 0; p < nranks_; ++p)
+      if (p != peer && by_peer_[p] && !held(p) && !closing_[p]) idle.push_back(p);
+    const auto open = std::count_if(by_peer_.begin(), by_peer_.end(),
+                                    [](const Connection* c) { return c != nullptr; });
+    const std::string holding =
+        std::to_string(open) + " open links hold " + text(ring_bytes_) + " of receive rings";
+    if (idle.empty() && reserved_ == 0)
+      throw LinkError(make_error_code(errc::invalid_argument),
+                      "COCCL_MEM_BUDGET (" + text(budget_) +
+                          ") is too small for this "
+                          "operation: its " +
+                          holding + " and none is idle, but the link to rank " +
+                          std::to_string(peer) + " needs " + text(bytes) +
+                          " more; raise "
+                          "COCCL_MEM_BUDGET");
+    std::sort(idle.begin(), idle.end(),
+              [this](int a, int b) { return last_used_[a] < last_used_[b]; });
+    bool closed = false;
+    for (int p : idle) {
+      if (!by_peer_[p] || held(p) || closing_[p] || !by_peer_[p]->settled()) continue;
+      if (co_await try_close(p, CloseReason::budget)) {
+        closed = true;
+        break;
+      }
+    }
+    if (closed) continue;
+    // The peers still use those links (or data for a later operation waits in them): try again
+    // shortly, until the deadline.
+    if (std::chrono::steady_clock::now() >= until)
+      throw LinkError(make_error_code(errc::timed_out),
+                      "COCCL_MEM_BUDGET (" + text(budget_) +
+                          "): no idle link could be closed "
+                          "within COCCL_TIMEOUT to make room for the link to rank " +
+                          std::to_string(peer) + " (" + holding + "; their peers kept using them)");
+    timer.expires_after(pause);
+    boost::system::error_code ignored;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  reserved_ += bytes;
+  room.peers = this;
+  room.bytes = bytes;
+  room.alive = alive_;
+  co_return room;
+}
+
+asio::awaitable<void> Peers::await_close(int peer) {
+  while (closing_[peer] && close_done_[peer]) {
+    auto done = close_done_[peer];
+    boost::system::error_code ignored;
+    co_await done->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+}
+
+asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
+  Connection* c = by_peer_[peer];
+  if (!c || closing_[peer] || held(peer) || !c->settled() || shut_) co_return false;
+  auto alive = alive_;
+  const std::uint64_t gen = link_gen_[peer];
+  closing_[peer] = true;
+  close_done_[peer] =
+      std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
+  // The peer closes its end first when it agrees: that end of file is not a failure.
+  c->hold_failures();
+  bool agreed = false;
+  try {
+    const auto limit = auth_timeout();
+    auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
+                                         std::chrono::steady_clock::now() + limit, true);
+    runtime::CloseAfter guard(*sock, limit);
+    Channel channel = co_await Channel::initiate(*sock, secret_);
+    Writer w;
+    w.put<std::int32_t>(rank_).put<std::int32_t>(peer).put(static_cast<std::uint8_t>(why));
+    co_await write_frame(*sock, channel, FrameType::close, w.bytes());
+    Frame f = co_await read_frame(*sock, channel, max_small_frame);
+    agreed = f.type == FrameType::status && f.payload.size() == 1 && f.payload[0] == 1;
+  } catch (const std::exception& e) {
+    // Unreachable, or gone: the link itself reports that once failures are not held.
+    if (*alive)
+      COCCL_INFO(net, rank_, "asking rank %d to close the link failed: %s", peer, e.what());
+  }
+  if (!*alive) co_return false;
+  closing_[peer] = false;
+  if (auto done = std::exchange(close_done_[peer], nullptr)) done->cancel();
+  // The peer may have closed the link meanwhile on its own request (link_gen_ moved on).
+  if (link_gen_[peer] != gen || !by_peer_[peer]) co_return agreed;
+  if (agreed) {
+    retire(peer, why);
+    co_return true;
+  }
+  by_peer_[peer]->release_failures();
+  co_return false;
+}
+
+asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
+                                         std::shared_ptr<Channel> channel, Frame f) {
+  auto alive = alive_;
+  int from = -1;
+  CloseReason why = CloseReason::idle;
+  try {
+    Reader r(f.payload);
+    from = r.get<std::int32_t>();
+    const int to = r.get<std::int32_t>();
+    const auto reason = r.get<std::uint8_t>();
+    if (!r.done() || to != rank_ || from < 0 || from >= nranks_ || from == rank_ ||
+        (reason != static_cast<std::uint8_t>(CloseReason::budget) &&
+         reason != static_cast<std::uint8_t>(CloseReason::idle)))
+      bad_message("a malformed request to close a link");
+    why = static_cast<CloseReason>(reason);
+  } catch (const std::exception& e) {
+    drops_.dropped(e.what());
+    co_return;
+  }
+  // Agreed when this end is settled and not in use; when both ends ask at once, the lower rank's
+  // request wins.
+  Connection* c = by_peer_[from];
+  const bool agree =
+      c && !dialing_[from] && !held(from) && c->settled() && !(closing_[from] && rank_ < from);
+  if (agree) retire(from, why);
+  try {
+    runtime::CloseAfter guard(*s, auth_timeout());
+    const std::vector<std::uint8_t> answer{static_cast<std::uint8_t>(agree ? 1 : 0)};
+    co_await write_frame(*s, *channel, FrameType::status, answer);
+  } catch (const std::exception& e) {
+    // The asker keeps its end until it hears: a lost answer leaves it to fail on its own.
+    if (*alive && !shut_) drops_.dropped(drop_reason(e));
+  }
+}
+
+void Peers::retire(int peer, CloseReason why) {
+  Connection* c = by_peer_[peer];
+  if (!c) return;
+  by_peer_[peer] = nullptr;
+  ++link_gen_[peer];
+  ring_bytes_ -= ring_of_[peer];
+  ring_of_[peer] = 0;
+  ++(why == CloseReason::budget ? stats_.closed_budget : stats_.closed_idle);
+  const char* what = why == CloseReason::budget ? "to stay under COCCL_MEM_BUDGET" : "idle";
+  COCCL_INFO(net, rank_, "closed the link to rank %d (%s)", peer, what);
+  c->hold_failures();
+  c->close(make_error_code(errc::aborted),
+           "link to rank " + std::to_string(peer) + " closed (" + what + ")");
+  auto it = std::find_if(conns_.begin(), conns_.end(),
+                         [c](const std::unique_ptr<Connection>& p) { return p.get() == c; });
+  if (it == conns_.end()) return;
+  // Freed from the executor, not here: the caller may still use `c` on its way out. Kept by
+  // this object meanwhile, so that it never outlives the pollers it unregisters from.
+  retired_.push_back(std::move(*it));
+  conns_.erase(it);
+  asio::post(ex_, [this, alive = alive_] {
+    if (*alive) retired_.clear();
+  });
+}
+
+void Peers::arm_idle_timer() {
+  idle_timer_.expires_after(
+      std::max<std::chrono::steady_clock::duration>(idle_ / 4, std::chrono::milliseconds(10)));
+  idle_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+    if (ec || !*alive || shut_) return;
+    const auto now = std::chrono::steady_clock::now();
+    for (int p = 0; p < nranks_; ++p) {
+      Connection* c = by_peer_[p];
+      if (!c || closing_[p] || held(p) || now - last_used_[p] < idle_ || !c->settled()) continue;
+      asio::co_spawn(ex_, try_close(p, CloseReason::idle), asio::detached);
+    }
+    arm_idle_timer();
+  });
+}
+
+void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
+  if (shut_) return;
+  shut_ = true;
+  shut_why_ = why;
+  shut_ec_ = ec;
+  // Peers without a link may be waiting for this rank to make one: tell them too (the linked
+  // ones get the abort notice below).
+  if (notify && !table_.empty()) {
+    ++*telling_;
+    asio::co_spawn(ex_, tell_everyone(why),
+                   [telling = telling_](std::exception_ptr) { --*telling; });
+  }
+  // The listener stays open until the communicator is destroyed: it answers status queries and
+  // liveness probes, takes shrink requests (recovery), and answers link requests with the reason.
+  table_box_.fail(asio::error::operation_aborted);
+  for (auto& box : stripes_)
+    if (box) box->fail(asio::error::operation_aborted);
+  table_ready_.cancel();
+  idle_timer_.cancel();
+  for (int p = 0; p < nranks_; ++p) announce(p);
+  for (auto& c : conns_) {
+    if (notify)
+      c->send_abort(ec, why);
+    else
+      c->send_goodbye();
+    c->close(ec, why);
+  }
+}
+
+}  // namespace coccl::transport

@@ -1,0 +1,313 @@
+// One communicator's peers: its listener, which accepts peer connections (made lazily, the lower
+// rank dials), and the links, held under a memory budget. The rendezvous that fills the address
+// table is in bootstrap.cpp, with the root it talks to.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/deadline.hpp"
+#include "runtime/engine.hpp"
+#include "transport/admission.hpp"
+#include "transport/bootstrap.hpp"
+#include "transport/bootstrap_messages.hpp"
+#include "transport/connection.hpp"
+#include "transport/link_poller.hpp"
+#include "transport/link_setup.hpp"
+#include "transport/user_buffers.hpp"
+#include "transport/wire.hpp"
+
+namespace coccl::transport {
+
+/// Connection settings fixed when the communicator is created.
+struct LinkOptions {
+  std::string transport;  // auto, tcp, shm or ib
+  std::size_t slots;
+  std::size_t slot_bytes;
+};
+
+/// One communicator's view of its peers: its listener, the address table and the connections,
+/// made on first use. Lives on the communicator's proxy thread.
+class Peers {
+ public:
+  Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int nranks,
+        LinkOptions options, FailureHandler on_failure);
+  ~Peers();
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return nranks_; }
+  const Secret& secret() const noexcept { return secret_; }
+  const std::vector<PeerInfo>& table() const noexcept { return table_; }
+  /// This rank's entry (its listener).
+  PeerInfo self_info() const;
+
+  /// Rendezvous through the roots of `roots` (1 to size() of them, the same list on every
+  /// rank); fills the table. With several, each takes the hellos of a near-equal share of the
+  /// ranks and the first of each share passes it on to roots[0]. When it fails, this rank tells
+  /// roots[0] why (for peers that find it gone).
+  asio::awaitable<void> rendezvous(std::vector<RootAddress> roots);
+
+  /// The connection to `peer`, made now if needed. `bytes` (0: unknown) is the size of the
+  /// operation that asks: a link made for a small one gets a ring of fewer slots. A new link that
+  /// would take the receive rings past COCCL_MEM_BUDGET first closes the least recently used idle
+  /// link. Throws LinkError/system_error on failure (errc::out_of_memory when the budget cannot
+  /// hold the link).
+  asio::awaitable<Connection*> get(int peer, std::size_t bytes = 0);
+
+  /// While one exists, the links that get() returns are held by the running operation: they are
+  /// not closed (for the budget or idleness) under it. Held per operation: the hold of a link
+  /// ends when no Use is left.
+  class Use {
+   public:
+    explicit Use(Peers& peers) : peers_(peers) {
+      if (peers_.users_++ == 0) ++peers_.period_;
+    }
+    ~Use() { --peers_.users_; }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    Peers& peers_;
+  };
+
+  /// The links' counts and memory (CommStatus).
+  struct LinkStats {
+    int open = 0;
+    std::uint64_t opened = 0;         // links made, reopenings included
+    std::uint64_t closed_budget = 0;  // closed to make room under COCCL_MEM_BUDGET
+    std::uint64_t closed_idle = 0;    // closed after COCCL_LINK_IDLE_S unused
+    std::uint64_t ring_bytes = 0;     // receive rings of the open links
+    std::uint64_t budget = 0;         // COCCL_MEM_BUDGET (0: none)
+  };
+  LinkStats link_stats() const noexcept;
+
+  /// Sends an abort notice on every open connection, then closes them (the listener stays for
+  /// status queries and answers link requests with the reason).
+  void shutdown(std::error_code ec, const std::string& why, bool notify);
+  /// Waits (at most `most`) until no abort notice is held back behind a frame in flight, so that
+  /// a process that exits on the error still tells its peers why.
+  asio::awaitable<void> flush_notices(std::chrono::milliseconds most);
+
+  /// The connection to `peer` if it is open, else null.
+  Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// The buffers the user registered (register_buffer); set at construction, usable from any
+  /// thread.
+  const std::shared_ptr<UserBuffers>& user_buffers() const noexcept { return user_buffers_; }
+  /// Open connections (for the watchdog).
+  const std::vector<std::unique_ptr<Connection>>& connections() const { return conns_; }
+
+  /// What this rank answers a status query with (coccl-status); called on the proxy thread. The
+  /// listener keeps answering status queries after shutdown(), until the Peers is destroyed.
+  using StatusSource = std::function<std::vector<std::uint8_t>()>;
+  void set_status_source(StatusSource source) { status_source_ = std::move(source); }
+  /// One line about another rank's status answer (for errors that name what holds a peer up).
+  using StatusReader = std::function<std::string(std::span<const std::uint8_t>)>;
+  void set_status_reader(StatusReader reader) { status_reader_ = std::move(reader); }
+  /// The peer this rank is making a link to (dialling, or waiting for it to dial), -1 if none.
+  int linking_to() const noexcept {
+    for (int p = 0; p < nranks_; ++p)
+      if (!by_peer_[p] && (dialing_[p] || pending_[p])) return p;
+    return -1;
+  }
+  /// The rank this one is still passing the address table to during set-up, -1 if none: until
+  /// that child has it, this rank has not formed, and a status query says whom it waits for.
+  int forwarding_table_to() const noexcept {
+    return forwarding_.empty() ? -1 : forwarding_.front();
+  }
+  /// A shrink request another rank sent to this rank's listener (collectives/recovery.cpp),
+  /// authenticated with this communicator's secret; answer it on `channel`.
+  struct RecoveryRequest {
+    std::shared_ptr<asio::ip::tcp::socket> socket;
+    std::shared_ptr<Channel> channel;
+    std::vector<std::uint8_t> payload;
+  };
+  /// Shrink requests, queued until this rank's own shrink takes them. The listener stays open
+  /// after the communicator fails (until it is destroyed), so that survivors can meet here.
+  runtime::Mailbox<RecoveryRequest>& recovery_requests() noexcept { return recovery_box_; }
+  /// Starts a shrink attempt: its number (1, 2, ...), or 0 while another attempt of this rank is
+  /// still running (the requests have one reader).
+  std::uint64_t begin_shrink() noexcept {
+    if (shrinking_) return 0;
+    shrinking_ = true;
+    return ++shrink_attempts_;
+  }
+  void end_shrink() noexcept { shrinking_ = false; }
+  /// Recovery frame kinds (first payload byte of FrameType::recover).
+  static constexpr std::uint8_t recover_probe = 1;
+  static constexpr std::uint8_t recover_shrink = 2;
+
+ private:
+  void accept_loop();
+  void accept_failed(boost::system::error_code ec);
+  asio::awaitable<void> handle_incoming(std::shared_ptr<asio::ip::tcp::socket> s);
+  // Lower rank: dial the peer and make the link.
+  asio::awaitable<void> dial(int peer, std::size_t slots);
+  // Higher rank: answer a connection request at once, whatever this rank is doing, so link
+  // setup never waits on the accepting rank's own progress (that could form a cycle).
+  asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
+                               std::shared_ptr<Channel> channel, std::vector<std::uint8_t> payload);
+  void add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes);
+  // Adds the link just made (its ring of `slots` slots); finished after shutdown(), it is aborted
+  // at once with shutdown()'s reason.
+  void add_made(int peer, std::unique_ptr<Connection> c, std::size_t slots);
+  // Why a link is closed by agreement (counted at both ends).
+  enum class CloseReason : std::uint8_t { budget = 1, idle = 2 };
+  // Ring bytes promised to a link being made, given back when its making ends (the link, once
+  // added, counts in ring_bytes_).
+  struct Reservation {
+    Peers* peers = nullptr;
+    std::size_t bytes = 0;
+    std::shared_ptr<bool> alive;
+    Reservation() = default;
+    Reservation(Reservation&& o) noexcept
+        : peers(std::exchange(o.peers, nullptr)), bytes(o.bytes), alive(std::move(o.alive)) {}
+    Reservation& operator=(Reservation&& o) noexcept {
+      if (this != &o) {
+        give_back();
+        peers = std::exchange(o.peers, nullptr);
+        bytes = o.bytes;
+        alive = std::move(o.alive);
+      }
+      return *this;
+    }
+    ~Reservation() { give_back(); }
+    void give_back() noexcept {
+      if (peers && *alive) peers->reserved_ -= bytes;
+      peers = nullptr;
+    }
+  };
+  // Slots of a link made for an operation of `bytes` (0: unknown, the full ring).
+  std::size_t slots_for(std::size_t bytes) const noexcept;
+  // Makes room under the budget for a link to `peer` of `bytes` ring bytes, closing least recently
+  // used idle links (waiting for busy peers to let go, until the deadline). Throws LinkError
+  // naming COCCL_MEM_BUDGET when it cannot.
+  asio::awaitable<Reservation> make_room(int peer, std::size_t bytes);
+  // The link to `peer` is open and not held by the running operation.
+  bool held(int peer) const noexcept { return users_ > 0 && held_[peer] == period_; }
+  // Asks `peer` to close the link by agreement; true once it is closed (at both ends).
+  asio::awaitable<bool> try_close(int peer, CloseReason why);
+  // A peer's request to close the link: agreed when this end is settled and not using it.
+  asio::awaitable<void> serve_close(std::shared_ptr<asio::ip::tcp::socket> s,
+                                    std::shared_ptr<Channel> channel, Frame f);
+  // Closes the (agreed) link to `peer` here, without failing anything.
+  void retire(int peer, CloseReason why);
+  // Waits while a close of the link to `peer` is being agreed.
+  asio::awaitable<void> await_close(int peer);
+  // COCCL_LINK_IDLE_S: closes links unused that long, checked periodically.
+  void arm_idle_timer();
+  // Wakes everyone waiting for the link to `peer` (made or failed).
+  void announce(int peer);
+  // How this rank links to `peer`; both sides decide alike from the table and the settings.
+  LinkKind kind_for(int peer) const;
+  asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
+  // The rendezvous itself (rendezvous() adds telling the root on failure).
+  asio::awaitable<void> join(std::vector<RootAddress> roots);
+  // The first rank of share `at` (> 0): takes the share from its root `mine` and passes it on to
+  // the first root.
+  asio::awaitable<void> pass_share(std::shared_ptr<asio::ip::tcp::socket> sock, Channel& channel,
+                                   RootAddress mine, RootAddress first, int at);
+  // Why the table has not come, as the root sees it: the ranks that never arrived, else the
+  // tree parent that did not pass it on.
+  asio::awaitable<std::string> who_is_missing(const RootAddress& root);
+  // Best effort, within a second: a notice frame with `why` to the ranks that may wait for this
+  // one (every rank up to 64, else the tree neighbours).
+  asio::awaitable<void> tell_everyone(std::string why);
+  // "rank P reports: ..." from P's status answer, or "rank P does not answer ...", within 0.5 s.
+  asio::awaitable<std::string> ask_about(int peer, PeerInfo where);
+  // Within a second, best effort: tells the root why this rank's set-up failed.
+  asio::awaitable<void> tell_root(std::string why);
+  // "; <why>" when the root holds a failure notice of `peer`, else "".
+  asio::awaitable<std::string> gone_because(int peer);
+  // A recovery frame: probes are answered here, shrink requests queued.
+  asio::awaitable<void> serve_recovery(std::shared_ptr<asio::ip::tcp::socket> s,
+                                       std::shared_ptr<Channel> channel, Frame f);
+
+  runtime::ProxyThread& thread_;
+  asio::any_io_executor ex_;
+  Secret secret_;
+  int rank_;
+  int nranks_;
+  LinkOptions options_;
+  FailureHandler on_failure_;
+  asio::ip::tcp::acceptor acceptor_;
+  Admission admission_;  // connections that have not authenticated yet
+  DropLog drops_;
+  asio::steady_timer accept_retry_;  // pause after an accept error
+  bool table_received_ = false;      // only the first table frame counts
+  std::vector<PeerInfo> table_;
+  std::vector<int> forwarding_;  // children still being passed the table (forwarding_table_to)
+  runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
+  // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
+  // the table earlier may dial before it reaches this rank; answering waits for it.
+  asio::steady_timer table_ready_;
+  LinkPoller poller_;     // shm rings; before the connections, which unregister when destroyed
+  LinkPoller ib_poller_;  // verbs completion queues
+  std::shared_ptr<ib::Device> ib_device_;  // COCCL_TRANSPORT=ib, or auto with a usable device
+  std::shared_ptr<UserBuffers> user_buffers_;
+  LinkEnv env_;                                       // what every link's set-up shares
+  std::vector<std::unique_ptr<Connection>> conns_;    // in creation order
+  std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
+  std::vector<Connection*> by_peer_;                  // nranks entries
+  // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
+  // link is ready or failed; its expiry is the deadline).
+  std::vector<std::shared_ptr<asio::steady_timer>> pending_;
+  // A link to the peer is being made: dialled by this rank (higher peers) or answered (lower).
+  std::vector<bool> dialing_;
+  std::vector<std::string> failed_;  // why the link to a peer could not be made
+  // Per lower peer, while this rank answers its tcp link: the link's further sockets (index,
+  // socket) as they connect.
+  using Stripe = std::pair<std::uint32_t, std::shared_ptr<asio::ip::tcp::socket>>;
+  std::vector<std::unique_ptr<runtime::Mailbox<Stripe>>> stripes_;
+  bool shut_ = false;
+  StatusSource status_source_;
+  StatusReader status_reader_;
+  std::string shut_why_;  // shutdown()'s reason, for peers that still ask for a link
+  std::error_code shut_ec_;
+  // Notices on their way to unlinked peers (shutdown); shared: they may outlive this object.
+  std::shared_ptr<int> telling_ = std::make_shared<int>(0);
+  // Rank 0: its connection to the root, held open while this Peers lives so that the root keeps
+  // answering status queries for the communicator (it stops once this closes).
+  std::shared_ptr<asio::ip::tcp::socket> root_link_;
+  std::optional<RootAddress> root_;  // the first root, from rendezvous()
+  int roots_ = 1;                    // how many roots rendezvous() was given
+  runtime::Mailbox<RecoveryRequest> recovery_box_;
+  std::uint64_t shrink_attempts_ = 0;
+  bool shrinking_ = false;
+  // Links under a memory budget, and closed when idle.
+  std::size_t budget_;                          // COCCL_MEM_BUDGET bytes, 0: none
+  std::chrono::steady_clock::duration idle_{};  // COCCL_LINK_IDLE_S, 0: never
+  std::size_t ring_bytes_ = 0;                  // receive rings of the open links
+  std::size_t reserved_ = 0;                    // promised to links being made
+  std::vector<std::size_t> ring_of_;            // per peer: its open link's ring bytes
+  std::vector<std::chrono::steady_clock::time_point> last_used_;
+  int users_ = 0;             // Use objects alive
+  std::uint64_t period_ = 0;  // counts the spans with users; held_ names the span
+  std::vector<std::uint64_t> held_;
+  std::vector<bool> closing_;  // this rank asks the peer to close the link
+  // Per peer while closing_: a timer used as an event, cancelled when the close is settled.
+  std::vector<std::shared_ptr<asio::steady_timer>> close_done_;
+  std::vector<std::uint64_t> link_gen_;  // counts the links made and closed with each peer
+  LinkStats stats_;
+  asio::steady_timer idle_timer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<bool> shm_disable;         // COCCL_SHM_DISABLE
+extern config::Param<std::int64_t> mem_budget;  // COCCL_MEM_BUDGET
+extern config::Param<double> link_idle_s;       // COCCL_LINK_IDLE_S
+
+}  // namespace coccl::params
