@@ -628,20 +628,20 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
     if (child >= nranks_) continue;
     ++*pending;
     forwarding_.push_back(child);
-    asio::co_spawn(
-        ex_, forward_table(child, payload),
-        [this, alive = alive_, child, unreachable_ptr, pending, forwarded](std::exception_ptr ep) {
-          if (*alive) std::erase(forwarding_, child);
-          if (ep && unreachable_ptr->empty()) {
-            try {
-              std::rethrow_exception(ep);
-            } catch (const std::exception& e) {
-              *unreachable_ptr = "bootstrap: could not pass the address table to rank " +
-                                 std::to_string(child) + " (" + e.what() + ")";
-            }
-          }
-          if (--*pending == 0) forwarded->cancel();
-        });
+    asio::co_spawn(ex_, forward_table(child, payload),
+                   [this, pass = gate_.enter(), child, unreachable_ptr, pending,
+                    forwarded](std::exception_ptr ep) {
+                     if (pass.open()) std::erase(forwarding_, child);
+                     if (ep && unreachable_ptr->empty()) {
+                       try {
+                         std::rethrow_exception(ep);
+                       } catch (const std::exception& e) {
+                         *unreachable_ptr = "bootstrap: could not pass the address table to rank " +
+                                            std::to_string(child) + " (" + e.what() + ")";
+                       }
+                     }
+                     if (--*pending == 0) forwarded->cancel();
+                   });
   }
   if (*pending > 0) {
     boost::system::error_code ignored;

@@ -98,7 +98,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
 }
 
 Peers::~Peers() {
-  *alive_ = false;
+  gate_.close();
   thread_.remove_poller(&poller_);
   thread_.remove_poller(&ib_poller_);
   boost::system::error_code ignored;
@@ -115,8 +115,8 @@ void Peers::accept_loop() {
   auto sock = std::make_shared<tcp::socket>(ex_);
   // The loop outlives shutdown(): status queries are answered, and survivors of a failure
   // probe and shrink through here (handle_incoming).
-  acceptor_.async_accept(*sock, [this, sock, alive = alive_](boost::system::error_code ec) {
-    if (!*alive) return;
+  acceptor_.async_accept(*sock, [this, sock, pass = gate_.enter()](boost::system::error_code ec) {
+    if (!pass.open()) return;
     if (ec) {
       accept_failed(ec);
       return;
@@ -134,13 +134,13 @@ void Peers::accept_failed(boost::system::error_code ec) {
   // Out of descriptors: a stranger still waiting to authenticate is the one to give up.
   if (out_of_resources(ec)) admission_.evict_oldest();
   accept_retry_.expires_after(delay);
-  accept_retry_.async_wait([this, alive = alive_](boost::system::error_code e) {
-    if (!e && *alive) accept_loop();
+  accept_retry_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
+    if (!e && pass.open()) accept_loop();
   });
 }
 
 asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
-  auto alive = alive_;
+  auto pass = gate_.enter();
   Frame f;
   std::shared_ptr<Channel> channel;
   try {
@@ -151,10 +151,10 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
     channel = std::make_shared<Channel>(co_await Channel::respond(*s, secret_));
     f = co_await read_frame(*s, *channel, max_table_frame);
   } catch (const std::exception& e) {
-    if (*alive && !shut_) drops_.dropped(drop_reason(e));
+    if (pass.open() && !shut_) drops_.dropped(drop_reason(e));
     co_return;
   }
-  if (!*alive) co_return;
+  if (!pass.open()) co_return;
   if (f.type == FrameType::recover) {
     co_await serve_recovery(s, channel, std::move(f));
     co_return;
@@ -166,7 +166,7 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
       runtime::CloseAfter guard(*s, auth_timeout());
       co_await write_frame(*s, *channel, FrameType::status, answer);
     } catch (const std::exception& e) {
-      if (*alive && !shut_) drops_.dropped(drop_reason(e));
+      if (pass.open() && !shut_) drops_.dropped(drop_reason(e));
     }
     co_return;
   }
@@ -176,7 +176,7 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
       const std::string why = decode_notice(f.payload);
       if (!shut_) on_failure_(-1, make_error_code(errc::remote_error), why);
     } catch (const std::exception& e) {
-      if (*alive && !shut_) drops_.dropped(drop_reason(e));
+      if (pass.open() && !shut_) drops_.dropped(drop_reason(e));
     }
     co_return;
   }
@@ -237,7 +237,7 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   // The peer agreed to close the link this rank asked about and may dial again before the answer
   // is read here: the close settles first.
   co_await await_close(from);
-  if (!*alive || shut_) co_return;
+  if (!pass.open() || shut_) co_return;
   try {
     if (by_peer_[from] || dialing_[from])
       bad_message("a second connection request from rank " + std::to_string(from));
@@ -249,12 +249,12 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   try {
     co_await answer(from, s, channel, std::move(f.payload));
   } catch (const std::exception& e) {
-    if (!*alive) co_return;
+    if (!pass.open()) co_return;
     stripes_[from].reset();
     failed_[from] = e.what();
     COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
   }
-  if (!*alive) co_return;
+  if (!pass.open()) co_return;
   dialing_[from] = false;
   announce(from);
 }
@@ -493,14 +493,14 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
                                     std::shared_ptr<Channel> channel,
                                     std::vector<std::uint8_t> payload) {
   auto limit = runtime::default_timeout();
-  auto alive = alive_;
+  auto pass = gate_.enter();
   if (table_.empty()) {
     try {
       co_await table_ready_.async_wait(asio::use_awaitable);
     } catch (const boost::system::system_error&) {
       // Cancelled: the table is here, or this rank is shutting down (checked below).
     }
-    if (!*alive) co_return;
+    if (!pass.open()) co_return;
     if (shut_) {
       // This rank failed while the request waited for its table: the dialler must learn why, or
       // it would blame this rank for a closed stream.
@@ -534,7 +534,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     } catch (const LinkError& e) {
       refused = e.what();
     }
-    if (!*alive) co_return;
+    if (!pass.open()) co_return;
     if (!refused.empty()) {
       // The dialler fails with the reason rather than a bare end of the connection.
       const auto notice = encode_notice(rank_, refused);
@@ -553,14 +553,14 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
       try {
         for (std::uint32_t k = 1; k < sockets; ++k) {
           Stripe stripe = co_await stripes_[peer]->pop(limit);
-          if (!*alive) co_return;
+          if (!pass.open()) co_return;
           const std::uint32_t index = stripe.first;
           if (index < 1 || index >= sockets || extra[index - 1])
             bad_message("rank " + std::to_string(peer) + " sent a bad socket index");
           extra[index - 1] = std::move(stripe.second);
         }
       } catch (...) {
-        if (!*alive) co_return;
+        if (!pass.open()) co_return;
         throw;
       }
       stripes_[peer].reset();
@@ -573,7 +573,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
     }
   }
   // The communicator may have been destroyed while this coroutine (detached) waited.
-  if (!*alive) co_return;
+  if (!pass.open()) co_return;
   add_made(peer, setup->make(peer, std::move(*sock), std::move(further)), slots);
 }
 
@@ -678,7 +678,7 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
   reserved_ += bytes;
   room.peers = this;
   room.bytes = bytes;
-  room.alive = alive_;
+  room.pass = gate_.enter();
   co_return room;
 }
 
@@ -693,7 +693,7 @@ asio::awaitable<void> Peers::await_close(int peer) {
 asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   Connection* c = by_peer_[peer];
   if (!c || closing_[peer] || held(peer) || !c->settled() || shut_) co_return false;
-  auto alive = alive_;
+  auto pass = gate_.enter();
   const std::uint64_t gen = link_gen_[peer];
   closing_[peer] = true;
   close_done_[peer] =
@@ -714,10 +714,10 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
     agreed = f.type == FrameType::status && f.payload.size() == 1 && f.payload[0] == 1;
   } catch (const std::exception& e) {
     // Unreachable, or gone: the link itself reports that once failures are not held.
-    if (*alive)
+    if (pass.open())
       COCCL_INFO(net, rank_, "asking rank %d to close the link failed: %s", peer, e.what());
   }
-  if (!*alive) co_return false;
+  if (!pass.open()) co_return false;
   closing_[peer] = false;
   if (auto done = std::exchange(close_done_[peer], nullptr)) done->cancel();
   // The peer may have closed the link meanwhile on its own request (link_gen_ moved on).
@@ -732,7 +732,7 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
 
 asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
                                          std::shared_ptr<Channel> channel, Frame f) {
-  auto alive = alive_;
+  auto pass = gate_.enter();
   int from = -1;
   CloseReason why = CloseReason::idle;
   try {
@@ -761,7 +761,7 @@ asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
     co_await write_frame(*s, *channel, FrameType::status, answer);
   } catch (const std::exception& e) {
     // The asker keeps its end until it hears: a lost answer leaves it to fail on its own.
-    if (*alive && !shut_) drops_.dropped(drop_reason(e));
+    if (pass.open() && !shut_) drops_.dropped(drop_reason(e));
   }
 }
 
@@ -785,16 +785,16 @@ void Peers::retire(int peer, CloseReason why) {
   // this object meanwhile, so that it never outlives the pollers it unregisters from.
   retired_.push_back(std::move(*it));
   conns_.erase(it);
-  asio::post(ex_, [this, alive = alive_] {
-    if (*alive) retired_.clear();
+  asio::post(ex_, [this, pass = gate_.enter()] {
+    if (pass.open()) retired_.clear();
   });
 }
 
 void Peers::arm_idle_timer() {
   idle_timer_.expires_after(
       std::max<std::chrono::steady_clock::duration>(idle_ / 4, std::chrono::milliseconds(10)));
-  idle_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
-    if (ec || !*alive || shut_) return;
+  idle_timer_.async_wait([this, pass = gate_.enter()](boost::system::error_code ec) {
+    if (ec || !pass.open() || shut_) return;
     const auto now = std::chrono::steady_clock::now();
     for (int p = 0; p < nranks_; ++p) {
       Connection* c = by_peer_[p];

@@ -18,6 +18,7 @@
 
 #include "runtime/deadline.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/gate.hpp"
 #include "transport/admission.hpp"
 #include "transport/bootstrap.hpp"
 #include "transport/bootstrap_messages.hpp"
@@ -167,22 +168,22 @@ class Peers {
   struct Reservation {
     Peers* peers = nullptr;
     std::size_t bytes = 0;
-    std::shared_ptr<bool> alive;
+    std::optional<runtime::Gate::Pass> pass;  // of the Peers: the bytes go back while it lives
     Reservation() = default;
     Reservation(Reservation&& o) noexcept
-        : peers(std::exchange(o.peers, nullptr)), bytes(o.bytes), alive(std::move(o.alive)) {}
+        : peers(std::exchange(o.peers, nullptr)), bytes(o.bytes), pass(std::move(o.pass)) {}
     Reservation& operator=(Reservation&& o) noexcept {
       if (this != &o) {
         give_back();
         peers = std::exchange(o.peers, nullptr);
         bytes = o.bytes;
-        alive = std::move(o.alive);
+        pass = std::move(o.pass);
       }
       return *this;
     }
     ~Reservation() { give_back(); }
     void give_back() noexcept {
-      if (peers && *alive) peers->reserved_ -= bytes;
+      if (peers && pass && pass->open()) peers->reserved_ -= bytes;
       peers = nullptr;
     }
   };
@@ -299,7 +300,9 @@ class Peers {
   std::vector<std::uint64_t> link_gen_;  // counts the links made and closed with each peer
   LinkStats stats_;
   asio::steady_timer idle_timer_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // Handlers that may run after this Peers began to close carry a pass and check it (the
+  // destructor closes the gate).
+  runtime::Gate gate_;
 };
 
 }  // namespace coccl::transport
