@@ -22,6 +22,19 @@ if(EXISTS ${OUT}/never.svg)
   message(FATAL_ERROR "a refused --plot-from wrote a plot")
 endif()
 
+# Without gnuplot (a PATH that has none) the run still finishes and prints its table, with one
+# line of note on stderr and no plot.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PATH=${OUT}/no-such-dir
+                ${PERF} --ranks 2 -b 8 -e 64 -f 8 -n 2 -w 1 --plot ${OUT}/never.svg
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(STRIP "${err}" err)
+string(REGEX MATCHALL "\n" breaks "${err}")
+list(LENGTH breaks n_breaks)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "Avg bus bandwidth" OR NOT n_breaks EQUAL 0
+   OR NOT err MATCHES "gnuplot is not installed" OR EXISTS ${OUT}/never.svg)
+  message(FATAL_ERROR "without gnuplot: exit ${rc}, stderr '${err}'\n${out}")
+endif()
+
 find_program(GNUPLOT gnuplot)
 if(NOT GNUPLOT)
   message("gnuplot not found; skipped")

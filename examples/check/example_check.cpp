@@ -9,6 +9,13 @@
 //     sums differently), and 2 ranks on 2 GPUs against one when the machine has them (or on
 //     one GPU with COCCL_EXAMPLE_SHARE_GPUS=1, the MPS daemon running). Exits 77 (skipped)
 //     without a GPU.
+//   coccl-example-check launchers TRAINER
+//     the host form started by launchers instead of --ranks, every process a rank through
+//     Communicator::from_env(): 2 ranks under a real mpirun (PMIx; skipped where /usr/bin/mpirun is
+//     missing) and 2 ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+//     with a TCPStore served on MASTER_PORT by tests/support/fake_store, since torchrun needs
+//     PyTorch); every step's loss must agree with one rank's within a relative 1e-4. srun
+//     --mpi=pmix takes the same PMIx path as mpirun.
 //   coccl-example-check dead-worker PARAMETER_SERVER
 //     4 ranks, 2 servers; worker 3 kills itself after 3 pushes: every other rank must exit with
 //     status 3 naming rank 3 before the deadline.
@@ -29,6 +36,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/support/fake_store.hpp"
 
 extern char** environ;
 
@@ -184,6 +193,72 @@ int check_trainer(const std::string& exe, const std::string& device) {
   return ok ? 0 : 1;
 }
 
+// The host trainer's arguments shared by every run of a comparison.
+std::vector<std::string> trainer_args(const std::string& exe, const std::string& loss_file) {
+  return {exe,      "--steps",    "20",     "--hidden", "128",       "--layers",
+          "3",      "--bucket-kb", "8",     "--device", "host",      "--loss-file",
+          loss_file};
+}
+
+std::string joined(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+int check_launchers(const std::string& exe) {
+  char dir[] = "/tmp/coccl-trainer-launch-XXXXXX";
+  if (!::mkdtemp(dir)) return 1;
+  const std::string d = dir;
+  bool ok = true;
+  auto ran = [&](const Result& r, const char* what) {
+    const bool good = !r.timed_out && r.exit_code == 0;
+    if (!good) std::printf("FAIL %s: exited with %d\n", what, r.exit_code);
+    ok = ok && good;
+    return good;
+  };
+  auto one_args = trainer_args(exe, d + "/1");
+  one_args.insert(one_args.begin() + 1, {"--ranks", "1"});
+  std::vector<double> one;
+  if (ran(run(one_args, 120), "one rank")) one = read_losses(d + "/1");
+  // No launcher variable of the caller's may leak into the runs below.
+  const std::string clean =
+      "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u COCCL_COMM_ID -u COCCL_SECRET "
+      "-u PMIX_RANK -u PMIX_NAMESPACE";
+  if (::access("/usr/bin/mpirun", X_OK) == 0) {
+    const std::string cmd = clean +
+                            " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                            "OMPI_MCA_rmaps_base_oversubscribe=1 /usr/bin/mpirun -n 2 " +
+                            joined(trainer_args(exe, d + "/mpirun"));
+    if (ran(run({"/bin/sh", "-c", cmd}, 120), "mpirun"))
+      ok = same_curve(one, read_losses(d + "/mpirun"), 1e-4, "2 ranks under mpirun against 1") &&
+           ok;
+  } else {
+    std::printf("no /usr/bin/mpirun: the mpirun form is not checked\n");
+  }
+  {
+    coccl::test::FakeStore store;
+    const std::string common = clean + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                               std::to_string(store.port()) + " WORLD_SIZE=2 ";
+    const std::string train = joined(trainer_args(exe, d + "/torchrun"));
+    // Both ranks at once; the exit status is nonzero when either rank's is.
+    const std::string cmd = common + "RANK=0 LOCAL_RANK=0 " + train + " & a=$!; " + common +
+                            "RANK=1 LOCAL_RANK=1 " + train +
+                            " & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))";
+    if (ran(run({"/bin/sh", "-c", cmd}, 120), "torchrun's environment"))
+      ok = same_curve(one, read_losses(d + "/torchrun"), 1e-4,
+                      "2 ranks started as torchrun starts them against 1") &&
+           ok;
+    if (store.validated_clients() < 2) {
+      std::printf("FAIL: %d ranks spoke to the TCPStore, expected 2\n", store.validated_clients());
+      ok = false;
+    }
+  }
+  for (const char* f : {"1", "mpirun", "torchrun"}) ::unlink((d + "/" + f).c_str());
+  ::rmdir(dir);
+  return ok ? 0 : 1;
+}
+
 int check_dead_worker(const std::string& exe) {
   ::setenv("COCCL_TIMEOUT", "10", 1);
   const Result r = run({exe, "--ranks", "4", "--servers", "2", "--rounds", "1000", "--kill-worker",
@@ -218,9 +293,11 @@ int check_dead_worker(const std::string& exe) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 2 ? argv[1] : "";
   if (mode == "trainer" && argc == 4) return check_trainer(argv[2], argv[3]);
+  if (mode == "launchers" && argc == 3) return check_launchers(argv[2]);
   if (mode == "dead-worker" && argc == 3) return check_dead_worker(argv[2]);
   std::fprintf(stderr,
                "usage: coccl-example-check trainer TRAINER host|cuda\n"
+               "       coccl-example-check launchers TRAINER\n"
                "       coccl-example-check dead-worker PARAMETER_SERVER\n");
   return 2;
 }
