@@ -10,6 +10,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cctype>
 #include <cstdio>
+#include <exception>
 #include <future>
 
 #include "collectives/algorithms.hpp"
@@ -57,7 +58,13 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
         "the transport (COCCL_TRANSPORT or Options::transport) must be auto, tcp, shm or ib, "
         "not '" +
             opts.transport + "'");
-  // Peers registers a poller on the proxy thread, so it is built there.
+  // Peers registers a poller on the proxy thread, so it is built there. Its failure is handed
+  // over only once the proxy thread holds no reference to the exception (its catch block has
+  // ended): promise::set_exception would leave the catch block's and the argument's references
+  // to be dropped after this thread has woken, so the exception could be freed there while this
+  // thread reads it, ordered only by reference counts inside libstdc++, which ThreadSanitizer
+  // does not instrument and so reports as a data race.
+  std::exception_ptr failure;
   std::promise<void> built;
   asio::post(ex_, [&] {
     try {
@@ -67,12 +74,13 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
             (void)peer;
             fail(ec, why);
           });
-      built.set_value();
     } catch (...) {
-      built.set_exception(std::current_exception());
+      failure = std::current_exception();
     }
+    built.set_value();
   });
   built.get_future().get();
+  if (failure) std::rethrow_exception(failure);
 }
 
 CommImpl::~CommImpl() {
