@@ -225,8 +225,24 @@ TEST(Status, AStoppedRankOfAFourRankJobIsNamed) {
   std::thread asker;
   o.after_signal = [&](std::size_t) {
     asker = std::thread([&] {
-      // Let the others reach the operation rank 2 never joins.
-      std::this_thread::sleep_for(300ms);
+      // Wait until every survivor is inside the operation rank 2 never joins (asked with a short
+      // wait for the silent rank; within COCCL_TIMEOUT, after which they fail): a loaded machine
+      // may take longer than any fixed pause to get them there.
+      const auto give_up = std::chrono::steady_clock::now() + 4s;
+      while (std::chrono::steady_clock::now() < give_up) {
+        bool inside = true;
+        try {
+          const JobStatus early = query_job(id, 300ms);
+          inside = early.ranks.size() == 4;
+          for (int rank : {0, 1, 3})
+            inside = inside && early.ranks[rank] && early.ranks[rank]->running_op == "all_reduce" &&
+                     early.ranks[rank]->started == early.ranks[rank]->finished + 1;
+        } catch (const std::exception&) {
+          inside = false;
+        }
+        if (inside) break;
+        std::this_thread::sleep_for(50ms);
+      }
       const auto t0 = std::chrono::steady_clock::now();
       try {
         seen = query_job(id, 1500ms);
