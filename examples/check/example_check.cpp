@@ -195,9 +195,8 @@ int check_trainer(const std::string& exe, const std::string& device) {
 
 // The host trainer's arguments shared by every run of a comparison.
 std::vector<std::string> trainer_args(const std::string& exe, const std::string& loss_file) {
-  return {exe,      "--steps",    "20",     "--hidden", "128",       "--layers",
-          "3",      "--bucket-kb", "8",     "--device", "host",      "--loss-file",
-          loss_file};
+  return {exe,           "--steps", "20",       "--hidden", "128",         "--layers", "3",
+          "--bucket-kb", "8",       "--device", "host",     "--loss-file", loss_file};
 }
 
 std::string joined(const std::vector<std::string>& args) {
@@ -231,15 +230,16 @@ int check_launchers(const std::string& exe) {
                             "OMPI_MCA_rmaps_base_oversubscribe=1 /usr/bin/mpirun -n 2 " +
                             joined(trainer_args(exe, d + "/mpirun"));
     if (ran(run({"/bin/sh", "-c", cmd}, 120), "mpirun"))
-      ok = same_curve(one, read_losses(d + "/mpirun"), 1e-4, "2 ranks under mpirun against 1") &&
-           ok;
+      ok =
+          same_curve(one, read_losses(d + "/mpirun"), 1e-4, "2 ranks under mpirun against 1") && ok;
   } else {
     std::printf("no /usr/bin/mpirun: the mpirun form is not checked\n");
   }
   {
     coccl::test::FakeStore store;
-    const std::string common = clean + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                               std::to_string(store.port()) + " WORLD_SIZE=2 ";
+    const std::string common =
+        clean + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(store.port()) +
+        " WORLD_SIZE=2 ";
     const std::string train = joined(trainer_args(exe, d + "/torchrun"));
     // Both ranks at once; the exit status is nonzero when either rank's is.
     const std::string cmd = common + "RANK=0 LOCAL_RANK=0 " + train + " & a=$!; " + common +
