@@ -75,7 +75,7 @@ UniqueId UniqueId::from_address(std::string_view host_port, std::string_view sec
         make_error_code(errc::invalid_argument),
         "a secret is 32 hex digits, not " + std::to_string(secret_hex.size()) + " characters");
   transport::RootAddress root;
-  root.endpoint = transport::parse_endpoint(std::string(host_port));
+  root.address = transport::PeerInfo::from(transport::parse_endpoint(std::string(host_port)));
   const UniqueId digits = from_string(std::string(secret_hex) + std::string(224, '0'));
   std::memcpy(root.secret.data(), digits.bytes.data(), root.secret.size());
   return transport::encode(root);
@@ -222,8 +222,15 @@ std::shared_ptr<CommImpl> impl_of(const Communicator& comm) { return comm.impl_;
 UniqueId unique_id_on(runtime::Engine& e) {
   transport::RootAddress root;
   root.secret = make_secret();
-  root.endpoint = transport::start_root(
-      e.thread(0), asio::ip::tcp::endpoint(transport::local_addresses().front(), 0), root.secret);
+  root.address = transport::PeerInfo::from(transport::start_root(
+      e.thread(0), asio::ip::tcp::endpoint(transport::local_addresses().front(), 0), root.secret));
+  return transport::encode(root);
+}
+
+UniqueId memory_unique_id() {
+  transport::RootAddress root;
+  root.secret = make_secret();
+  root.address = transport::start_memory_root(engine()->thread(0), root.secret);
   return transport::encode(root);
 }
 
@@ -233,7 +240,8 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
   transport::RootAddress root;
   try {
     root = transport::decode(id);
-    impl = std::make_shared<CommImpl>(e, root.secret, rank, nranks);
+    impl = std::make_shared<CommImpl>(e, root.secret, rank, nranks, CommunicatorOptions{},
+                                      transport::is_memory(root.address));
   } catch (const std::system_error& err) {
     ec = err.code();
     return nullptr;
@@ -282,7 +290,8 @@ void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
       roots.push_back(transport::decode(ids[i]));
     }
     // The first id's secret is the communicator's.
-    impl = std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks, options);
+    impl = std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks, options,
+                                      transport::is_memory(roots.front().address));
   } catch (const std::system_error& err) {
     COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
     if (failure) *failure = err.what();
@@ -447,10 +456,10 @@ Communicator Communicator::from_env() {
     const transport::RootAddress root = transport::decode(id);
     if (rank == 0) {
       // Rank 0 hosts the root on the agreed port, on every interface.
-      asio::ip::tcp::endpoint any(root.endpoint.address().is_v4()
+      asio::ip::tcp::endpoint any(root.endpoint().address().is_v4()
                                       ? asio::ip::address(asio::ip::address_v4::any())
                                       : asio::ip::address(asio::ip::address_v6::any()),
-                                  root.endpoint.port());
+                                  root.endpoint().port());
       transport::start_root(engine()->thread(0), any, root.secret);
     }
     return create(id, rank, size);

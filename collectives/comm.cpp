@@ -31,7 +31,7 @@ std::string lower_case(std::string s) {
 }  // namespace
 
 CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
-                   int rank, int nranks, const CommunicatorOptions& options)
+                   int rank, int nranks, const CommunicatorOptions& options, bool memory)
     : engine_(std::move(engine)),
       thread_(engine_->next_thread()),
       ex_(thread_.executor()),
@@ -50,7 +50,8 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
   transport::LinkOptions opts{
       options.transport.empty() ? params::transport.get() : options.transport,
       static_cast<std::size_t>(std::max<std::int64_t>(2, params::slots.get())),
-      static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64};
+      static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64,
+      memory};
   if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
       opts.transport != "ib")
     throw std::system_error(

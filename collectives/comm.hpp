@@ -53,8 +53,10 @@ struct OpControl {
 
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
  public:
+  /// `memory`: the communicator's root is on the in-memory network (memory_unique_id), and so
+  /// are its listener and links.
   CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret, int rank,
-           int nranks, const CommunicatorOptions& options = {});
+           int nranks, const CommunicatorOptions& options = {}, bool memory = false);
   ~CommImpl();
 
   int rank() const noexcept { return rank_; }
@@ -212,6 +214,13 @@ Communicator create_blocking(std::vector<UniqueId> ids, int rank, int nranks,
 
 /// A new UniqueId whose root listens on `engine`'s first proxy thread.
 UniqueId unique_id_on(runtime::Engine& engine);
+
+/// A new UniqueId whose root is on the in-memory network of this process (transport/memory.hpp),
+/// on the process engine's first proxy thread. Communicators created from it
+/// (Communicator::create, async_create) run the real rendezvous, link handshake and algorithms
+/// over memory streams instead of sockets: many ranks in one process (coccl-sim, tests). The id
+/// means nothing to another process.
+UniqueId memory_unique_id();
 
 /// Joins the communicator `id` as `rank` of `nranks`, its proxy on a thread of `engine`
 /// (blocking; not on that engine's threads). Null, with `ec` set, on failure.

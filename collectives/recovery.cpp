@@ -28,7 +28,6 @@
 namespace coccl {
 
 namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
 using transport::Channel;
 using transport::Frame;
 using transport::FrameType;
@@ -86,12 +85,14 @@ struct ShrinkPlan {
 
 // ---- lost_ranks -------------------------------------------------------------------------------
 
-asio::awaitable<bool> answers(asio::any_io_executor ex, tcp::endpoint ep, transport::Secret secret,
-                              int me, int peer) {
-  tcp::socket s(ex);
+asio::awaitable<bool> answers(asio::any_io_executor ex, transport::PeerInfo where,
+                              transport::Secret secret, int me, int peer) {
   try {
-    runtime::CloseAfter guard(s, runtime::default_timeout());
-    co_await s.async_connect(ep, asio::use_awaitable);
+    // One deadline for the whole probe, the connection included.
+    const auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
+    auto sock = co_await transport::dial(ex, where, until, true);
+    transport::Stream& s = *sock;
+    runtime::CloseAfter guard(s, until - std::chrono::steady_clock::now());
     Channel channel = co_await Channel::initiate(s, secret);
     Writer w;
     w.put<std::uint8_t>(Peers::recover_probe).put<std::int32_t>(me);
@@ -122,7 +123,7 @@ asio::awaitable<std::vector<int>> probe_all(std::shared_ptr<CommImpl> impl) {
   g->done.expires_after(2 * runtime::default_timeout());
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    asio::co_spawn(ex, answers(ex, peers.table()[r].endpoint(), peers.secret(), me, r),
+    asio::co_spawn(ex, answers(ex, peers.table()[r], peers.secret(), me, r),
                    [g, r](std::exception_ptr, bool ok) {
                      g->alive[r] = ok ? 1 : 0;
                      if (--g->left == 0) g->done.cancel();
@@ -258,9 +259,9 @@ asio::awaitable<ShrinkPlan> ask(std::shared_ptr<CommImpl> impl, std::vector<int>
   const int me = impl->rank();
   const int leader = members.front();
   const auto limit = runtime::default_timeout();
-  std::shared_ptr<tcp::socket> sock;
+  std::shared_ptr<transport::Stream> sock;
   try {
-    sock = co_await transport::dial(impl->executor(), peers.table()[leader].endpoint(),
+    sock = co_await transport::dial(impl->executor(), peers.table()[leader],
                                     std::chrono::steady_clock::now() + limit);
   } catch (const std::system_error& e) {
     throw std::system_error(make_error_code(errc::timed_out),

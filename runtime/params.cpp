@@ -5,6 +5,7 @@
 #include "runtime/engine.hpp"
 #include "transport/admission.hpp"
 #include "transport/bootstrap.hpp"
+#include "transport/memory.hpp"
 #include "transport/peers.hpp"
 #include "transport/shm.hpp"
 #include "transport/tcp.hpp"
@@ -34,6 +35,7 @@ std::span<const config::ParamBase* const> library() {
     &slots,
     &mem_budget,
     &link_idle_s,
+    &memory_stream_bytes,
     &oneshot_max,
     &direct_max_ranks,
     &hostid,

@@ -38,7 +38,7 @@ struct Admission::State {
 
 struct Admission::Ticket::Entry {
   std::weak_ptr<State> state;
-  std::weak_ptr<asio::ip::tcp::socket> socket;
+  std::weak_ptr<Stream> socket;
   std::list<std::shared_ptr<Entry>>::iterator where;
   bool listed = false;
 };
@@ -63,7 +63,7 @@ Admission::Admission(std::size_t max) : state_(std::make_shared<State>()) {
                           std::max<std::int64_t>(1, params::bootstrap_pending_max.get()));
 }
 
-Admission::Ticket Admission::admit(const std::shared_ptr<asio::ip::tcp::socket>& socket) {
+Admission::Ticket Admission::admit(const std::shared_ptr<Stream>& socket) {
   while (state_->waiting.size() >= state_->max) evict_oldest();
   auto entry = std::make_shared<Ticket::Entry>();
   entry->state = state_;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "runtime/config.hpp"
+#include "transport/stream.hpp"
 
 namespace coccl::transport {
 
@@ -48,9 +49,9 @@ class Admission {
     std::shared_ptr<Entry> entry_;
   };
 
-  /// Admits a freshly accepted socket. When `max` are already waiting the oldest is closed
+  /// Admits a freshly accepted stream. When `max` are already waiting the oldest is closed
   /// first (its reader fails and drops it).
-  Ticket admit(const std::shared_ptr<asio::ip::tcp::socket>& socket);
+  Ticket admit(const std::shared_ptr<Stream>& socket);
   /// Closes the oldest waiting connection, freeing its descriptor; false when none waits.
   bool evict_oldest();
   /// Connections waiting now.

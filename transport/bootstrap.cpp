@@ -37,12 +37,10 @@ namespace {
 constexpr std::uint32_t id_magic = 0x31444343u;        // "CCD1"
 constexpr std::uint32_t root_view_magic = 0x52565743;  // "CWVR"
 
-using tcp = asio::ip::tcp;
-
 struct Root : std::enable_shared_from_this<Root> {
   Root(asio::any_io_executor ex, const Secret& s)
       : acceptor(ex), secret(s), deadline(ex), retry(ex), drops(-1, "bootstrap root") {}
-  tcp::acceptor acceptor;
+  Acceptor acceptor;
   Secret secret;
   asio::steady_timer deadline;
   asio::steady_timer retry;  // pause after an accept error
@@ -67,7 +65,7 @@ struct Root : std::enable_shared_from_this<Root> {
   std::vector<PeerInfo> table;
   std::vector<bool> seen;
   // The first rank of this root's share (rank 0 at root 0): it takes the table, or the share.
-  std::shared_ptr<tcp::socket> rank0;
+  std::shared_ptr<Stream> rank0;
   std::optional<Channel> rank0_channel;
 
   // Sets the communicator's shape from its first hello or share.
@@ -216,7 +214,7 @@ asio::awaitable<void> root_complete(std::shared_ptr<Root> root) {
 
 // Root 0 of several: another root's share, passed on by its first rank. Answered with an empty
 // status frame when taken, else a notice with the reason (the rank fails with it).
-asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock,
+asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock,
                                       Channel channel, std::vector<std::uint8_t> payload) {
   std::string refusal;
   Share share{};
@@ -274,7 +272,7 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   if (refusal.empty() && root->arrived == root->expect) co_await root_complete(root);
 }
 
-asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tcp::socket> sock) {
+asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock) {
   Hello hello{};
   std::optional<Channel> channel;
   std::vector<std::uint8_t> share;
@@ -354,11 +352,12 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<tc
 
 asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
   while (!root->done) {
-    auto sock = std::make_shared<tcp::socket>(root->acceptor.get_executor());
     boost::system::error_code ec;
-    co_await root->acceptor.async_accept(*sock, asio::redirect_error(asio::use_awaitable, ec));
+    Stream accepted =
+        co_await root->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
     if (root->done) co_return;
     if (!ec) {
+      auto sock = std::make_shared<Stream>(std::move(accepted));
       asio::co_spawn(root->acceptor.get_executor(), root_handle(root, sock), asio::detached);
       continue;
     }
@@ -374,37 +373,6 @@ asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
 }
 
 }  // namespace
-
-asio::awaitable<std::shared_ptr<tcp::socket>> dial(asio::any_io_executor ex, tcp::endpoint ep,
-                                                   std::chrono::steady_clock::time_point until,
-                                                   bool listening) {
-  // The root may not listen yet (launchers start ranks in any order): retry refusals. A rank in
-  // the address table listened before it said hello, so its refusal means it has gone.
-  for (;;) {
-    auto sock = std::make_shared<tcp::socket>(ex);
-    boost::system::error_code ec;
-    {
-      runtime::CloseAfter guard(*sock, until - std::chrono::steady_clock::now());
-      co_await sock->async_connect(ep, asio::redirect_error(asio::use_awaitable, ec));
-      if (guard.fired()) ec = asio::error::timed_out;
-    }
-    if (!ec) co_return sock;
-    if (out_of_resources(ec))
-      throw std::system_error(std::error_code(ec.value(), std::system_category()),
-                              "cannot connect to " + endpoint_text(ep) +
-                                  ": this process is out of file descriptors or socket memory "
-                                  "(raise ulimit -n)");
-    if (listening && ec == asio::error::connection_refused)
-      throw std::system_error(make_error_code(errc::peer_lost),
-                              endpoint_text(ep) + " refused the connection: the process has gone");
-    if (std::chrono::steady_clock::now() >= until || ec == asio::error::timed_out)
-      throw std::system_error(make_error_code(errc::timed_out),
-                              "cannot connect to " + endpoint_text(ep) + " within COCCL_TIMEOUT (" +
-                                  ec.message() + ")");
-    asio::steady_timer t(ex, std::chrono::milliseconds(20));
-    co_await t.async_wait(asio::use_awaitable);
-  }
-}
 
 asio::ip::tcp::endpoint PeerInfo::endpoint() const {
   if (family == 4) {
@@ -442,15 +410,19 @@ RootAddress decode(const UniqueId& id) {
   RootAddress root;
   root.secret = r.get<Secret>();
   PeerInfo p = r.get<PeerInfo>();
+  if (is_memory(p)) {
+    root.address = memory_address(memory_number(p));
+    return root;
+  }
   if (p.family != 4 && p.family != 6)
     throw std::system_error(make_error_code(errc::invalid_argument), "corrupt UniqueId");
-  root.endpoint = p.endpoint();
+  root.address = PeerInfo::from(p.endpoint());
   return root;
 }
 
 UniqueId encode(const RootAddress& root) {
   Writer w;
-  w.put(id_magic).put(root.secret).put(PeerInfo::from(root.endpoint));
+  w.put(id_magic).put(root.secret).put(root.address);
   UniqueId id;
   std::memcpy(id.bytes.data(), w.bytes().data(), w.bytes().size());
   return id;
@@ -479,16 +451,16 @@ std::uint64_t host_hash() {
   return h;
 }
 
+namespace {
+// Serves the rendezvous on the root's listener until it is done or COCCL_TIMEOUT passes.
+void serve(std::shared_ptr<Root> root, runtime::ProxyThread& thread);
+}  // namespace
+
 asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret) {
   auto root = std::make_shared<Root>(thread.executor(), secret);
   boost::system::error_code ec;
-  root->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) root->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) root->acceptor.bind(endpoint, ec);
-  if (!ec) root->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  tcp::endpoint bound;
-  if (!ec) bound = root->acceptor.local_endpoint(ec);
+  root->acceptor.listen(endpoint, true, ec);
   if (ec)
     throw std::system_error(make_error_code(errc::invalid_argument),
                             "bootstrap root cannot listen on " + endpoint_text(endpoint) + ": " +
@@ -496,6 +468,20 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                 (ec == asio::error::address_in_use
                                      ? " (another process, or an earlier job, holds the port)"
                                      : ""));
+  serve(root, thread);
+  return root->acceptor.local_info().endpoint();
+}
+
+PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret) {
+  auto root = std::make_shared<Root>(thread.executor(), secret);
+  root->acceptor.listen_memory();
+  serve(root, thread);
+  return root->acceptor.local_info();
+}
+
+namespace {
+
+void serve(std::shared_ptr<Root> root, runtime::ProxyThread& thread) {
   // Nobody completed the rendezvous in time: stop serving (ranks fail with their own deadline).
   root->deadline.expires_after(runtime::default_timeout());
   root->deadline.async_wait([root](boost::system::error_code ec) {
@@ -511,12 +497,13 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
     });
   });
   asio::co_spawn(thread.executor(), root_accept(root), asio::detached);
-  return bound;
 }
+
+}  // namespace
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
   auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  auto sock = co_await transport::dial(ex_, table_[child].endpoint(), until, true);
+  auto sock = co_await transport::dial(ex_, table_[child], until, true);
   runtime::CloseAfter guard(*sock, runtime::default_timeout());
   Channel channel = co_await Channel::initiate(*sock, secret_);
   co_await write_frame(*sock, channel, FrameType::table, payload);
@@ -550,8 +537,7 @@ namespace {
 std::uint64_t digest_of(const std::vector<RootAddress>& roots) {
   if (roots.size() == 1) return 0;
   Writer w;
-  for (const RootAddress& r : roots)
-    w.put(r.secret).put(PeerInfo::from(r.endpoint).addr).put(r.endpoint.port());
+  for (const RootAddress& r : roots) w.put(r.secret).put(r.address.addr).put(r.address.port);
   auto d = detail::sha256(w.bytes().data(), w.bytes().size());
   std::uint64_t v;
   std::memcpy(&v, d.data(), sizeof v);
@@ -568,7 +554,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   const int nroots = static_cast<int>(roots.size());
   const int at = root_of(rank_, nranks_, nroots);
   const RootAddress root = roots[at];
-  auto sock = co_await transport::dial(ex_, root.endpoint, until);
+  auto sock = co_await transport::dial(ex_, root.address, until);
   std::optional<Channel> channel;
   {
     Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
@@ -657,7 +643,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
 }
 
-asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Channel& channel,
+asio::awaitable<void> Peers::pass_share(std::shared_ptr<Stream> sock, Channel& channel,
                                         RootAddress mine, RootAddress first, int at) {
   auto limit = runtime::default_timeout();
   Frame f;
@@ -681,7 +667,7 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<tcp::socket> sock, Chann
     co_await write_frame(*sock, channel, FrameType::status, ack);
   }
   auto to_first =
-      co_await transport::dial(ex_, first.endpoint, std::chrono::steady_clock::now() + limit);
+      co_await transport::dial(ex_, first.address, std::chrono::steady_clock::now() + limit);
   runtime::CloseAfter guard(*to_first, limit);
   Channel first_channel = co_await Channel::initiate(*to_first, first.secret);
   co_await write_frame(*to_first, first_channel, FrameType::share, f.payload);
@@ -702,7 +688,7 @@ asio::awaitable<void> Peers::tell_root(std::string why) {
   if (!root_) co_return;
   try {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    auto sock = co_await transport::dial(ex_, root_->endpoint, until, true);
+    auto sock = co_await transport::dial(ex_, root_->address, until, true);
     runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
     Channel channel = co_await Channel::initiate(*sock, root_->secret);
     auto payload = encode_notice(rank_, why);
@@ -787,7 +773,7 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
 namespace {
 
 // One question and its answer on a fresh authenticated connection, all before `until`.
-asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Secret secret,
+asio::awaitable<Frame> ask(asio::any_io_executor ex, PeerInfo ep, Secret secret,
                            std::size_t max_answer, std::chrono::steady_clock::time_point until) {
   auto sock = co_await transport::dial(ex, ep, until);
   auto left = std::max<std::chrono::steady_clock::duration>(
@@ -799,14 +785,14 @@ asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Se
     co_await write_frame(*sock, channel, FrameType::status_query, nothing);
     Frame f = co_await read_frame(*sock, channel, max_answer);
     if (f.type != FrameType::status)
-      bad_message("expected a status answer from " + endpoint_text(ep));
+      bad_message("expected a status answer from " + address_text(ep));
     co_return f;
   } catch (const boost::system::system_error& e) {
     if (std::chrono::steady_clock::now() >= until)
       throw std::system_error(make_error_code(errc::timed_out),
-                              "no status answer from " + endpoint_text(ep) + " in time");
+                              "no status answer from " + address_text(ep) + " in time");
     throw std::system_error(make_error_code(errc::peer_lost),
-                            endpoint_text(ep) + " ended the status query: " + e.code().message());
+                            address_text(ep) + " ended the status query: " + e.code().message());
   }
 }
 
@@ -814,14 +800,14 @@ asio::awaitable<Frame> ask(asio::any_io_executor ex, const tcp::endpoint& ep, Se
 
 asio::awaitable<RootView> query_root(asio::any_io_executor ex, const RootAddress& root,
                                      std::chrono::steady_clock::time_point until) {
-  Frame f = co_await ask(ex, root.endpoint, root.secret, max_table_frame, until);
+  Frame f = co_await ask(ex, root.address, root.secret, max_table_frame, until);
   co_return decode_root_view(f.payload);
 }
 
 asio::awaitable<std::vector<std::uint8_t>> query_rank(asio::any_io_executor ex,
                                                       const PeerInfo& peer, Secret secret,
                                                       std::chrono::steady_clock::time_point until) {
-  Frame f = co_await ask(ex, peer.endpoint(), secret, max_status_frame, until);
+  Frame f = co_await ask(ex, peer, secret, max_status_frame, until);
   co_return std::move(f.payload);
 }
 

@@ -17,31 +17,30 @@
 
 #include "runtime/engine.hpp"
 #include "transport/bootstrap_messages.hpp"
+#include "transport/net.hpp"
 #include "transport/wire.hpp"
 
 namespace coccl::transport {
 
 /// The parts of a UniqueId.
 struct RootAddress {
-  asio::ip::tcp::endpoint endpoint;
+  PeerInfo address;  // where the root listens (tcp, or the in-memory network)
   Secret secret;
+  /// The root's tcp endpoint (an address of family 4 or 6).
+  asio::ip::tcp::endpoint endpoint() const { return address.endpoint(); }
 };
 RootAddress decode(const UniqueId& id);
 UniqueId encode(const RootAddress& root);
+
+/// Starts a bootstrap root on `thread` on the in-memory network (transport/memory.hpp); returns
+/// its address. Ranks of this process that rendezvous there link over memory streams.
+PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret);
 
 /// Starts a bootstrap root on `thread`, listening on `endpoint` (port 0 picks one). Returns the
 /// endpoint it listens on. The root serves one communicator. Throws std::system_error with
 /// errc::invalid_argument naming the address when it cannot listen there (port in use).
 asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret);
-
-/// Connects to `ep`, retrying refusals (the listener may not be up yet) until `until`. Throws
-/// std::system_error: errc::timed_out naming `ep` when the deadline passes, or a system error
-/// (EMFILE...) when this process is out of descriptors or socket memory. `listening`: `ep` is known
-/// to have listened (a rank of the address table), so a refusal is errc::peer_lost at once.
-asio::awaitable<std::shared_ptr<asio::ip::tcp::socket>> dial(
-    asio::any_io_executor ex, asio::ip::tcp::endpoint ep,
-    std::chrono::steady_clock::time_point until, bool listening = false);
 
 /// The bootstrap root's view of a communicator, as it answers a status query.
 struct RootView {

@@ -53,10 +53,9 @@ static_assert(sizeof(SlotHeader) <= ib::slot_header);
 
 }  // namespace
 
-IbConnection::IbConnection(int self, int peer, asio::ip::tcp::socket socket,
-                           std::unique_ptr<ib::Link> link, std::size_t split_bytes,
-                           IbPoller& poller, std::shared_ptr<UserBuffers> buffers,
-                           FailureHandler on_failure)
+IbConnection::IbConnection(int self, int peer, Stream socket, std::unique_ptr<ib::Link> link,
+                           std::size_t split_bytes, IbPoller& poller,
+                           std::shared_ptr<UserBuffers> buffers, FailureHandler on_failure)
     : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
       link_(std::move(link)),
       buffers_(std::move(buffers)),
@@ -558,8 +557,7 @@ class IbSetup final : public LinkSetup {
     link_->connect(ib::LinkAddress::decode(theirs));
   }
   bool confirms() const override { return true; }
-  std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
-                                   std::vector<asio::ip::tcp::socket> further) override {
+  std::unique_ptr<Connection> make(int peer, Stream control, std::vector<Stream> further) override {
     if (!further.empty())
       throw std::system_error(make_error_code(errc::internal), "an ib link has one socket");
     const std::size_t split =

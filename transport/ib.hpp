@@ -46,7 +46,7 @@ class IbConnection final : public SocketConnection, public PolledLink {
  public:
   /// `link` is connected (both sides in RTS). `buffers` are the communicator's registered user
   /// buffers (blocks in them move zero-copy). Starts watching the completion channel.
-  IbConnection(int self, int peer, asio::ip::tcp::socket socket, std::unique_ptr<ib::Link> link,
+  IbConnection(int self, int peer, Stream socket, std::unique_ptr<ib::Link> link,
                std::size_t split_bytes, IbPoller& poller, std::shared_ptr<UserBuffers> buffers,
                FailureHandler on_failure);
   ~IbConnection() override;

@@ -10,7 +10,6 @@
 // io_uring) and knows nothing of ranks' tables, budgets or the wire, which stay in Peers.
 #pragma once
 
-#include <boost/asio/ip/tcp.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,6 +20,7 @@
 #include "runtime/engine.hpp"
 #include "transport/connection.hpp"
 #include "transport/link_poller.hpp"
+#include "transport/stream.hpp"
 #include "transport/user_buffers.hpp"
 
 namespace coccl::transport {
@@ -42,6 +42,7 @@ struct LinkEnv {
   std::shared_ptr<ib::Device> ib_device;  // null where this rank has no ib
   std::shared_ptr<UserBuffers> user_buffers;
   FailureHandler on_failure;
+  bool memory = false;  // links run on the in-memory network: tcp over memory streams
 };
 
 /// One link's set-up, seen from one end. Throws std::system_error (errc::bad_message for a peer's
@@ -63,10 +64,10 @@ class LinkSetup {
   /// True when the dialler confirms after complete() that the answerer may now send (ib: the
   /// queue pairs are ready to receive).
   virtual bool confirms() const { return false; }
-  /// The started connection over the control socket and the link's further sockets (as many as
+  /// The started connection over the control stream and the link's further sockets (as many as
   /// agreed, less one).
-  virtual std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
-                                           std::vector<asio::ip::tcp::socket> further) = 0;
+  virtual std::unique_ptr<Connection> make(int peer, Stream control,
+                                           std::vector<Stream> further) = 0;
 };
 
 /// The set-up of a link of `kind` to `peer` with a receive ring of `slots` slots of the

@@ -74,14 +74,16 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
         std::chrono::duration<double>(std::min(idle_s, 1e6)));
   // A bad COCCL_TCP_ENGINE, or uring forced where the kernel refuses it, fails here; the choice
   // is logged once.
-  if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
-  auto addrs = local_addresses();
-  tcp::endpoint ep(addrs.front(), 0);
-  acceptor_.open(ep.protocol());
-  acceptor_.bind(ep);
-  acceptor_.listen(asio::socket_base::max_listen_connections);
+  if (options_.memory) {
+    acceptor_.listen_memory();
+  } else {
+    if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
+    boost::system::error_code ec;
+    acceptor_.listen(tcp::endpoint(local_addresses().front(), 0), false, ec);
+    if (ec) throw boost::system::system_error(ec);
+  }
   // Before any poller is registered: a constructor that throws runs no destructor to remove it.
-  ib_device_ = ib_device_for(options_.transport);
+  if (!options_.memory) ib_device_ = ib_device_for(options_.transport);
   user_buffers_ = make_user_buffers(ib_device_);
   env_.thread = &thread_;
   env_.rank = rank_;
@@ -91,6 +93,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
   env_.ib_device = ib_device_;
   env_.user_buffers = user_buffers_;
   env_.on_failure = on_failure_;
+  env_.memory = options_.memory;
   thread_.add_poller(&poller_);
   if (ib_device_) thread_.add_poller(&ib_poller_);
   accept_loop();
@@ -106,24 +109,25 @@ Peers::~Peers() {
 }
 
 PeerInfo Peers::self_info() const {
-  PeerInfo info = PeerInfo::from(acceptor_.local_endpoint());
+  PeerInfo info = acceptor_.local_info();
   if (ib_device_) info.caps |= PeerInfo::cap_ib;
   return info;
 }
 
 void Peers::accept_loop() {
-  auto sock = std::make_shared<tcp::socket>(ex_);
   // The loop outlives shutdown(): status queries are answered, and survivors of a failure
   // probe and shrink through here (handle_incoming).
-  acceptor_.async_accept(*sock, [this, sock, pass = gate_.enter()](boost::system::error_code ec) {
-    if (!pass.open()) return;
-    if (ec) {
-      accept_failed(ec);
-      return;
-    }
-    asio::co_spawn(ex_, handle_incoming(sock), asio::detached);
-    accept_loop();
-  });
+  acceptor_.async_accept(
+      [this, pass = gate_.enter()](boost::system::error_code ec, Stream accepted) {
+        if (!pass.open()) return;
+        if (ec) {
+          accept_failed(ec);
+          return;
+        }
+        asio::co_spawn(ex_, handle_incoming(std::make_shared<Stream>(std::move(accepted))),
+                       asio::detached);
+        accept_loop();
+      });
 }
 
 void Peers::accept_failed(boost::system::error_code ec) {
@@ -139,7 +143,7 @@ void Peers::accept_failed(boost::system::error_code ec) {
   });
 }
 
-asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
+asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s) {
   auto pass = gate_.enter();
   Frame f;
   std::shared_ptr<Channel> channel;
@@ -259,7 +263,7 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<tcp::socket> s) {
   announce(from);
 }
 
-asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<tcp::socket> s,
+asio::awaitable<void> Peers::serve_recovery(std::shared_ptr<Stream> s,
                                             std::shared_ptr<Channel> channel, Frame f) {
   if (f.payload.empty()) {
     drops_.dropped("an empty recovery frame");
@@ -320,14 +324,14 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
   for (int r : whom) {
     asio::co_spawn(
         ex_,
-        [](asio::any_io_executor ex, tcp::endpoint ep, Secret secret,
+        [](asio::any_io_executor ex, PeerInfo peer, Secret secret,
            std::shared_ptr<std::vector<std::uint8_t>> bytes) -> asio::awaitable<void> {
           const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-          auto sock = co_await transport::dial(ex, ep, until, true);
+          auto sock = co_await transport::dial(ex, peer, until, true);
           runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
           Channel channel = co_await Channel::initiate(*sock, secret);
           co_await write_frame(*sock, channel, FrameType::notice, *bytes);
-        }(ex_, table_[r].endpoint(), secret_, payload),
+        }(ex_, table_[r], secret_, payload),
         [left, all_told](std::exception_ptr) {
           if (--*left == 0) all_told->cancel();
         });
@@ -352,6 +356,9 @@ asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
 }
 
 LinkKind Peers::kind_for(int peer) const {
+  // On the in-memory network the stream is the wire: every rank is in this process, so shm and
+  // ib would only measure this host.
+  if (options_.memory) return LinkKind::tcp;
   if (options_.transport == "ib") return LinkKind::ib;
   if (options_.transport == "tcp") return LinkKind::tcp;
   const bool same_host = table_[peer].host_hash == table_[rank_].host_hash;
@@ -448,11 +455,11 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   // the smallest ring).
   if (budget_ > 0) slots = std::max<std::size_t>(2, std::min(slots, budget_ / options_.slot_bytes));
   Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
-  auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                       std::chrono::steady_clock::now() + limit, true);
+  auto sock =
+      co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit, true);
   std::unique_ptr<LinkSetup> setup = make_link_setup(kind, env_, peer, slots);
   const std::uint32_t want = setup->sockets();
-  std::vector<tcp::socket> further;
+  std::vector<Stream> further;
   {
     runtime::CloseAfter guard(*sock, limit);
     const std::vector<std::uint8_t> request =
@@ -470,8 +477,8 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
                   std::to_string(reply.sockets) + " sockets");
     // The link's further sockets, each authenticated like the first.
     for (std::uint32_t index = 1; index < reply.sockets; ++index) {
-      auto extra = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                            std::chrono::steady_clock::now() + limit);
+      auto extra =
+          co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit);
       runtime::CloseAfter extra_guard(*extra, limit);
       Writer sw;
       sw.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint32_t>(index);
@@ -489,7 +496,7 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
 }
 
-asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::socket> sock,
+asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
                                     std::shared_ptr<Channel> channel,
                                     std::vector<std::uint8_t> payload) {
   auto limit = runtime::default_timeout();
@@ -515,7 +522,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
   }
   const LinkKind kind = kind_for(peer);
   std::unique_ptr<LinkSetup> setup;
-  std::vector<tcp::socket> further;
+  std::vector<Stream> further;
   std::size_t slots = 0;
   {
     runtime::CloseAfter guard(*sock, limit);
@@ -549,7 +556,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<asio::ip::tcp::soc
         encode_link_reply({setup->accept(request.address), sockets});
     co_await write_frame(*sock, *channel, FrameType::accept, reply);
     if (sockets > 1) {
-      std::vector<std::shared_ptr<asio::ip::tcp::socket>> extra(sockets - 1);
+      std::vector<std::shared_ptr<Stream>> extra(sockets - 1);
       try {
         for (std::uint32_t k = 1; k < sockets; ++k) {
           Stripe stripe = co_await stripes_[peer]->pop(limit);
@@ -703,8 +710,8 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   bool agreed = false;
   try {
     const auto limit = auth_timeout();
-    auto sock = co_await transport::dial(ex_, table_[peer].endpoint(),
-                                         std::chrono::steady_clock::now() + limit, true);
+    auto sock =
+        co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit, true);
     runtime::CloseAfter guard(*sock, limit);
     Channel channel = co_await Channel::initiate(*sock, secret_);
     Writer w;
@@ -730,7 +737,7 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   co_return false;
 }
 
-asio::awaitable<void> Peers::serve_close(std::shared_ptr<tcp::socket> s,
+asio::awaitable<void> Peers::serve_close(std::shared_ptr<Stream> s,
                                          std::shared_ptr<Channel> channel, Frame f) {
   auto pass = gate_.enter();
   int from = -1;

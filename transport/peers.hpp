@@ -4,7 +4,6 @@
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include "transport/connection.hpp"
 #include "transport/link_poller.hpp"
 #include "transport/link_setup.hpp"
+#include "transport/net.hpp"
 #include "transport/user_buffers.hpp"
 #include "transport/wire.hpp"
 
@@ -35,6 +35,7 @@ struct LinkOptions {
   std::string transport;  // auto, tcp, shm or ib
   std::size_t slots;
   std::size_t slot_bytes;
+  bool memory = false;  // listen and link on the in-memory network (transport/memory.hpp)
 };
 
 /// One communicator's view of its peers: its listener, the address table and the connections,
@@ -128,7 +129,7 @@ class Peers {
   /// A shrink request another rank sent to this rank's listener (collectives/recovery.cpp),
   /// authenticated with this communicator's secret; answer it on `channel`.
   struct RecoveryRequest {
-    std::shared_ptr<asio::ip::tcp::socket> socket;
+    std::shared_ptr<Stream> socket;
     std::shared_ptr<Channel> channel;
     std::vector<std::uint8_t> payload;
   };
@@ -150,12 +151,12 @@ class Peers {
  private:
   void accept_loop();
   void accept_failed(boost::system::error_code ec);
-  asio::awaitable<void> handle_incoming(std::shared_ptr<asio::ip::tcp::socket> s);
+  asio::awaitable<void> handle_incoming(std::shared_ptr<Stream> s);
   // Lower rank: dial the peer and make the link.
   asio::awaitable<void> dial(int peer, std::size_t slots);
   // Higher rank: answer a connection request at once, whatever this rank is doing, so link
   // setup never waits on the accepting rank's own progress (that could form a cycle).
-  asio::awaitable<void> answer(int peer, std::shared_ptr<asio::ip::tcp::socket> s,
+  asio::awaitable<void> answer(int peer, std::shared_ptr<Stream> s,
                                std::shared_ptr<Channel> channel, std::vector<std::uint8_t> payload);
   void add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes);
   // Adds the link just made (its ring of `slots` slots); finished after shutdown(), it is aborted
@@ -198,8 +199,8 @@ class Peers {
   // Asks `peer` to close the link by agreement; true once it is closed (at both ends).
   asio::awaitable<bool> try_close(int peer, CloseReason why);
   // A peer's request to close the link: agreed when this end is settled and not using it.
-  asio::awaitable<void> serve_close(std::shared_ptr<asio::ip::tcp::socket> s,
-                                    std::shared_ptr<Channel> channel, Frame f);
+  asio::awaitable<void> serve_close(std::shared_ptr<Stream> s, std::shared_ptr<Channel> channel,
+                                    Frame f);
   // Closes the (agreed) link to `peer` here, without failing anything.
   void retire(int peer, CloseReason why);
   // Waits while a close of the link to `peer` is being agreed.
@@ -215,8 +216,8 @@ class Peers {
   asio::awaitable<void> join(std::vector<RootAddress> roots);
   // The first rank of share `at` (> 0): takes the share from its root `mine` and passes it on to
   // the first root.
-  asio::awaitable<void> pass_share(std::shared_ptr<asio::ip::tcp::socket> sock, Channel& channel,
-                                   RootAddress mine, RootAddress first, int at);
+  asio::awaitable<void> pass_share(std::shared_ptr<Stream> sock, Channel& channel, RootAddress mine,
+                                   RootAddress first, int at);
   // Why the table has not come, as the root sees it: the ranks that never arrived, else the
   // tree parent that did not pass it on.
   asio::awaitable<std::string> who_is_missing(const RootAddress& root);
@@ -230,8 +231,8 @@ class Peers {
   // "; <why>" when the root holds a failure notice of `peer`, else "".
   asio::awaitable<std::string> gone_because(int peer);
   // A recovery frame: probes are answered here, shrink requests queued.
-  asio::awaitable<void> serve_recovery(std::shared_ptr<asio::ip::tcp::socket> s,
-                                       std::shared_ptr<Channel> channel, Frame f);
+  asio::awaitable<void> serve_recovery(std::shared_ptr<Stream> s, std::shared_ptr<Channel> channel,
+                                       Frame f);
 
   runtime::ProxyThread& thread_;
   asio::any_io_executor ex_;
@@ -240,7 +241,7 @@ class Peers {
   int nranks_;
   LinkOptions options_;
   FailureHandler on_failure_;
-  asio::ip::tcp::acceptor acceptor_;
+  Acceptor acceptor_;
   Admission admission_;  // connections that have not authenticated yet
   DropLog drops_;
   asio::steady_timer accept_retry_;  // pause after an accept error
@@ -267,7 +268,7 @@ class Peers {
   std::vector<std::string> failed_;  // why the link to a peer could not be made
   // Per lower peer, while this rank answers its tcp link: the link's further sockets (index,
   // socket) as they connect.
-  using Stripe = std::pair<std::uint32_t, std::shared_ptr<asio::ip::tcp::socket>>;
+  using Stripe = std::pair<std::uint32_t, std::shared_ptr<Stream>>;
   std::vector<std::unique_ptr<runtime::Mailbox<Stripe>>> stripes_;
   bool shut_ = false;
   StatusSource status_source_;
@@ -278,7 +279,7 @@ class Peers {
   std::shared_ptr<int> telling_ = std::make_shared<int>(0);
   // Rank 0: its connection to the root, held open while this Peers lives so that the root keeps
   // answering status queries for the communicator (it stops once this closes).
-  std::shared_ptr<asio::ip::tcp::socket> root_link_;
+  std::shared_ptr<Stream> root_link_;
   std::optional<RootAddress> root_;  // the first root, from rendezvous()
   int roots_ = 1;                    // how many roots rendezvous() was given
   runtime::Mailbox<RecoveryRequest> recovery_box_;

@@ -133,7 +133,7 @@ std::size_t ShmConnection::segment_bytes(std::size_t slots, std::size_t slot_byt
   return data_offset(slots) + slots * slot_bytes;
 }
 
-ShmConnection::ShmConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
+ShmConnection::ShmConnection(int self, int peer, Stream socket, std::size_t slots,
                              std::size_t slot_bytes, std::unique_ptr<ShmSegment> own,
                              std::unique_ptr<ShmSegment> peer_ring, ShmPoller& poller,
                              FailureHandler on_failure)
@@ -241,8 +241,7 @@ class ShmSetup final : public LinkSetup {
     theirs_ = ShmSegment::open(std::string(theirs.begin(), theirs.end()), bytes_);
     own_->unlink();  // the peer mapped it before it answered
   }
-  std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
-                                   std::vector<asio::ip::tcp::socket> further) override {
+  std::unique_ptr<Connection> make(int peer, Stream control, std::vector<Stream> further) override {
     if (!further.empty())
       throw std::system_error(make_error_code(errc::internal), "a shm link has one socket");
     auto c = std::make_unique<ShmConnection>(env_.rank, peer, std::move(control), slots_,

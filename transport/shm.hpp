@@ -51,10 +51,9 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   static std::size_t segment_bytes(std::size_t slots, std::size_t slot_bytes);
 
   /// `own` is this side's receive ring (created here), `peer` the peer's (mapped).
-  ShmConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
-                std::size_t slot_bytes, std::unique_ptr<ShmSegment> own,
-                std::unique_ptr<ShmSegment> peer_ring, ShmPoller& poller,
-                FailureHandler on_failure);
+  ShmConnection(int self, int peer, Stream socket, std::size_t slots, std::size_t slot_bytes,
+                std::unique_ptr<ShmSegment> own, std::unique_ptr<ShmSegment> peer_ring,
+                ShmPoller& poller, FailureHandler on_failure);
   ~ShmConnection() override;
 
   const char* kind() const noexcept override { return "shm"; }

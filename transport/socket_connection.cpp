@@ -25,13 +25,12 @@ errc abort_code(std::uint32_t code) noexcept {
   return static_cast<errc>(code);
 }
 
-SocketConnection::SocketConnection(int self, int peer, asio::ip::tcp::socket socket,
-                                   FailureHandler on_failure)
+SocketConnection::SocketConnection(int self, int peer, Stream socket, FailureHandler on_failure)
     : Connection(self, peer, std::move(on_failure)),
       socket_(std::move(socket)),
       linger_(socket_.get_executor()) {
   boost::system::error_code ignored;
-  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+  if (auto* tcp = socket_.tcp()) tcp->set_option(asio::ip::tcp::no_delay(true), ignored);
 }
 
 SocketConnection::~SocketConnection() {
@@ -155,12 +154,11 @@ void SocketConnection::queue_broken(boost::system::error_code ec) {
 void SocketConnection::finish_close() {
   boost::system::error_code ignored;
   if (!notice_.empty()) {
-    socket_.non_blocking(true, ignored);
-    socket_.write_some(asio::buffer(notice_), ignored);
+    socket_.write_some_now(asio::buffer(notice_), ignored);
     notice_.clear();
   }
   linger_.cancel();
-  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  if (auto* tcp = socket_.tcp()) tcp->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
 }
 
@@ -178,8 +176,7 @@ void SocketConnection::send_abort(std::error_code ec, const std::string& why) {
   // socket buffer cannot hang an abort.
   if (writing_) return;
   boost::system::error_code ignored;
-  socket_.non_blocking(true, ignored);
-  socket_.write_some(asio::buffer(notice_), ignored);
+  socket_.write_some_now(asio::buffer(notice_), ignored);
   notice_.clear();
 }
 
@@ -242,8 +239,7 @@ void SocketConnection::send_goodbye() {
     return;
   }
   boost::system::error_code ignored;
-  socket_.non_blocking(true, ignored);
-  socket_.write_some(asio::buffer(&h, sizeof h), ignored);
+  socket_.write_some_now(asio::buffer(&h, sizeof h), ignored);
 }
 
 asio::awaitable<void> SocketConnection::on_put(const LinkHeader&) {

@@ -1,10 +1,10 @@
-// The part of a connection that lives on a TCP socket: an ordered write queue, a reader coroutine
-// that dispatches incoming frames, peer-loss detection (EOF or reset) and abort notices. The tcp
-// transport carries its data on it; shm uses it only for liveness and abort notices.
+// The part of a connection that lives on a byte stream (a TCP socket, or a memory stream): an
+// ordered write queue, a reader coroutine that dispatches incoming frames, peer-loss detection (EOF
+// or reset) and abort notices. The tcp transport carries its data on it; shm uses it only for
+// liveness and abort notices.
 #pragma once
 
 #include <boost/asio/any_completion_handler.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/error.hpp>
 #include <cstddef>
@@ -17,6 +17,7 @@
 
 #include "runtime/gate.hpp"
 #include "transport/connection.hpp"
+#include "transport/stream.hpp"
 
 namespace coccl::transport {
 
@@ -44,7 +45,7 @@ using Waiter = std::optional<Resume>;
 
 class SocketConnection : public Connection {
  public:
-  SocketConnection(int self, int peer, asio::ip::tcp::socket socket, FailureHandler on_failure);
+  SocketConnection(int self, int peer, Stream socket, FailureHandler on_failure);
   ~SocketConnection() override;
 
   void send_abort(std::error_code ec, const std::string& why) override;
@@ -89,7 +90,7 @@ class SocketConnection : public Connection {
   // the communicator) only if someone still needs the peer, then throws.
   [[noreturn]] void fail_departed(const char* needed);
 
-  asio::ip::tcp::socket socket_;
+  Stream socket_;
   // The coroutine waiting for the next chunk, and the one waiting for a free slot of the peer's
   // ring (at most one each: see Connection).
   Waiter recv_waiter_;

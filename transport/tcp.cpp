@@ -19,7 +19,7 @@ config::Param<std::int64_t> tcp_sockets{
 
 namespace coccl::transport {
 
-TcpConnection::TcpConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
+TcpConnection::TcpConnection(int self, int peer, Stream socket, std::size_t slots,
                              std::size_t slot_bytes, FailureHandler on_failure)
     : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
       slots_(slots),
@@ -110,8 +110,7 @@ class TcpSetup final : public LinkSetup {
     return {};
   }
   void complete(std::span<const std::uint8_t> theirs) override { expect_empty(theirs); }
-  std::unique_ptr<Connection> make(int peer, asio::ip::tcp::socket control,
-                                   std::vector<asio::ip::tcp::socket> further) override {
+  std::unique_ptr<Connection> make(int peer, Stream control, std::vector<Stream> further) override {
     if (!ring_) {
       if (!further.empty())
         throw std::system_error(make_error_code(errc::internal),
@@ -121,9 +120,10 @@ class TcpSetup final : public LinkSetup {
       c->start();
       return c;
     }
+    // A ring is made only where links run on tcp sockets (never on the in-memory network).
     std::vector<asio::ip::tcp::socket> sockets;
-    sockets.push_back(std::move(control));
-    for (auto& s : further) sockets.push_back(std::move(s));
+    sockets.push_back(std::move(*control.tcp()));
+    for (auto& s : further) sockets.push_back(std::move(*s.tcp()));
     COCCL_INFO(net, env_.rank, "tcp link to rank %d on io_uring over %zu socket(s)", peer,
                sockets.size());
     return make_uring_connection(env_.rank, peer, std::move(sockets), std::move(ring_), slots_,
@@ -134,7 +134,8 @@ class TcpSetup final : public LinkSetup {
   // Makes the link's io_uring when this rank's engine is uring; returns how many sockets this
   // end wants (1 on the asio engine).
   std::uint32_t prepare(int peer) {
-    if (tcp_engine(env_.rank) == TcpEngine::asio) return 1;
+    // Memory streams have no descriptor for io_uring.
+    if (env_.memory || tcp_engine(env_.rank) == TcpEngine::asio) return 1;
     std::string why;
     ring_ = make_uring_ring(why);
     if (!ring_) {

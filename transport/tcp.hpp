@@ -13,8 +13,8 @@ namespace coccl::transport {
 
 class TcpConnection final : public SocketConnection {
  public:
-  TcpConnection(int self, int peer, asio::ip::tcp::socket socket, std::size_t slots,
-                std::size_t slot_bytes, FailureHandler on_failure);
+  TcpConnection(int self, int peer, Stream socket, std::size_t slots, std::size_t slot_bytes,
+                FailureHandler on_failure);
 
   const char* kind() const noexcept override { return "tcp"; }
   std::size_t slot_bytes() const noexcept override { return slot_bytes_; }

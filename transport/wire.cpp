@@ -147,7 +147,7 @@ Channel Channel::dialler_side(const Secret& secret, const Nonce& mine,
   return Channel(key, true);
 }
 
-asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, Secret secret) {
+asio::awaitable<Channel> Channel::initiate(Stream& socket, Secret secret) {
   Nonce mine;
   detail::random_bytes(mine);
   std::array<std::uint8_t, dialler_hello_size> hello = dialler_hello(mine);
@@ -157,7 +157,7 @@ asio::awaitable<Channel> Channel::initiate(asio::ip::tcp::socket& socket, Secret
   co_return dialler_side(secret, mine, answer);
 }
 
-asio::awaitable<Channel> Channel::respond(asio::ip::tcp::socket& socket, Secret secret) {
+asio::awaitable<Channel> Channel::respond(Stream& socket, Secret secret) {
   std::array<std::uint8_t, dialler_hello_size> hello{};
   // Magic and version first, so that a stranger writing anything else is dropped at once.
   co_await asio::async_read(socket, asio::buffer(hello.data(), 8), asio::use_awaitable);
@@ -187,7 +187,7 @@ std::vector<std::uint8_t> Channel::seal(FrameType type, std::span<const std::uin
   return out;
 }
 
-asio::awaitable<void> write_frame(asio::ip::tcp::socket& socket, Channel& channel, FrameType type,
+asio::awaitable<void> write_frame(Stream& socket, Channel& channel, FrameType type,
                                   std::span<const std::uint8_t> payload) {
   std::vector<std::uint8_t> bytes = channel.seal(type, payload);
   co_await asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable);
@@ -221,8 +221,7 @@ void Channel::open_payload(std::span<const std::uint8_t, head_size> head,
   ++received_;
 }
 
-asio::awaitable<Frame> read_frame(asio::ip::tcp::socket& socket, Channel& channel,
-                                  std::size_t max_payload) {
+asio::awaitable<Frame> read_frame(Stream& socket, Channel& channel, std::size_t max_payload) {
   std::array<std::uint8_t, Channel::head_size> head{};
   co_await asio::async_read(socket, asio::buffer(head), asio::use_awaitable);
   Channel::Head h = channel.open_head(head, max_payload);

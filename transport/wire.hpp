@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "runtime/config.hpp"
+#include "transport/stream.hpp"
 
 namespace coccl::transport {
 
@@ -73,11 +74,11 @@ class Channel {
   /// Throws std::system_error(errc::bad_message) when the listener does not know the secret, and
   /// boost::system::system_error on socket errors. Both sides copy the secret: the handshake may
   /// outlive its caller's object (a listener destroyed while a stranger's hello is in flight).
-  static asio::awaitable<Channel> initiate(asio::ip::tcp::socket& socket, Secret secret);
+  static asio::awaitable<Channel> initiate(Stream& socket, Secret secret);
   /// The listener's side: reads the dialler's nonce (a fixed, small number of bytes), answers with
   /// its own nonce and proof. The dialler has proved nothing yet: the first frame read on the
   /// channel authenticates it.
-  static asio::awaitable<Channel> respond(asio::ip::tcp::socket& socket, Secret secret);
+  static asio::awaitable<Channel> respond(Stream& socket, Secret secret);
 
   /// The dialler's hello for its nonce `mine`.
   static std::array<std::uint8_t, dialler_hello_size> dialler_hello(const Nonce& mine);
@@ -124,15 +125,14 @@ class Channel {
 };
 
 /// Writes one frame. Throws boost::system::system_error on socket errors.
-asio::awaitable<void> write_frame(asio::ip::tcp::socket& socket, Channel& channel, FrameType type,
+asio::awaitable<void> write_frame(Stream& socket, Channel& channel, FrameType type,
                                   std::span<const std::uint8_t> payload);
 
 /// Reads the next frame of at most `max_payload` bytes. The header is authenticated (key,
 /// direction, counter) before the payload is allocated. Throws std::system_error(errc::bad_message)
 /// on a malformed, unauthenticated, replayed or reordered frame and boost::system::system_error on
 /// socket errors.
-asio::awaitable<Frame> read_frame(asio::ip::tcp::socket& socket, Channel& channel,
-                                  std::size_t max_payload);
+asio::awaitable<Frame> read_frame(Stream& socket, Channel& channel, std::size_t max_payload);
 
 /// Little helpers to build and parse payloads field by field.
 class Writer {

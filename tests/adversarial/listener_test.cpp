@@ -180,7 +180,7 @@ TEST(AcceptLoop, RootKeepsAcceptingAfterRunningOutOfDescriptors) {
   {
     DescriptorsExhausted full;
     ASSERT_GT(full.filled(), 0u);
-    ASSERT_GE(full.connect_one(root.endpoint), 0);
+    ASSERT_GE(full.connect_one(root.endpoint()), 0);
     // The root's accept of that connection fails with EMFILE; give its thread the moment it
     // needs to try (the old loop ended there for good).
     std::this_thread::sleep_for(300ms);
@@ -240,13 +240,13 @@ TEST(Dial, ARefusingAddressFailsWithTimedOutNamingIt) {
     asio::io_context io;
     std::exception_ptr error;
     bool done = false;
-    asio::co_spawn(
-        io,
-        transport::dial(io.get_executor(), ep, std::chrono::steady_clock::now() + 50ms + i * 1ms),
-        [&](std::exception_ptr e, std::shared_ptr<tcp::socket>) {
-          error = e;
-          done = true;
-        });
+    asio::co_spawn(io,
+                   transport::dial(io.get_executor(), transport::PeerInfo::from(ep),
+                                   std::chrono::steady_clock::now() + 50ms + i * 1ms),
+                   [&](std::exception_ptr e, std::shared_ptr<transport::Stream>) {
+                     error = e;
+                     done = true;
+                   });
     io.run_for(10s);
     ASSERT_TRUE(done);
     ASSERT_TRUE(error);

@@ -39,16 +39,16 @@ void run_both(asio::io_context& io, A a, B b) {
 // A connected pair of sockets on `io` with a channel on each end, made by the real handshake.
 struct ChannelPair {
   explicit ChannelPair(asio::io_context& io, const transport::Secret& secret)
-      : dialler(io), listener(io) {
+      : dialler(tcp::socket(io)), listener(tcp::socket(io)) {
     tcp::acceptor a(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-    dialler.connect(a.local_endpoint());
-    a.accept(listener);
+    dialler.tcp()->connect(a.local_endpoint());
+    a.accept(*listener.tcp());
     run_both(
         io,
         [&]() -> asio::awaitable<void> { d.emplace(co_await Channel::initiate(dialler, secret)); },
         [&]() -> asio::awaitable<void> { l.emplace(co_await Channel::respond(listener, secret)); });
   }
-  tcp::socket dialler, listener;
+  transport::Stream dialler, listener;
   std::optional<Channel> d, l;
 };
 
@@ -85,9 +85,9 @@ TEST(Replay, AFrameReplayedOnItsOwnConnectionIsRejected) {
   asio::io_context io;
   ChannelPair p(io, random_secret());
   auto frame = p.d->seal(FrameType::ctrl, bytes_of("first"));
-  asio::write(p.dialler, asio::buffer(frame));
+  asio::write(*p.dialler.tcp(), asio::buffer(frame));
   EXPECT_FALSE(read_one(io, p));
-  asio::write(p.dialler, asio::buffer(frame));
+  asio::write(*p.dialler.tcp(), asio::buffer(frame));
   EXPECT_EQ(read_one(io, p), errc::bad_message);
 }
 
@@ -96,7 +96,7 @@ TEST(Replay, FramesDeliveredOutOfOrderAreRejected) {
   ChannelPair p(io, random_secret());
   auto first = p.d->seal(FrameType::ctrl, bytes_of("first"));
   auto second = p.d->seal(FrameType::ctrl, bytes_of("second"));
-  asio::write(p.dialler, asio::buffer(second));
+  asio::write(*p.dialler.tcp(), asio::buffer(second));
   EXPECT_EQ(read_one(io, p), errc::bad_message);
 }
 
@@ -105,7 +105,7 @@ TEST(Replay, AFrameReflectedBackToItsSenderIsRejected) {
   ChannelPair p(io, random_secret());
   // The listener's first frame, sent back to the listener as if the dialler had written it.
   auto frame = p.l->seal(FrameType::ctrl, bytes_of("from the listener"));
-  asio::write(p.dialler, asio::buffer(frame));
+  asio::write(*p.dialler.tcp(), asio::buffer(frame));
   EXPECT_EQ(read_one(io, p), errc::bad_message);
 }
 
@@ -114,16 +114,16 @@ TEST(Replay, AFrameFromAnotherConnectionWithTheSameSecretIsRejected) {
   auto secret = random_secret();
   ChannelPair earlier(io, secret), now(io, secret);
   auto captured = earlier.d->seal(FrameType::ctrl, bytes_of("captured"));
-  asio::write(now.dialler, asio::buffer(captured));
+  asio::write(*now.dialler.tcp(), asio::buffer(captured));
   EXPECT_EQ(read_one(io, now), errc::bad_message);
 }
 
 TEST(Replay, AListenerWithTheWrongSecretIsRefusedByTheDialler) {
   asio::io_context io;
-  tcp::socket dialler(io), listener(io);
+  transport::Stream dialler(tcp::socket{io}), listener(tcp::socket{io});
   tcp::acceptor a(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-  dialler.connect(a.local_endpoint());
-  a.accept(listener);
+  dialler.tcp()->connect(a.local_endpoint());
+  a.accept(*listener.tcp());
   try {
     run_both(
         io,

@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   transport::RootAddress root;
   if (fuzz::rejects(errc::invalid_argument, [&] { root = transport::decode(id); })) return 0;
   transport::RootAddress again = transport::decode(transport::encode(root));
-  if (again.endpoint != root.endpoint || again.secret != root.secret)
+  if (again.endpoint() != root.endpoint() || again.secret != root.secret)
     fuzz::violated("a decoded UniqueId does not survive encoding");
   return 0;
 }

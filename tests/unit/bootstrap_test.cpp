@@ -111,12 +111,12 @@ TEST(EndpointText, RejectsAPortOutOfRangeInsteadOfWrappingIt) {
 TEST(UniqueIdEncoding, DecodeOfACreatedIdNamesAListeningRoot) {
   UniqueId id = UniqueId::create();
   auto root = transport::decode(id);
-  EXPECT_NE(root.endpoint.port(), 0);
+  EXPECT_NE(root.endpoint().port(), 0);
   EXPECT_EQ(transport::encode(root), id);
   asio::io_context io;
   tcp::socket s(io);
   boost::system::error_code ec;
-  s.connect(root.endpoint, ec);
+  s.connect(root.endpoint(), ec);
   EXPECT_FALSE(ec) << ec.message();
 }
 
@@ -124,7 +124,7 @@ TEST(UniqueIdEncoding, TwoCreatedIdsHaveDifferentSecrets) {
   auto a = transport::decode(UniqueId::create());
   auto b = transport::decode(UniqueId::create());
   EXPECT_NE(a.secret, b.secret);
-  EXPECT_NE(a.endpoint, b.endpoint);
+  EXPECT_NE(a.endpoint(), b.endpoint());
 }
 
 TEST(UniqueIdEncoding, DecodeRejectsBytesNotMadeByCreate) {
@@ -228,9 +228,10 @@ void send_frame(asio::io_context& io, tcp::socket& s, const transport::Secret& s
   std::vector<std::uint8_t> answer(transport::Channel::listener_hello_size);
   asio::read(s, asio::buffer(answer));
   tcp::acceptor a(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-  tcp::socket mine(io), theirs(io);
-  mine.connect(a.local_endpoint());
-  a.accept(theirs);
+  tcp::socket dialled(io), accepted(io);
+  dialled.connect(a.local_endpoint());
+  a.accept(accepted);
+  transport::Stream mine(std::move(dialled)), theirs(std::move(accepted));
   std::optional<transport::Channel> channel;
   int done = 0;
   asio::co_spawn(
@@ -255,7 +256,7 @@ TEST(BootstrapRoot, DropsAConnectionSendingGarbage) {
   auto root = transport::decode(id);
   asio::io_context io;
   tcp::socket s(io);
-  s.connect(root.endpoint);
+  s.connect(root.endpoint());
   std::vector<std::uint8_t> garbage(16, 0xab);
   asio::write(s, asio::buffer(garbage));
   // Closed on the bad handshake magic; the unread rest makes it a reset.
@@ -270,8 +271,8 @@ TEST(BootstrapRoot, DropsAHelloAuthenticatedWithTheWrongSecret) {
   auto root = transport::decode(id);
   asio::io_context io;
   tcp::socket s(io);
-  s.connect(root.endpoint);
-  send_frame(io, s, wrong_secret_for(root.secret), hello_payload(0, 2, root.endpoint));
+  s.connect(root.endpoint());
+  send_frame(io, s, wrong_secret_for(root.secret), hello_payload(0, 2, root.endpoint()));
   // Closed on the forged header: the rest of the frame, unread, makes it a reset.
   auto closed = wait_closed(io, s, 5s);
   ASSERT_TRUE(closed.has_value());
@@ -284,7 +285,7 @@ TEST(BootstrapRoot, RanksCompleteAfterAGarbageConnection) {
   auto root = transport::decode(id);
   asio::io_context io;
   tcp::socket s(io);
-  s.connect(root.endpoint);
+  s.connect(root.endpoint());
   std::vector<std::uint8_t> garbage(64, 0xab);
   asio::write(s, asio::buffer(garbage));
   ASSERT_TRUE(wait_closed(io, s, 5s).has_value());
@@ -299,7 +300,7 @@ TEST(BootstrapRoot, RanksCompleteAfterAWrongSecretHelloClaimingRankZero) {
   asio::io_context io;
   tcp::acceptor fake_listener(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
   tcp::socket s(io);
-  s.connect(root.endpoint);
+  s.connect(root.endpoint());
   send_frame(io, s, wrong_secret_for(root.secret),
              hello_payload(0, 3, fake_listener.local_endpoint()));
   ASSERT_TRUE(wait_closed(io, s, 5s).has_value());
@@ -311,10 +312,10 @@ TEST(BootstrapRoot, HalfOpenConnectionDoesNotBlockTheRanks) {
   auto root = transport::decode(id);
   asio::io_context io;
   tcp::socket silent(io);
-  silent.connect(root.endpoint);
+  silent.connect(root.endpoint());
   // Half a frame header: the root waits for the rest on this connection only.
   tcp::socket partial(io);
-  partial.connect(root.endpoint);
+  partial.connect(root.endpoint());
   asio::write(partial, asio::buffer(std::vector<std::uint8_t>(8, 0)));
   auto start = std::chrono::steady_clock::now();
   expect_all_summed(join_and_sum(id, 3, all_ranks(3)));
@@ -327,11 +328,11 @@ TEST(BootstrapRoot, RanksCompleteDespiteAllStrangersAtOnce) {
   auto root = transport::decode(id);
   asio::io_context io;
   tcp::socket silent(io), garbage(io), forged(io);
-  silent.connect(root.endpoint);
-  garbage.connect(root.endpoint);
-  forged.connect(root.endpoint);
+  silent.connect(root.endpoint());
+  garbage.connect(root.endpoint());
+  forged.connect(root.endpoint());
   asio::write(garbage, asio::buffer(std::vector<std::uint8_t>(32, 0xff)));
-  send_frame(io, forged, wrong_secret_for(root.secret), hello_payload(1, 4, root.endpoint));
+  send_frame(io, forged, wrong_secret_for(root.secret), hello_payload(1, 4, root.endpoint()));
   expect_all_summed(join_and_sum(id, 4, all_ranks(4)));
 }
 

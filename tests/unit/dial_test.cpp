@@ -26,7 +26,9 @@ TEST(Dial, RefusedUntilTheDeadlineEndsWithTimedOutEveryTime) {
   a.close();
   for (int i = 0; i < 40; ++i) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5 + i % 7 * 9);
-    auto f = asio::co_spawn(io, transport::dial(io.get_executor(), ep, until), asio::use_future);
+    auto f =
+        asio::co_spawn(io, transport::dial(io.get_executor(), transport::PeerInfo::from(ep), until),
+                       asio::use_future);
     io.restart();
     io.run();
     try {

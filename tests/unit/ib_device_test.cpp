@@ -94,10 +94,10 @@ struct Pair {
     l0->connect(a1);
     l1->connect(l0->address());
     conn[0] = std::make_unique<IbConnection>(
-        0, 1, std::move(s0), std::move(l0), 4096, poller, buffers,
+        0, 1, transport::Stream(std::move(s0)), std::move(l0), 4096, poller, buffers,
         [this](int, std::error_code, const std::string& w) { failure[0] = w; });
     conn[1] = std::make_unique<IbConnection>(
-        1, 0, std::move(s1), std::move(l1), 4096, poller, buffers,
+        1, 0, transport::Stream(std::move(s1)), std::move(l1), 4096, poller, buffers,
         [this](int, std::error_code, const std::string& w) { failure[1] = w; });
     conn[0]->start();
     conn[1]->start();

@@ -68,8 +68,8 @@ TEST_P(EveryKind, BothEndsMakeALinkThatCarriesAPutIntact) {
   auto body = [&]() -> asio::awaitable<std::vector<std::byte>> {
     thread.add_poller(&a.poller);
     thread.add_poller(&b.poller);
-    auto ca = dialler->make(1, std::move(sa), {});
-    auto cb = answerer->make(0, std::move(sb), {});
+    auto ca = dialler->make(1, transport::Stream(std::move(sa)), {});
+    auto cb = answerer->make(0, transport::Stream(std::move(sb)), {});
     co_await ca->put(sent.data(), sent.size(), 42);
     transport::Chunk c = co_await cb->wait();
     EXPECT_EQ(c.fingerprint, 42u);

@@ -1,0 +1,91 @@
+// Communicators of many ranks in one process on the in-memory network (memory_unique_id): the
+// real rendezvous, link handshake and algorithms run over memory streams, on the process engine's
+// proxy thread, and give the results a reference computed here. Destroying them is clean (the
+// sanitizer build checks it).
+#include <gtest/gtest.h>
+
+#include <coccl/communicator.hpp>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/comm.hpp"
+#include "transport/net.hpp"
+#include "transport/peers.hpp"
+
+namespace coccl {
+namespace {
+
+struct RankResult {
+  std::vector<std::int32_t> small;  // all_reduce of a few elements (latency algorithms)
+  std::vector<float> large;         // all_reduce of more than one slot (bandwidth algorithms)
+  std::vector<std::int32_t> gathered;
+  bool on_memory = false;  // the rank listened on the in-memory network
+  std::string error;
+};
+
+std::int32_t small_in(int rank, std::size_t i) {
+  return static_cast<std::int32_t>(rank * 31 + static_cast<int>(i % 97));
+}
+float large_in(int rank, std::size_t i) { return static_cast<float>((rank + 1) * (i % 13)); }
+std::int32_t gather_in(int rank, std::size_t i) {
+  return static_cast<std::int32_t>(rank * 1000 + static_cast<int>(i));
+}
+
+void run_ranks(int n) {
+  constexpr std::size_t small_count = 1000;    // 4 KB
+  constexpr std::size_t large_count = 150000;  // 600 KB: several slots, past a stream's buffer
+  constexpr std::size_t gather_count = 100;
+  const UniqueId id = detail::memory_unique_id();
+  std::vector<RankResult> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      RankResult& out = results[r];
+      try {
+        Communicator c = Communicator::create(id, r, n);
+        out.on_memory = transport::is_memory(detail::impl_of(c)->peers().self_info());
+        std::vector<std::int32_t> small(small_count);
+        for (std::size_t i = 0; i < small_count; ++i) small[i] = small_in(r, i);
+        out.small.resize(small_count);
+        c.all_reduce(small.data(), out.small.data(), small_count, DataType::int32, ReduceOp::sum);
+        std::vector<float> large(large_count);
+        for (std::size_t i = 0; i < large_count; ++i) large[i] = large_in(r, i);
+        out.large.resize(large_count);
+        c.all_reduce(large.data(), out.large.data(), large_count, DataType::float32, ReduceOp::sum);
+        std::vector<std::int32_t> mine(gather_count);
+        for (std::size_t i = 0; i < gather_count; ++i) mine[i] = gather_in(r, i);
+        out.gathered.resize(gather_count * n);
+        c.all_gather(mine.data(), out.gathered.data(), gather_count, DataType::int32);
+        c.destroy();
+      } catch (const std::exception& e) {
+        out.error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::vector<std::int32_t> small_want(small_count, 0);
+  std::vector<float> large_want(large_count, 0.0f);
+  std::vector<std::int32_t> gather_want(gather_count * n);
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < small_count; ++i) small_want[i] += small_in(r, i);
+    for (std::size_t i = 0; i < large_count; ++i) large_want[i] += large_in(r, i);
+    for (std::size_t i = 0; i < gather_count; ++i)
+      gather_want[r * gather_count + i] = gather_in(r, i);
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(results[r].error, "") << "rank " << r;
+    EXPECT_TRUE(results[r].on_memory) << "rank " << r;
+    EXPECT_EQ(results[r].small, small_want) << "rank " << r;
+    // Small integers in float32: every order of summation is exact.
+    EXPECT_EQ(results[r].large, large_want) << "rank " << r;
+    EXPECT_EQ(results[r].gathered, gather_want) << "rank " << r;
+  }
+}
+
+TEST(MemoryCommunicator, EightRanksInOneProcessReduceAndGather) { run_ranks(8); }
+
+TEST(MemoryCommunicator, SixtyFourRanksInOneProcessReduceAndGather) { run_ranks(64); }
+
+}  // namespace
+}  // namespace coccl

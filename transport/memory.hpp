@@ -1,0 +1,80 @@
+// The in-memory network: byte streams and listeners inside one process, for many ranks of one
+// process (coccl-sim, tests) running the real bootstrap, link handshake and tcp links without
+// sockets or file descriptors.
+//
+// A memory stream is a pair of byte queues, one each way, with what code written for tcp expects:
+// bytes arrive in order and may be read in pieces; a write completes once its bytes are queued,
+// and waits while the queue holds `capacity` bytes (back-pressure, like a socket buffer); closing
+// one end is an end of stream (asio::error::eof) for the other's reads once it has read what was
+// queued, and makes the other's writes fail with broken_pipe. Completions are posted to the
+// executor of the end whose operation completes, never run inside the other end's call. The two
+// ends may live on different threads: each stream's queues are guarded by a mutex of their own
+// (this is a test network; the library's tcp, shm and ib paths take no locks).
+//
+// Listeners are found by number in a process-wide registry (PeerInfo family_memory, see
+// transport/net.hpp); dialling a number nobody listens on is refused, as tcp would.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "runtime/config.hpp"
+#include "transport/net.hpp"
+#include "transport/stream.hpp"
+
+namespace coccl::transport::memory {
+
+/// COCCL_MEMORY_STREAM_BYTES: what one direction of a memory stream holds before a write waits.
+std::size_t default_capacity();
+
+/// Two connected memory streams: the first on `a`, the second on `b`; each direction holds at
+/// most `capacity` (at least 1) bytes written and not yet read.
+std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_executor b,
+                                    std::size_t capacity);
+
+/// A listener of the memory network. Thread-safe: dialled from any thread, accepting on its own
+/// executor.
+class Listener : public std::enable_shared_from_this<Listener> {
+ public:
+  /// Listens under a new number, accepting on `ex`.
+  static std::shared_ptr<Listener> open(asio::any_io_executor ex);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  std::uint64_t number() const noexcept { return number_; }
+  /// The next dialled stream (one accept at a time); operation_aborted once closed.
+  void async_accept(Acceptor::AcceptHandler handler);
+  /// Stops listening: a pending accept completes with operation_aborted, streams dialled and not
+  /// yet accepted are closed (their diallers read an end of stream), later dials are refused.
+  void close();
+  bool is_open() const;
+
+  /// Dials listener `number`: the dialler's end on `ex`, or nullopt when nobody listens there.
+  static std::optional<Stream> connect(std::uint64_t number, asio::any_io_executor ex);
+
+ private:
+  Listener(asio::any_io_executor ex, std::uint64_t number) : ex_(std::move(ex)), number_(number) {}
+
+  asio::any_io_executor ex_;
+  std::uint64_t number_;
+  mutable std::mutex mutex_;
+  bool open_ = true;
+  std::deque<Stream> backlog_;  // dialled, not yet accepted
+  // Never assigned: Boost 1.81's any_completion_handler move assignment recurses without end.
+  std::optional<Acceptor::AcceptHandler> waiter_;
+};
+
+}  // namespace coccl::transport::memory
+
+namespace coccl::params {
+
+extern config::Param<std::int64_t> memory_stream_bytes;  // COCCL_MEMORY_STREAM_BYTES
+
+}  // namespace coccl::params
