@@ -754,20 +754,26 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
     co_return "rank 0 reached the bootstrap root but could not take the address table from it "
               "(it has gone)";
   if (rank_ == 0) co_return "every rank reached the bootstrap root, which sent no table";
+  const std::string parent_says = co_await ancestors_say(rank_, view->table);
+  co_return "every rank reached the bootstrap root; the table did not come down the tree (" +
+      parent_says + ")";
+}
+
+asio::awaitable<std::string> Peers::ancestors_say(int target, const std::vector<PeerInfo>& table) {
+  if (target <= 0) co_return std::string();
   // The table comes down the tree from rank 0: the first ancestor that does not answer holds it.
   std::vector<int> ancestors;
-  for (int a = (rank_ - 1) / 2;; a = (a - 1) / 2) {
+  for (int a = (target - 1) / 2;; a = (a - 1) / 2) {
     ancestors.insert(ancestors.begin(), a);
     if (a == 0) break;
   }
-  std::string parent_says;
+  std::string said;
   for (int a : ancestors) {
-    if (a >= view->nranks) break;
-    parent_says = co_await ask_about(a, view->table[a]);
-    if (parent_says.find("does not answer") != std::string::npos) break;
+    if (a >= static_cast<int>(table.size())) break;
+    said = co_await ask_about(a, table[a]);
+    if (said.find("does not answer") != std::string::npos) break;
   }
-  co_return "every rank reached the bootstrap root; the table did not come down the tree (" +
-      parent_says + ")";
+  co_return said;
 }
 
 namespace {

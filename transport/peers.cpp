@@ -37,6 +37,10 @@ namespace {
 
 using tcp = asio::ip::tcp;
 
+// What ask_about says of a rank that answers but has not formed the communicator (it has no
+// address table yet).
+constexpr const char* not_formed = "has not formed the communicator";
+
 }  // namespace
 
 Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int nranks,
@@ -350,7 +354,7 @@ asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
   } catch (const std::exception&) {
     co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
   }
-  if (bytes.empty()) co_return "rank " + std::to_string(peer) + " has not formed the communicator";
+  if (bytes.empty()) co_return "rank " + std::to_string(peer) + " " + not_formed;
   co_return "rank " + std::to_string(peer) +
       " reports: " + (status_reader_ ? status_reader_(bytes) : std::string("a status"));
 }
@@ -413,7 +417,16 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
     if (!gone.empty()) {
       // The peer went away during set-up: if its own set-up failed, the root knows why. Until
       // then this rank still counts as linking to it, so that a status query names the peer.
-      const std::string because = co_await gone_because(peer);
+      std::string because = co_await gone_because(peer);
+      if (because.empty()) {
+        // A peer that has no address table yet closes a link request when its wait for the table
+        // ends: name what holds the table up (the rank that died on the way), not the peer.
+        const std::string peer_says = co_await ask_about(peer, table_[peer]);
+        if (peer_says.find(not_formed) != std::string::npos) {
+          const std::string above = co_await ancestors_say(peer, table_);
+          because = "; " + peer_says + ": the address table did not reach it (" + above + ")";
+        }
+      }
       dialing_[peer] = false;
       announce(peer);
       throw LinkError(make_error_code(errc::peer_lost),

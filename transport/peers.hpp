@@ -221,6 +221,10 @@ class Peers {
   // Why the table has not come, as the root sees it: the ranks that never arrived, else the
   // tree parent that did not pass it on.
   asio::awaitable<std::string> who_is_missing(const RootAddress& root);
+  /// Why the address table has not reached `target` (from the ranks of `table`): the first of
+  /// its ancestors in the tree that does not answer, else what its parent reports; empty for
+  /// rank 0.
+  asio::awaitable<std::string> ancestors_say(int target, const std::vector<PeerInfo>& table);
   // Best effort, within a second: a notice frame with `why` to the ranks that may wait for this
   // one (every rank up to 64, else the tree neighbours).
   asio::awaitable<void> tell_everyone(std::string why);
