@@ -4,6 +4,8 @@
 //
 //   coccl-init-bench [--ranks N[,N...]] [--repeat R] [--baseline mpi|gloo]... [--timeout S]
 //   coccl-init-bench --device [--ranks N[,N...]] [--repeat R] [--coccl-nccl PATH]
+//   either with --plot FILE.svg|FILE.png: the medians against ranks, one series per library
+//   (drawn by gnuplot as coccl-perf --plot draws; without gnuplot the run ends with a note)
 //
 // --device: each rank a host of its own (COCCL_HOSTID and NCCL_HOSTID) on the GPUs there are
 // (several processes on one GPU need MPS running), timing ncclCommInitRank plus a first device
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -35,6 +38,7 @@
 
 #include "init_bench_device.hpp"
 #include "init_gate.hpp"
+#include "perf_plot.hpp"
 
 extern char** environ;
 
@@ -49,6 +53,7 @@ struct Options {
   double timeout_s = 300;
   bool device = false;
   std::string coccl_nccl;  // --device: coccl's libnccl.so.2
+  std::string plot;        // --plot: time against ranks, one series per library
 };
 
 [[noreturn]] void usage() {
@@ -56,7 +61,9 @@ struct Options {
                "usage: coccl-init-bench [--ranks N[,N...]] [--repeat R] [--baseline mpi|gloo]... "
                "[--timeout S]\n"
                "       coccl-init-bench --device [--ranks N[,N...]] [--repeat R] "
-               "[--coccl-nccl PATH]\n");
+               "[--coccl-nccl PATH]\n"
+               "       either with [--plot FILE.svg|FILE.png] (time against ranks, each library "
+               "a series; gnuplot)\n");
   std::exit(2);
 }
 
@@ -160,8 +167,10 @@ double run_once(const std::string& lib, int n, const Options& o) {
     first = r == 0 ? t0 : std::min(first, t0);
     last = r == 0 ? t1 : std::max(last, t1);
   }
-  const std::string cleanup = "rm -rf " + dir;
-  if (std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", dir.c_str());
+  std::error_code removed;
+  std::filesystem::remove_all(dir, removed);
+  if (removed)
+    std::fprintf(stderr, "cannot remove %s: %s\n", dir.c_str(), removed.message().c_str());
   if (!ok) std::fprintf(stderr, "coccl-init-bench: %s with %d ranks failed\n", lib.c_str(), n);
   return ok ? (last - first) / 1e3 : -1;
 }
@@ -227,6 +236,11 @@ int main(int argc, char** argv) {
       o.device = true;
     } else if (a == "--coccl-nccl") {
       o.coccl_nccl = val();
+    } else if (a == "--plot") {
+      o.plot = val();
+      const std::size_t dot = o.plot.rfind('.');
+      const std::string ext = dot == std::string::npos ? "" : o.plot.substr(dot);
+      if (ext != ".svg" && ext != ".png") usage();
     } else {
       usage();
     }
@@ -272,6 +286,8 @@ int main(int argc, char** argv) {
   for (std::size_t i = 1; i < libs.size(); ++i) std::printf(" %10s", (libs[i] + "/coccl").c_str());
   std::printf("\n");
   int status = 0;
+  std::vector<perf::PlotSeries> series;
+  for (const std::string& l : libs) series.push_back({l, {}});
   for (int n : o.ranks) {
     std::vector<double> ms;
     for (const std::string& lib : libs) {
@@ -292,6 +308,21 @@ int main(int argc, char** argv) {
       std::printf(" %10.2f", ms[0] > 0 && ms[i] > 0 ? ms[i] / ms[0] : 0.0);
     std::printf("\n");
     std::fflush(stdout);
+    for (std::size_t i = 0; i < ms.size(); ++i)
+      if (ms[i] > 0) series[i].points.push_back({static_cast<double>(n), ms[i], 0.0});
+  }
+  if (!o.plot.empty()) {
+    std::erase_if(series, [](const perf::PlotSeries& s) { return s.points.empty(); });
+    perf::PlotAxes axes;
+    axes.x_label = "ranks";
+    axes.x_in_bytes = false;
+    axes.time_label = "init + first allreduce (ms)";
+    const std::string title = std::string("coccl-init-bench: ") +
+                              (o.device ? "device" : "host memory") + ", median of " +
+                              std::to_string(o.repeat) + " runs";
+    const std::string why = series.empty() ? std::string("no run finished; no plot written")
+                                           : perf::plot(o.plot, title, axes, series);
+    if (!why.empty()) std::fprintf(stderr, "coccl-init-bench: %s\n", why.c_str());
   }
   return status;
 }

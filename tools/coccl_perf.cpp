@@ -611,8 +611,9 @@ void plot_results(
   const std::string title = "coccl-perf: " + colls + ", " + std::to_string(o.ranks) + " ranks, " +
                             (o.device == "cuda" ? "device" : "host") + " memory, " +
                             std::string(coccl::to_string(o.type));
-  const std::string why = perf::plot(
-      o.plot, title, one_rank ? "algorithm bandwidth (GB/s)" : "bus bandwidth (GB/s)", series);
+  perf::PlotAxes axes;
+  axes.bandwidth_label = one_rank ? "algorithm bandwidth (GB/s)" : "bus bandwidth (GB/s)";
+  const std::string why = perf::plot(o.plot, title, axes, series);
   if (!why.empty()) std::fprintf(stderr, "coccl-perf: %s\n", why.c_str());
 }
 

@@ -1,4 +1,5 @@
-// coccl-perf --plot: the data files, the gnuplot script, and running gnuplot.
+// coccl-perf --plot and coccl-init-bench --plot: the data files, the gnuplot script, and running
+// gnuplot.
 #include "perf_plot.hpp"
 
 #include <fcntl.h>
@@ -30,19 +31,23 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 std::string script(const std::string& dir, const std::string& path, const std::string& title,
-                   const std::string& bandwidth_label, const std::vector<PlotSeries>& series) {
+                   const PlotAxes& axes, const std::vector<PlotSeries>& series) {
+  const int panels = axes.bandwidth_label.empty() ? 1 : 2;
+  const int width = 600 * panels;
   std::ostringstream s;
   if (ends_with(path, ".png"))
-    s << "set terminal pngcairo size 1200,480 font 'sans,10'\n";
+    s << "set terminal pngcairo size " << width << ",480 font 'sans,10'\n";
   else
-    s << "set terminal svg size 1200,480 dynamic font 'sans,11' background rgb 'white'\n";
+    s << "set terminal svg size " << width
+      << ",480 dynamic font 'sans,11' background rgb 'white'\n";
   s << "set output " << quoted(path) << "\n"
-    << "set multiplot layout 1,2 title " << quoted(title) << "\n"
-    << "set logscale xy\nset format x '%.0b %BB'\nset xtics 16\nset grid\n"
-    << "set key top left\nset xlabel 'message size'\n";
+    << "set multiplot layout 1," << panels << " title " << quoted(title) << "\n"
+    << "set logscale xy\n"
+    << (axes.x_in_bytes ? "set format x '%.0b %BB'\nset xtics 16\n" : "set xtics 2\n")
+    << "set grid\nset key top left\nset xlabel " << quoted(axes.x_label) << "\n";
   // Column 2 is the time, column 3 the bandwidth.
-  for (int panel = 0; panel < 2; ++panel) {
-    s << "set ylabel " << quoted(panel == 0 ? bandwidth_label : "time (us)") << "\nplot ";
+  for (int panel = 2 - panels; panel < 2; ++panel) {
+    s << "set ylabel " << quoted(panel == 0 ? axes.bandwidth_label : axes.time_label) << "\nplot ";
     for (std::size_t i = 0; i < series.size(); ++i)
       s << (i ? ", " : "") << quoted(dir + "/" + std::to_string(i) + ".dat")
         << " using 1:" << (panel == 0 ? 3 : 2) << " with linespoints title "
@@ -55,8 +60,8 @@ std::string script(const std::string& dir, const std::string& path, const std::s
 
 }  // namespace
 
-std::string plot(const std::string& path, const std::string& title,
-                 const std::string& bandwidth_label, const std::vector<PlotSeries>& series) {
+std::string plot(const std::string& path, const std::string& title, const PlotAxes& axes,
+                 const std::vector<PlotSeries>& series) {
   char tmpl[] = "/tmp/coccl-perf-plot-XXXXXX";
   if (!::mkdtemp(tmpl))
     return std::string("cannot make a temporary directory: ") + std::strerror(errno);
@@ -64,12 +69,11 @@ std::string plot(const std::string& path, const std::string& title,
   std::string why;
   for (std::size_t i = 0; i < series.size(); ++i) {
     std::ofstream f(dir + "/" + std::to_string(i) + ".dat");
-    f << "# bytes time_us bandwidth_GBps\n";
-    for (const auto& p : series[i].points)
-      f << p.bytes << ' ' << p.time_us << ' ' << p.bandwidth << '\n';
+    f << "# x time bandwidth_GBps\n";
+    for (const auto& p : series[i].points) f << p.x << ' ' << p.time << ' ' << p.bandwidth << '\n';
   }
   const std::string script_path = dir + "/plot.gp", log_path = dir + "/gnuplot.log";
-  std::ofstream(script_path) << script(dir, path, title, bandwidth_label, series);
+  std::ofstream(script_path) << script(dir, path, title, axes, series);
 
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
