@@ -1,22 +1,29 @@
 // Traffic counters of the in-memory network (transport/traffic.hpp): a stream counts each
 // message once at the writer and once at the reader however it is cut, every byte at both ends,
-// and rounds grow by one per hop of a chain; a new phase counts rounds from 0 again. A
+// and rounds grow by one per hop of a chain; a new phase counts rounds from 0 again. In virtual
+// time a message is read one round after it is written, side by side with the others. A
 // communicator on the in-memory network counts its rank's streams, and its root's.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 #include <boost/asio/write.hpp>
 #include <coccl/communicator.hpp>
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "collectives/comm.hpp"
+#include "runtime/engine.hpp"
 #include "transport/memory.hpp"
 #include "transport/traffic.hpp"
 
@@ -116,6 +123,59 @@ TEST(MemoryTraffic, AStreamWithoutTrafficCountsNothingForItsReader) {
   EXPECT_EQ(b->counts().messages_received, 1u);
   EXPECT_EQ(b->counts().bytes_received, 30u);
   EXPECT_EQ(b->counts().messages_sent, 0u);
+}
+
+// Under VirtualTime on the process engine's proxy thread: `a` writes to `b` and `c` to `d` at
+// the same time, then `b` answers `a`. Returns the virtual times at which each read completed,
+// relative to the first writes.
+struct Times {
+  std::uint64_t b_read = 0, d_read = 0, a_read = 0;
+};
+
+asio::awaitable<void> exchange(Stream* a, Stream* b, Stream* c, Stream* d, Times* t) {
+  using transport::memory::VirtualTime;
+  const std::uint64_t start = VirtualTime::now();
+  std::array<std::uint8_t, 4> out{1, 2, 3, 4}, in{};
+  co_await asio::async_write(*a, asio::buffer(out), asio::use_awaitable);
+  co_await asio::async_write(*c, asio::buffer(out), asio::use_awaitable);
+  co_await asio::async_read(*b, asio::buffer(in), asio::use_awaitable);
+  t->b_read = VirtualTime::now() - start;
+  co_await asio::async_read(*d, asio::buffer(in), asio::use_awaitable);
+  t->d_read = VirtualTime::now() - start;
+  co_await asio::async_write(*b, asio::buffer(in), asio::use_awaitable);
+  co_await asio::async_read(*a, asio::buffer(out), asio::use_awaitable);
+  t->a_read = VirtualTime::now() - start;
+}
+
+TEST(MemoryVirtualTime, AMessageIsReadOneRoundAfterItIsWrittenAndSideBySideWithOthers) {
+  runtime::ProxyThread& proxy = detail::process_engine().thread(0);
+  std::unique_ptr<transport::memory::VirtualTime> time;
+  std::optional<std::pair<Stream, Stream>> ab, cd;
+  std::promise<void> made;
+  asio::post(proxy.executor(), [&] {
+    time = std::make_unique<transport::memory::VirtualTime>(proxy);
+    ab.emplace(transport::memory::make_pair(proxy.executor(), proxy.executor(), 1 << 16));
+    cd.emplace(transport::memory::make_pair(proxy.executor(), proxy.executor(), 1 << 16));
+    made.set_value();
+  });
+  made.get_future().get();
+  Times t;
+  asio::co_spawn(proxy.executor(), exchange(&ab->first, &ab->second, &cd->first, &cd->second, &t),
+                 asio::use_future)
+      .get();
+  // Both first messages were written at time 0 and arrive together at 1; the answer, written at
+  // 1, at 2.
+  EXPECT_EQ(t.b_read, 1u);
+  EXPECT_EQ(t.d_read, 1u);
+  EXPECT_EQ(t.a_read, 2u);
+  std::promise<void> gone;
+  asio::post(proxy.executor(), [&] {
+    ab.reset();
+    cd.reset();
+    time.reset();
+    gone.set_value();
+  });
+  gone.get_future().get();
 }
 
 struct Joined {
