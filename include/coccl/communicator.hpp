@@ -286,6 +286,9 @@ class Communicator {
   static Communicator create(const UniqueId& id, int rank, int nranks, const Options& options = {});
 
   /// Asynchronous create; completion signature `void(boost::system::error_code, Communicator)`.
+  /// Started on a proxy thread (from a coroutine on a communicator's executor), the new
+  /// communicator lives on that same thread; from any other thread it goes to the engine's next
+  /// one (round robin).
   template <typename Token>
   static auto async_create(const UniqueId& id, int rank, int nranks, Token&& token) {
     return async_create(id, rank, nranks, Options{}, std::forward<Token>(token));
