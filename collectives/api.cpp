@@ -1,5 +1,4 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
-#include <array>
 #include <atomic>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -96,6 +95,8 @@ UniqueId UniqueId::from_string(std::string_view text) {
 }
 
 namespace detail {
+
+runtime::Engine& process_engine() { return *engine(); }
 
 std::string describe_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
   // Taken, so that a later error of another kind never shows a stale reason.
@@ -227,10 +228,11 @@ UniqueId unique_id_on(runtime::Engine& e) {
   return transport::encode(root);
 }
 
-UniqueId memory_unique_id() {
+UniqueId memory_unique_id(std::shared_ptr<transport::Traffic> root_traffic) {
   transport::RootAddress root;
   root.secret = make_secret();
-  root.address = transport::start_memory_root(engine()->thread(0), root.secret);
+  root.address =
+      transport::start_memory_root(engine()->thread(0), root.secret, std::move(root_traffic));
   return transport::encode(root);
 }
 
@@ -270,6 +272,14 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
 void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
                      const CommunicatorOptions& options, CreateHandler handler,
                      std::shared_ptr<std::string> failure) {
+  start_create(std::move(ids), rank, nranks, options, std::move(handler), std::move(failure),
+               nullptr);
+}
+
+void start_create(std::vector<UniqueId> ids, int rank, int nranks,
+                  const CommunicatorOptions& options, CreateHandler handler,
+                  std::shared_ptr<std::string> failure,
+                  std::shared_ptr<transport::Traffic> traffic) {
   auto e = engine();
   auto fallback = e->thread(0).executor();
   std::vector<transport::RootAddress> roots;
@@ -290,8 +300,9 @@ void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
       roots.push_back(transport::decode(ids[i]));
     }
     // The first id's secret is the communicator's.
-    impl = std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks, options,
-                                      transport::is_memory(roots.front().address));
+    impl =
+        std::make_shared<CommImpl>(e, roots.front().secret, rank, nranks, options,
+                                   transport::is_memory(roots.front().address), std::move(traffic));
   } catch (const std::system_error& err) {
     COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
     if (failure) *failure = err.what();
@@ -364,7 +375,7 @@ void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
                          impl->last_error().c_str());
               if (failure) *failure = impl->last_error();
             }
-            Communicator c = ec ? Communicator() : Communicator(impl);
+            Communicator c = ec ? Communicator() : CommImpl::handle(impl);
             runtime::complete_later(fallback, std::move(*h), ec, std::move(c));
           }));
 }
@@ -555,74 +566,6 @@ CommStatus Communicator::status() const {
 }
 std::error_code Communicator::error() const {
   return impl_ ? impl_->error() : make_error_code(errc::aborted);
-}
-
-Communicator Communicator::split(int color, int key, const Options& options) {
-  if (!impl_) invalid("empty communicator");
-  const int n = size(), me = rank();
-  // Everyone shares (color, key); the first member of each new group creates its root and shares
-  // its id, then each member joins its group. Two all_gathers of the parent, O(n) each.
-  std::vector<std::int64_t> mine{color, key}, all(2 * n);
-  all_gather(mine.data(), all.data(), 2, DataType::int64);
-  std::vector<int> members;
-  if (color >= 0) {
-    for (int r = 0; r < n; ++r)
-      if (all[2 * r] == color) members.push_back(r);
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
-  }
-  bool leader = !members.empty() && members.front() == me;
-  UniqueId id{};
-  if (leader) id = UniqueId::create();
-  std::vector<std::uint8_t> ids(n * id.bytes.size());
-  all_gather(id.bytes.data(), ids.data(), id.bytes.size(), DataType::uint8);
-  if (color < 0) return Communicator();
-  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-  std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
-  return create(id, new_rank, static_cast<int>(members.size()), options);
-}
-
-Communicator Communicator::split_members(const std::vector<int>& members) {
-  if (!impl_) invalid("empty communicator");
-  const int n = size(), me = rank();
-  const int m = static_cast<int>(members.size());
-  if (m == 0) invalid("split_members: the member list is empty");
-  std::vector<bool> seen(n, false);
-  int mine = -1;
-  for (int i = 0; i < m; ++i) {
-    const int r = members[i];
-    if (r < 0 || r >= n)
-      invalid("split_members: rank " + std::to_string(r) + " is not in [0, " + std::to_string(n) +
-              ")");
-    if (seen[r]) invalid("split_members: rank " + std::to_string(r) + " is listed twice");
-    seen[r] = true;
-    if (r == me) mine = i;
-  }
-  if (mine < 0) invalid("split_members: this rank (" + std::to_string(me) + ") is not a member");
-  // The list's fingerprint travels with the id, so members with another list notice.
-  std::uint64_t h = 1469598103934665603ull;
-  for (int r : members) h = (h ^ static_cast<std::uint32_t>(r)) * 1099511628211ull;
-  std::array<std::uint8_t, sizeof(UniqueId::bytes) + sizeof h> msg{};
-  if (mine == 0) {
-    const UniqueId id = UniqueId::create();
-    std::memcpy(msg.data(), id.bytes.data(), id.bytes.size());
-    std::memcpy(msg.data() + id.bytes.size(), &h, sizeof h);
-  } else {
-    recv(msg.data(), msg.size(), DataType::uint8, members[(mine - 1) / 2]);
-  }
-  std::vector<Transfer> forward;
-  for (int c : {2 * mine + 1, 2 * mine + 2})
-    if (c < m) forward.push_back(send_op(msg.data(), msg.size(), DataType::uint8, members[c]));
-  if (!forward.empty()) send_recv(std::move(forward));
-  UniqueId id{};
-  std::memcpy(id.bytes.data(), msg.data(), id.bytes.size());
-  std::uint64_t theirs = 0;
-  std::memcpy(&theirs, msg.data() + id.bytes.size(), sizeof theirs);
-  if (theirs != h)
-    throw std::system_error(make_error_code(errc::mismatch),
-                            "split_members: this rank's member list differs from rank " +
-                                std::to_string(members[0]) + "'s");
-  return create(id, mine, m);
 }
 
 void Communicator::destroy() {

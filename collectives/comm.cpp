@@ -30,10 +30,22 @@ std::string lower_case(std::string s) {
 }
 }  // namespace
 
+namespace {
+// A communicator made on a proxy thread (by a coroutine there: a split) stays on it: waiting on
+// another proxy thread from there could close a cycle of threads waiting on each other.
+runtime::ProxyThread& thread_for(runtime::Engine& engine) {
+  runtime::ProxyThread* here = runtime::current_proxy_thread();
+  return here && engine.owns(*here) ? *here : engine.next_thread();
+}
+}  // namespace
+
 CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
-                   int rank, int nranks, const CommunicatorOptions& options, bool memory)
+                   int rank, int nranks, const CommunicatorOptions& options, bool memory,
+                   std::shared_ptr<transport::Traffic> traffic)
     : engine_(std::move(engine)),
-      thread_(engine_->next_thread()),
+      thread_(thread_for(*engine_)),
+      memory_(memory),
+      roots_traffic_(memory ? std::make_shared<transport::Traffic>() : nullptr),
       ex_(thread_.executor()),
       rank_(rank),
       size_(nranks),
@@ -51,7 +63,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       options.transport.empty() ? params::transport.get() : options.transport,
       static_cast<std::size_t>(std::max<std::int64_t>(2, params::slots.get())),
       static_cast<std::size_t>(std::max<std::int64_t>(4096, params::slot_bytes.get())) / 64 * 64,
-      memory};
+      memory, std::move(traffic)};
   if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
       opts.transport != "ib")
     throw std::system_error(
@@ -65,16 +77,23 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
   // to be dropped after this thread has woken, so the exception could be freed there while this
   // thread reads it, ordered only by reference counts inside libstdc++, which ThreadSanitizer
   // does not instrument and so reports as a data race.
+  auto build = [&] {
+    peers_ = std::make_unique<transport::Peers>(
+        thread_, secret, rank, nranks, opts,
+        [this](int peer, std::error_code ec, const std::string& why) {
+          (void)peer;
+          fail(ec, why);
+        });
+  };
+  if (thread_.in_thread()) {
+    build();
+    return;
+  }
   std::exception_ptr failure;
   std::promise<void> built;
   asio::post(ex_, [&] {
     try {
-      peers_ = std::make_unique<transport::Peers>(
-          thread_, secret, rank, nranks, opts,
-          [this](int peer, std::error_code ec, const std::string& why) {
-            (void)peer;
-            fail(ec, why);
-          });
+      build();
     } catch (...) {
       failure = std::current_exception();
     }

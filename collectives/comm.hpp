@@ -54,15 +54,32 @@ struct OpControl {
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
  public:
   /// `memory`: the communicator's root is on the in-memory network (memory_unique_id), and so
-  /// are its listener and links.
+  /// are its listener and links; its streams are counted in `traffic` (the rank's, shared with
+  /// the communicators split from it), or in a Traffic of its own when that is null. Made on a
+  /// proxy thread of `engine` (a split's coroutine), the communicator lives on that thread and is
+  /// built there at once; from any other thread it goes to the engine's next thread, which this
+  /// constructor waits for.
   CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret, int rank,
-           int nranks, const CommunicatorOptions& options = {}, bool memory = false);
+           int nranks, const CommunicatorOptions& options = {}, bool memory = false,
+           std::shared_ptr<transport::Traffic> traffic = nullptr);
   ~CommImpl();
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   asio::any_io_executor executor() const { return ex_; }
   transport::Peers& peers() { return *peers_; }
+  /// True on the in-memory network (memory_unique_id).
+  bool on_memory() const noexcept { return memory_; }
+  /// On the in-memory network (null elsewhere): what the bootstrap roots this rank started for
+  /// communicators split from this one sent and received. The rank's own traffic is
+  /// peers().traffic().
+  const std::shared_ptr<transport::Traffic>& roots_traffic() const noexcept {
+    return roots_traffic_;
+  }
+  /// A handle to this communicator.
+  static Communicator handle(std::shared_ptr<CommImpl> impl) {
+    return Communicator(std::move(impl));
+  }
   /// Any thread: the buffers registered with register_buffer.
   std::shared_ptr<transport::UserBuffers> user_buffers() const { return peers_->user_buffers(); }
 
@@ -156,6 +173,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   std::shared_ptr<runtime::Engine> engine_;
   runtime::ProxyThread& thread_;
+  bool memory_;
+  std::shared_ptr<transport::Traffic> roots_traffic_;
   asio::any_io_executor ex_;
   int rank_;
   int size_;
@@ -212,6 +231,9 @@ std::error_code prepare_device(const std::shared_ptr<CommImpl>& impl);
 Communicator create_blocking(std::vector<UniqueId> ids, int rank, int nranks,
                              const CommunicatorOptions& options = {});
 
+/// The engine of the process's communicators and roots; it lives until the process exits.
+runtime::Engine& process_engine();
+
 /// A new UniqueId whose root listens on `engine`'s first proxy thread.
 UniqueId unique_id_on(runtime::Engine& engine);
 
@@ -219,8 +241,17 @@ UniqueId unique_id_on(runtime::Engine& engine);
 /// on the process engine's first proxy thread. Communicators created from it
 /// (Communicator::create, async_create) run the real rendezvous, link handshake and algorithms
 /// over memory streams instead of sockets: many ranks in one process (coccl-sim, tests). The id
-/// means nothing to another process.
-UniqueId memory_unique_id();
+/// means nothing to another process. What the root sends and receives is counted in
+/// `root_traffic` (may be null).
+UniqueId memory_unique_id(std::shared_ptr<transport::Traffic> root_traffic = nullptr);
+
+/// initiate_create, the new communicator's streams on the in-memory network counted in `traffic`
+/// (a split passes its parent's, so that one rank's communicators count together; null: a
+/// Traffic of its own).
+void start_create(std::vector<UniqueId> ids, int rank, int nranks,
+                  const CommunicatorOptions& options, CreateHandler handler,
+                  std::shared_ptr<std::string> failure,
+                  std::shared_ptr<transport::Traffic> traffic);
 
 /// Joins the communicator `id` as `rank` of `nranks`, its proxy on a thread of `engine`
 /// (blocking; not on that engine's threads). Null, with `ec` set, on failure.

@@ -20,10 +20,12 @@ config::Param<std::int64_t> spin_us{
 namespace coccl::runtime {
 
 namespace {
-thread_local bool is_proxy_thread = false;
+thread_local ProxyThread* current = nullptr;
 }
 
-bool on_proxy_thread() noexcept { return is_proxy_thread; }
+bool on_proxy_thread() noexcept { return current != nullptr; }
+
+ProxyThread* current_proxy_thread() noexcept { return current; }
 
 ProxyThread::ProxyThread(int index)
     : index_(index), guard_(asio::make_work_guard(ctx_)), thread_([this] { run(); }) {}
@@ -41,6 +43,13 @@ void ProxyThread::remove_poller(Poller* p) {
   pollers_.erase(std::remove(pollers_.begin(), pollers_.end(), p), pollers_.end());
 }
 
+void ProxyThread::add_idle_poller(Poller* p) { idle_pollers_.push_back(p); }
+
+void ProxyThread::remove_idle_poller(Poller* p) {
+  idle_pollers_.erase(std::remove(idle_pollers_.begin(), idle_pollers_.end(), p),
+                      idle_pollers_.end());
+}
+
 bool ProxyThread::poll_pollers() {
   bool progress = false;
   // Index loop: a poller may complete a handler that registers or removes pollers.
@@ -49,7 +58,7 @@ bool ProxyThread::poll_pollers() {
 }
 
 void ProxyThread::run() {
-  is_proxy_thread = true;
+  current = this;
   using clock = std::chrono::steady_clock;
   const auto spin = std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()));
   COCCL_INFO(proxy, -1, "proxy thread %d started (spin %lld us)", index_,
@@ -63,8 +72,17 @@ void ProxyThread::run() {
     // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
     // poller waits for a peer and only pollers make progress, visit it every fourth round; when
     // nothing waits on a poller, work is most likely queued there, so visit it every round.
-    if (progress || !waiting || (++idle_rounds & 3) == 0) progress |= ctx_.poll() > 0;
+    bool polled = false;
+    if (progress || !waiting || (++idle_rounds & 3) == 0) {
+      progress |= ctx_.poll() > 0;
+      polled = true;
+    }
     if (ctx_.stopped()) break;
+    // Nothing was ready: only now may the idle pollers act (virtual time must not pass while
+    // anything could still run at the present time).
+    if (!progress && polled)
+      for (std::size_t i = 0; i < idle_pollers_.size() && !progress; ++i)
+        progress = idle_pollers_[i]->poll();
     if (progress) {
       last_progress = clock::now();
       continue;
@@ -109,6 +127,11 @@ std::shared_ptr<Engine> Engine::instance() {
 
 ProxyThread& Engine::next_thread() {
   return *threads_[next_.fetch_add(1, std::memory_order_relaxed) % threads_.size()];
+}
+
+bool Engine::owns(const ProxyThread& t) const noexcept {
+  return std::any_of(threads_.begin(), threads_.end(),
+                     [&](const std::unique_ptr<ProxyThread>& p) { return p.get() == &t; });
 }
 
 }  // namespace coccl::runtime

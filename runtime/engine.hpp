@@ -37,6 +37,10 @@ class Poller {
 /// loop that has to complete it.
 bool on_proxy_thread() noexcept;
 
+class ProxyThread;
+/// The proxy thread this is called from, or null.
+ProxyThread* current_proxy_thread() noexcept;
+
 /// One proxy thread and its io_context.
 class ProxyThread {
  public:
@@ -53,6 +57,11 @@ class ProxyThread {
   /// Adds or removes a poller; call on this proxy thread.
   void add_poller(Poller* p);
   void remove_poller(Poller* p);
+  /// Adds or removes a poller visited only when the loop found nothing else to do (no handler
+  /// ready, no poller progressed): the in-memory network's virtual time advances there. Call on
+  /// this proxy thread.
+  void add_idle_poller(Poller* p);
+  void remove_idle_poller(Poller* p);
 
  private:
   void run();
@@ -62,6 +71,7 @@ class ProxyThread {
   asio::io_context ctx_;
   asio::executor_work_guard<asio::io_context::executor_type> guard_;
   std::vector<Poller*> pollers_;
+  std::vector<Poller*> idle_pollers_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -77,6 +87,8 @@ class Engine {
 
   /// The proxy thread for the next communicator (round robin).
   ProxyThread& next_thread();
+  /// True when `t` is one of this engine's threads.
+  bool owns(const ProxyThread& t) const noexcept;
   ProxyThread& thread(std::size_t i) { return *threads_.at(i); }
   std::size_t size() const noexcept { return threads_.size(); }
 

@@ -472,9 +472,10 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
   return root->acceptor.local_info().endpoint();
 }
 
-PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret) {
+PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret,
+                           std::shared_ptr<Traffic> traffic) {
   auto root = std::make_shared<Root>(thread.executor(), secret);
-  root->acceptor.listen_memory();
+  root->acceptor.listen_memory(std::move(traffic));
   serve(root, thread);
   return root->acceptor.local_info();
 }
@@ -503,7 +504,7 @@ void serve(std::shared_ptr<Root> root, runtime::ProxyThread& thread) {
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
   auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  auto sock = co_await transport::dial(ex_, table_[child], until, true);
+  auto sock = co_await transport::dial(ex_, table_[child], until, true, traffic_);
   runtime::CloseAfter guard(*sock, runtime::default_timeout());
   Channel channel = co_await Channel::initiate(*sock, secret_);
   co_await write_frame(*sock, channel, FrameType::table, payload);
@@ -554,7 +555,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   const int nroots = static_cast<int>(roots.size());
   const int at = root_of(rank_, nranks_, nroots);
   const RootAddress root = roots[at];
-  auto sock = co_await transport::dial(ex_, root.address, until);
+  auto sock = co_await transport::dial(ex_, root.address, until, false, traffic_);
   std::optional<Channel> channel;
   {
     Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
@@ -666,8 +667,8 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<Stream> sock, Channel& c
     const std::vector<std::uint8_t> ack;
     co_await write_frame(*sock, channel, FrameType::status, ack);
   }
-  auto to_first =
-      co_await transport::dial(ex_, first.address, std::chrono::steady_clock::now() + limit);
+  auto to_first = co_await transport::dial(
+      ex_, first.address, std::chrono::steady_clock::now() + limit, false, traffic_);
   runtime::CloseAfter guard(*to_first, limit);
   Channel first_channel = co_await Channel::initiate(*to_first, first.secret);
   co_await write_frame(*to_first, first_channel, FrameType::share, f.payload);
@@ -688,7 +689,7 @@ asio::awaitable<void> Peers::tell_root(std::string why) {
   if (!root_) co_return;
   try {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    auto sock = co_await transport::dial(ex_, root_->address, until, true);
+    auto sock = co_await transport::dial(ex_, root_->address, until, true, traffic_);
     runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
     Channel channel = co_await Channel::initiate(*sock, root_->secret);
     auto payload = encode_notice(rank_, why);

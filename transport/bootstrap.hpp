@@ -12,6 +12,7 @@
 #include <chrono>
 #include <coccl/unique_id.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,10 @@ RootAddress decode(const UniqueId& id);
 UniqueId encode(const RootAddress& root);
 
 /// Starts a bootstrap root on `thread` on the in-memory network (transport/memory.hpp); returns
-/// its address. Ranks of this process that rendezvous there link over memory streams.
-PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret);
+/// its address. Ranks of this process that rendezvous there link over memory streams. What the
+/// root sends and receives is counted in `traffic` (may be null).
+PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret,
+                           std::shared_ptr<Traffic> traffic = nullptr);
 
 /// Starts a bootstrap root on `thread`, listening on `endpoint` (port 0 picks one). Returns the
 /// endpoint it listens on. The root serves one communicator. Throws std::system_error with

@@ -49,16 +49,88 @@ struct Finish {
   }
 };
 
+struct Shared;
+
+// VirtualTime's state: whether one is alive, its time, and the streams holding bytes that are
+// not readable yet.
+struct Clock {
+  std::mutex mutex;
+  std::atomic<bool> on{false};
+  std::atomic<std::uint64_t> now{0};
+  std::vector<std::weak_ptr<Shared>> pending;
+};
+
+Clock& clock() {
+  // Never destroyed: streams may be closed by static destructors at exit.
+  static Clock* c = new Clock;
+  return *c;
+}
+
 // One direction of a stream: bytes written by one end and not yet read by the other.
 struct Direction {
   std::vector<std::uint8_t> bytes;
   std::size_t head = 0;      // bytes[head..] are unread
   bool writer_gone = false;  // the writing end closed: reads drain what is queued, then eof
   bool reader_gone = false;  // the reading end closed: writes fail with broken_pipe
-  std::optional<Parked<Stream::MutableBuffers>> read;  // the reading end's, while empty
+  std::optional<Parked<Stream::MutableBuffers>> read;  // the reading end's, while none readable
   std::optional<Parked<Stream::ConstBuffers>> write;   // the writing end's, while full
 
+  // Counting, when either end has a Traffic (owned by Shared, which outlives this).
+  Traffic* writer = nullptr;
+  Traffic* reader = nullptr;
+  // Made under VirtualTime: what is written at time t becomes readable at t + 1.
+  bool timed = false;
+  // A write still (partly) unread: its bytes' place in the stream, the writer's round then,
+  // whether it starts a message, and when it becomes readable.
+  struct Mark {
+    std::uint64_t begin, end, stamp;
+    bool first;
+    std::uint64_t ready;
+  };
+  std::deque<Mark> marks;
+  std::uint64_t written = 0, consumed = 0;  // bytes since the stream opened
+  // The last write was partial: a composed write (asio::async_write) carries on with the rest,
+  // which is the same message.
+  bool continuing = false;
+
   std::size_t unread() const noexcept { return bytes.size() - head; }
+  bool marking() const noexcept { return writer || reader || timed; }
+
+  // What a read may take now.
+  std::size_t readable() const noexcept {
+    if (!timed || !clock().on.load(std::memory_order_relaxed)) return unread();
+    const std::uint64_t now = clock().now.load(std::memory_order_relaxed);
+    std::uint64_t end = consumed;
+    for (const Mark& m : marks) {
+      if (m.ready > now) break;
+      end = m.end;
+    }
+    return static_cast<std::size_t>(end - consumed);
+  }
+  bool delayed() const noexcept { return readable() < unread(); }
+
+  void mark_write(std::size_t n, std::size_t asked) {
+    const bool first = !continuing;
+    continuing = n < asked;
+    const std::uint64_t stamp = writer ? writer->stamp() : Traffic::first_stamp();
+    const std::uint64_t ready = timed ? clock().now.load(std::memory_order_relaxed) + 1 : 0;
+    marks.push_back(Mark{written, written + n, stamp, first, ready});
+    written += n;
+    if (writer) writer->sent(n, first);
+  }
+
+  void mark_read(std::size_t n) {
+    const std::uint64_t from = consumed, to = consumed + n;
+    std::uint64_t messages = 0;
+    for (const Mark& m : marks) {
+      if (m.begin >= to) break;
+      if (m.first && m.begin >= from) ++messages;
+      if (reader) reader->heard(m.stamp);
+    }
+    while (!marks.empty() && marks.front().end <= to) marks.pop_front();
+    consumed = to;
+    if (reader) reader->received(n, messages);
+  }
 
   std::size_t put(const Stream::ConstBuffers& from, std::size_t most) {
     // Compacts before growing, so that a queue in steady use stays near its capacity.
@@ -73,17 +145,20 @@ struct Direction {
       bytes.insert(bytes.end(), p, p + take);
       n += take;
     }
+    if (n > 0 && marking()) mark_write(n, from.size());
     return n;
   }
 
   std::size_t take(const Stream::MutableBuffers& into) {
+    const std::size_t most = readable();
     std::size_t n = 0;
-    for (std::size_t i = 0; i < into.count && unread() > 0; ++i) {
-      const std::size_t give = std::min(into.at[i].size(), unread());
+    for (std::size_t i = 0; i < into.count && n < most; ++i) {
+      const std::size_t give = std::min(into.at[i].size(), most - n);
       std::memcpy(into.at[i].data(), bytes.data() + head, give);
       head += give;
       n += give;
     }
+    if (n > 0 && marking()) mark_read(n);
     if (unread() == 0) {
       bytes.clear();
       head = 0;
@@ -97,16 +172,28 @@ struct Direction {
     bytes.clear();
     bytes.shrink_to_fit();
     head = 0;
+    marks.clear();
   }
 };
 
 struct Shared {
   std::mutex mutex;
   std::size_t capacity;
-  std::array<asio::any_io_executor, 2> ex;  // each end's executor
-  std::array<Direction, 2> dir;             // dir[i]: written by end i, read by end 1 - i
+  std::array<asio::any_io_executor, 2> ex;          // each end's executor
+  std::array<std::shared_ptr<Traffic>, 2> traffic;  // each end's party (null: not counted)
+  std::array<Direction, 2> dir;                     // dir[i]: written by end i, read by end 1 - i
   std::uint64_t tickets = 0;
+  bool pending = false;  // listed in the clock's pending streams
 };
+
+// Under the stream's lock: lists a stream whose bytes are not all readable yet with the clock.
+void keep_pending(const std::shared_ptr<Shared>& s) {
+  if (s->pending || (!s->dir[0].delayed() && !s->dir[1].delayed())) return;
+  s->pending = true;
+  Clock& c = clock();
+  std::lock_guard lock(c.mutex);
+  c.pending.push_back(s);
+}
 
 // Completions gathered under the lock and posted after it is released.
 class Completions {
@@ -125,6 +212,29 @@ class Completions {
   std::vector<Finish> list_;
 };
 
+template <typename Op>
+void finish(std::optional<Op>& op, asio::any_io_executor ex, error_code ec, std::size_t n,
+            Completions& done) {
+  done.add(std::move(ex), std::move(op->handler), ec, n);
+  op.reset();
+}
+
+// Bytes of dir[i] became readable: the reader parked on it (end 1 - i) takes them.
+void serve_read(Shared& s, int i, Completions& done) {
+  Direction& d = s.dir[i];
+  if (!d.read || d.readable() == 0) return;
+  const std::size_t n = d.take(d.read->buffers);
+  finish(d.read, s.ex[1 - i], {}, n, done);
+}
+
+// Room was made in dir[i]: the writer parked on it (end i) fills it.
+void serve_write(Shared& s, int i, Completions& done) {
+  Direction& d = s.dir[i];
+  if (!d.write || d.unread() >= s.capacity) return;
+  const std::size_t n = d.put(d.write->buffers, s.capacity - d.unread());
+  finish(d.write, s.ex[i], {}, n, done);
+}
+
 class End final : public Stream::Impl {
  public:
   End(std::shared_ptr<Shared> shared, int side) : s_(std::move(shared)), side_(side) {}
@@ -141,13 +251,15 @@ class End final : public Stream::Impl {
     Direction& d = s_->dir[1 - side_];
     if (!open_) return done.add(mine(), std::move(handler), asio::error::bad_descriptor, 0);
     if (buffers.size() == 0) return done.add(mine(), std::move(handler), {}, 0);
-    if (d.unread() > 0) {
+    if (d.readable() > 0) {
       const std::size_t n = d.take(buffers);
       done.add(mine(), std::move(handler), {}, n);
-      serve_write(d, done);
+      serve_write(*s_, 1 - side_, done);
+      keep_pending(s_);
       return;
     }
-    if (d.writer_gone) return done.add(mine(), std::move(handler), asio::error::eof, 0);
+    if (d.writer_gone && d.unread() == 0)
+      return done.add(mine(), std::move(handler), asio::error::eof, 0);
     const std::uint64_t ticket = ++s_->tickets;
     arm_cancel(handler, 1 - side_, true, ticket);
     d.read.emplace(Parked<Stream::MutableBuffers>{buffers, std::move(handler), ticket});
@@ -163,7 +275,8 @@ class End final : public Stream::Impl {
     if (d.unread() < s_->capacity) {
       const std::size_t n = d.put(buffers, s_->capacity - d.unread());
       done.add(mine(), std::move(handler), {}, n);
-      serve_read(d, done);
+      serve_read(*s_, side_, done);
+      keep_pending(s_);
       return;
     }
     const std::uint64_t ticket = ++s_->tickets;
@@ -188,7 +301,8 @@ class End final : public Stream::Impl {
     one.at[0] = buffer;
     one.count = 1;
     const std::size_t n = d.put(one, s_->capacity - std::min(s_->capacity, d.unread()));
-    serve_read(d, done);
+    serve_read(*s_, side_, done);
+    keep_pending(s_);
     return n;
   }
 
@@ -201,8 +315,9 @@ class End final : public Stream::Impl {
     Direction& out = s_->dir[side_];
     out.writer_gone = true;
     if (out.write) finish(out.write, mine(), asio::error::operation_aborted, 0, done);
-    // The peer's read waits only while nothing is queued: it reads the end of the stream.
-    if (out.read) finish(out.read, theirs(), asio::error::eof, 0, done);
+    // The peer's read waits while nothing is readable; with nothing queued either, it reads the
+    // end of the stream (else it does once it has read what is queued).
+    if (out.read && out.unread() == 0) finish(out.read, theirs(), asio::error::eof, 0, done);
     Direction& in = s_->dir[1 - side_];
     in.reader_gone = true;
     in.discard();
@@ -215,27 +330,6 @@ class End final : public Stream::Impl {
  private:
   asio::any_io_executor mine() const { return s_->ex[side_]; }
   asio::any_io_executor theirs() const { return s_->ex[1 - side_]; }
-
-  template <typename Op>
-  static void finish(std::optional<Op>& op, asio::any_io_executor ex, error_code ec, std::size_t n,
-                     Completions& done) {
-    done.add(std::move(ex), std::move(op->handler), ec, n);
-    op.reset();
-  }
-
-  // Bytes just queued in `d`: the reader parked on it takes them.
-  void serve_read(Direction& d, Completions& done) {
-    if (!d.read || d.unread() == 0) return;
-    const std::size_t n = d.take(d.read->buffers);
-    finish(d.read, theirs(), {}, n, done);
-  }
-
-  // Room just made in `d`: the writer parked on it fills it.
-  void serve_write(Direction& d, Completions& done) {
-    if (!d.write || d.unread() >= s_->capacity) return;
-    const std::size_t n = d.put(d.write->buffers, s_->capacity - d.unread());
-    finish(d.write, theirs(), {}, n, done);
-  }
 
   // A cancellation of the parked operation (per-operation cancellation, e.g. a parallel group)
   // completes it with operation_aborted. Emitted on this end's executor; `ticket` keeps a late
@@ -281,17 +375,26 @@ std::size_t default_capacity() {
 }
 
 std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_executor b,
-                                    std::size_t capacity) {
+                                    std::size_t capacity, std::shared_ptr<Traffic> traffic_a,
+                                    std::shared_ptr<Traffic> traffic_b) {
   auto shared = std::make_shared<Shared>();
   shared->capacity = std::max<std::size_t>(1, capacity);
   shared->ex = {std::move(a), std::move(b)};
+  shared->traffic = {std::move(traffic_a), std::move(traffic_b)};
+  for (int i = 0; i < 2; ++i) {
+    shared->dir[i].writer = shared->traffic[i].get();
+    shared->dir[i].reader = shared->traffic[1 - i].get();
+    shared->dir[i].timed = clock().on.load(std::memory_order_relaxed);
+    if (shared->traffic[i]) shared->traffic[i]->opened();
+  }
   return {Stream(std::make_unique<End>(shared, 0)), Stream(std::make_unique<End>(shared, 1))};
 }
 
-std::shared_ptr<Listener> Listener::open(asio::any_io_executor ex) {
+std::shared_ptr<Listener> Listener::open(asio::any_io_executor ex,
+                                         std::shared_ptr<Traffic> traffic) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  std::shared_ptr<Listener> l(new Listener(std::move(ex), r.next++));
+  std::shared_ptr<Listener> l(new Listener(std::move(ex), r.next++, std::move(traffic)));
   r.listeners.emplace(l->number_, l);
   return l;
 }
@@ -343,7 +446,8 @@ bool Listener::is_open() const {
   return open_;
 }
 
-std::optional<Stream> Listener::connect(std::uint64_t number, asio::any_io_executor ex) {
+std::optional<Stream> Listener::connect(std::uint64_t number, asio::any_io_executor ex,
+                                        std::shared_ptr<Traffic> traffic) {
   std::shared_ptr<Listener> l;
   {
     Registry& r = registry();
@@ -358,7 +462,8 @@ std::optional<Stream> Listener::connect(std::uint64_t number, asio::any_io_execu
   {
     std::lock_guard lock(l->mutex_);
     if (!l->open_) return std::nullopt;
-    auto [mine, theirs] = make_pair(std::move(ex), l->ex_, default_capacity());
+    auto [mine, theirs] =
+        make_pair(std::move(ex), l->ex_, default_capacity(), std::move(traffic), l->traffic_);
     dialled.emplace(std::move(mine));
     if (l->waiter_) {
       waiter.emplace(std::move(*l->waiter_));
@@ -371,6 +476,46 @@ std::optional<Stream> Listener::connect(std::uint64_t number, asio::any_io_execu
   if (waiter)
     asio::post(l->ex_, asio::append(std::move(*waiter), error_code(), std::move(*accepted)));
   return dialled;
+}
+
+VirtualTime::VirtualTime(runtime::ProxyThread& thread) : thread_(thread) {
+  clock().on.store(true, std::memory_order_relaxed);
+  thread_.add_idle_poller(this);
+}
+
+VirtualTime::~VirtualTime() {
+  thread_.remove_idle_poller(this);
+  // From here on every byte is readable once written; the readers parked on bytes held back
+  // until now take them.
+  clock().on.store(false, std::memory_order_relaxed);
+  poll();
+}
+
+std::uint64_t VirtualTime::now() noexcept { return clock().now.load(std::memory_order_relaxed); }
+
+bool VirtualTime::poll() {
+  Clock& c = clock();
+  std::vector<std::weak_ptr<Shared>> due;
+  {
+    std::lock_guard lock(c.mutex);
+    if (c.pending.empty()) return false;
+    due.swap(c.pending);
+    c.now.fetch_add(1, std::memory_order_relaxed);
+  }
+  for (const auto& weak : due) {
+    auto s = weak.lock();
+    if (!s) continue;
+    Completions done;
+    std::lock_guard lock(s->mutex);
+    s->pending = false;
+    for (int i = 0; i < 2; ++i) {
+      serve_read(*s, i, done);
+      serve_write(*s, i, done);
+    }
+    // Written meanwhile (from another thread), or by the parked writer just served.
+    keep_pending(s);
+  }
+  return true;
 }
 
 }  // namespace coccl::transport::memory

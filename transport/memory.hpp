@@ -13,6 +13,10 @@
 //
 // Listeners are found by number in a process-wide registry (PeerInfo family_memory, see
 // transport/net.hpp); dialling a number nobody listens on is refused, as tcp would.
+//
+// An end may be given the Traffic of the party that owns it (transport/traffic.hpp): the stream
+// then counts that party's messages, bytes and rounds. A stream with no Traffic at either end
+// counts nothing.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -25,25 +29,57 @@
 #include <utility>
 
 #include "runtime/config.hpp"
+#include "runtime/engine.hpp"
 #include "transport/net.hpp"
 #include "transport/stream.hpp"
+#include "transport/traffic.hpp"
 
 namespace coccl::transport::memory {
 
 /// COCCL_MEMORY_STREAM_BYTES: what one direction of a memory stream holds before a write waits.
 std::size_t default_capacity();
 
-/// Two connected memory streams: the first on `a`, the second on `b`; each direction holds at
-/// most `capacity` (at least 1) bytes written and not yet read.
+/// Two connected memory streams: the first on `a`, counted in `traffic_a` (may be null), the
+/// second on `b`, counted in `traffic_b`; each direction holds at most `capacity` (at least 1)
+/// bytes written and not yet read.
 std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_executor b,
-                                    std::size_t capacity);
+                                    std::size_t capacity,
+                                    std::shared_ptr<Traffic> traffic_a = nullptr,
+                                    std::shared_ptr<Traffic> traffic_b = nullptr);
+
+/// Virtual time on the in-memory network (coccl-sim). While one exists, the streams made from
+/// then on deliver what is written at time t from time t + 1 on, and the time advances when
+/// `thread` has nothing else to run: a network on which every message takes one round and
+/// computing takes none, so that ranks run side by side as they would with latency, and a
+/// party's round (transport/traffic.hpp) counts hops, not the order in which one thread happened
+/// to run them. Every end of those streams must live on `thread`. Make and destroy it on
+/// `thread`; one at a time. Its destruction makes every byte still held back readable.
+class VirtualTime : public runtime::Poller {
+ public:
+  explicit VirtualTime(runtime::ProxyThread& thread);
+  ~VirtualTime() override;
+  VirtualTime(const VirtualTime&) = delete;
+  VirtualTime& operator=(const VirtualTime&) = delete;
+
+  /// Rounds elapsed (any thread).
+  static std::uint64_t now() noexcept;
+
+  /// The proxy thread's idle hook: the next round, when a stream holds bytes back.
+  bool poll() override;
+  bool waiting() const override { return false; }
+
+ private:
+  runtime::ProxyThread& thread_;
+};
 
 /// A listener of the memory network. Thread-safe: dialled from any thread, accepting on its own
 /// executor.
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
-  /// Listens under a new number, accepting on `ex`.
-  static std::shared_ptr<Listener> open(asio::any_io_executor ex);
+  /// Listens under a new number, accepting on `ex`; the streams it accepts are counted in
+  /// `traffic` (may be null).
+  static std::shared_ptr<Listener> open(asio::any_io_executor ex,
+                                        std::shared_ptr<Traffic> traffic = nullptr);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -56,14 +92,18 @@ class Listener : public std::enable_shared_from_this<Listener> {
   void close();
   bool is_open() const;
 
-  /// Dials listener `number`: the dialler's end on `ex`, or nullopt when nobody listens there.
-  static std::optional<Stream> connect(std::uint64_t number, asio::any_io_executor ex);
+  /// Dials listener `number`: the dialler's end on `ex`, counted in `traffic` (may be null), or
+  /// nullopt when nobody listens there.
+  static std::optional<Stream> connect(std::uint64_t number, asio::any_io_executor ex,
+                                       std::shared_ptr<Traffic> traffic = nullptr);
 
  private:
-  Listener(asio::any_io_executor ex, std::uint64_t number) : ex_(std::move(ex)), number_(number) {}
+  Listener(asio::any_io_executor ex, std::uint64_t number, std::shared_ptr<Traffic> traffic)
+      : ex_(std::move(ex)), number_(number), traffic_(std::move(traffic)) {}
 
   asio::any_io_executor ex_;
   std::uint64_t number_;
+  std::shared_ptr<Traffic> traffic_;
   mutable std::mutex mutex_;
   bool open_ = true;
   std::deque<Stream> backlog_;  // dialled, not yet accepted

@@ -70,7 +70,9 @@ void Acceptor::listen(const tcp::endpoint& endpoint, bool reuse_address,
   if (!ec) tcp_.listen(asio::socket_base::max_listen_connections, ec);
 }
 
-void Acceptor::listen_memory() { memory_ = memory::Listener::open(ex_); }
+void Acceptor::listen_memory(std::shared_ptr<Traffic> traffic) {
+  memory_ = memory::Listener::open(ex_, std::move(traffic));
+}
 
 PeerInfo Acceptor::local_info() const {
   if (memory_) return memory_address(memory_->number());
@@ -100,9 +102,10 @@ namespace {
 // until the deadline unless the peer is known to have listened.
 asio::awaitable<std::shared_ptr<Stream>> dial_memory(asio::any_io_executor ex, PeerInfo peer,
                                                      std::chrono::steady_clock::time_point until,
-                                                     bool listening) {
+                                                     bool listening,
+                                                     std::shared_ptr<Traffic> traffic) {
   for (;;) {
-    if (auto s = memory::Listener::connect(memory_number(peer), ex))
+    if (auto s = memory::Listener::connect(memory_number(peer), ex, traffic))
       co_return std::make_shared<Stream>(std::move(*s));
     if (listening)
       throw std::system_error(make_error_code(errc::peer_lost),
@@ -120,8 +123,9 @@ asio::awaitable<std::shared_ptr<Stream>> dial_memory(asio::any_io_executor ex, P
 
 asio::awaitable<std::shared_ptr<Stream>> dial(asio::any_io_executor ex, PeerInfo peer,
                                               std::chrono::steady_clock::time_point until,
-                                              bool listening) {
-  if (is_memory(peer)) co_return co_await dial_memory(ex, peer, until, listening);
+                                              bool listening, std::shared_ptr<Traffic> traffic) {
+  if (is_memory(peer))
+    co_return co_await dial_memory(ex, peer, until, listening, std::move(traffic));
   // The root may not listen yet (launchers start ranks in any order): retry refusals. A rank in
   // the address table listened before it said hello, so its refusal means it has gone.
   const tcp::endpoint ep = peer.endpoint();

@@ -16,6 +16,7 @@
 
 #include "transport/bootstrap_messages.hpp"
 #include "transport/stream.hpp"
+#include "transport/traffic.hpp"
 
 namespace coccl::transport {
 
@@ -49,8 +50,9 @@ class Acceptor {
   /// Listens on `endpoint` (port 0 picks one), with SO_REUSEADDR when `reuse_address`.
   void listen(const asio::ip::tcp::endpoint& endpoint, bool reuse_address,
               boost::system::error_code& ec);
-  /// Listens on the in-memory network under a new number.
-  void listen_memory();
+  /// Listens on the in-memory network under a new number; the streams it accepts are counted in
+  /// `traffic` (may be null).
+  void listen_memory(std::shared_ptr<Traffic> traffic = nullptr);
 
   /// Where it listens, as the address table holds it. Throws boost::system::system_error.
   PeerInfo local_info() const;
@@ -79,9 +81,11 @@ class Acceptor {
 /// std::system_error: errc::timed_out naming the address when the deadline passes, or a system
 /// error (EMFILE...) when this process is out of descriptors or socket memory. `listening`: the
 /// peer is known to have listened (a rank of the address table), so a refusal is errc::peer_lost
-/// at once.
+/// at once. A stream on the in-memory network is counted in `traffic` (may be null; tcp streams
+/// are never counted).
 asio::awaitable<std::shared_ptr<Stream>> dial(asio::any_io_executor ex, PeerInfo peer,
                                               std::chrono::steady_clock::time_point until,
-                                              bool listening = false);
+                                              bool listening = false,
+                                              std::shared_ptr<Traffic> traffic = nullptr);
 
 }  // namespace coccl::transport

@@ -51,6 +51,9 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       rank_(rank),
       nranks_(nranks),
       options_(std::move(options)),
+      traffic_(!options_.memory   ? nullptr
+               : options_.traffic ? options_.traffic
+                                  : std::make_shared<Traffic>()),
       on_failure_(std::move(on_failure)),
       acceptor_(ex_),
       drops_(rank, "listener"),
@@ -79,7 +82,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
   // A bad COCCL_TCP_ENGINE, or uring forced where the kernel refuses it, fails here; the choice
   // is logged once.
   if (options_.memory) {
-    acceptor_.listen_memory();
+    acceptor_.listen_memory(traffic_);
   } else {
     if (options_.transport == "tcp" || options_.transport == "auto") tcp_engine(rank);
     boost::system::error_code ec;
@@ -329,13 +332,14 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
     asio::co_spawn(
         ex_,
         [](asio::any_io_executor ex, PeerInfo peer, Secret secret,
-           std::shared_ptr<std::vector<std::uint8_t>> bytes) -> asio::awaitable<void> {
+           std::shared_ptr<std::vector<std::uint8_t>> bytes,
+           std::shared_ptr<Traffic> traffic) -> asio::awaitable<void> {
           const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-          auto sock = co_await transport::dial(ex, peer, until, true);
+          auto sock = co_await transport::dial(ex, peer, until, true, std::move(traffic));
           runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
           Channel channel = co_await Channel::initiate(*sock, secret);
           co_await write_frame(*sock, channel, FrameType::notice, *bytes);
-        }(ex_, table_[r], secret_, payload),
+        }(ex_, table_[r], secret_, payload, traffic_),
         [left, all_told](std::exception_ptr) {
           if (--*left == 0) all_told->cancel();
         });
@@ -468,8 +472,8 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   // the smallest ring).
   if (budget_ > 0) slots = std::max<std::size_t>(2, std::min(slots, budget_ / options_.slot_bytes));
   Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
-  auto sock =
-      co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit, true);
+  auto sock = co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit,
+                                       true, traffic_);
   std::unique_ptr<LinkSetup> setup = make_link_setup(kind, env_, peer, slots);
   const std::uint32_t want = setup->sockets();
   std::vector<Stream> further;
@@ -490,8 +494,8 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
                   std::to_string(reply.sockets) + " sockets");
     // The link's further sockets, each authenticated like the first.
     for (std::uint32_t index = 1; index < reply.sockets; ++index) {
-      auto extra =
-          co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit);
+      auto extra = co_await transport::dial(
+          ex_, table_[peer], std::chrono::steady_clock::now() + limit, false, traffic_);
       runtime::CloseAfter extra_guard(*extra, limit);
       Writer sw;
       sw.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint32_t>(index);
@@ -616,7 +620,7 @@ void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes)
   conns_.push_back(std::move(c));
   ring_of_[peer] = ring_bytes;
   ring_bytes_ += ring_bytes;
-  ++link_gen_[peer];
+  if (link_gen_[peer]++ == 0) ++stats_.peers;
   ++stats_.opened;
   last_used_[peer] = std::chrono::steady_clock::now();
 }
@@ -723,8 +727,8 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   bool agreed = false;
   try {
     const auto limit = auth_timeout();
-    auto sock =
-        co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit, true);
+    auto sock = co_await transport::dial(ex_, table_[peer],
+                                         std::chrono::steady_clock::now() + limit, true, traffic_);
     runtime::CloseAfter guard(*sock, limit);
     Channel channel = co_await Channel::initiate(*sock, secret_);
     Writer w;

@@ -25,6 +25,7 @@
 #include "transport/link_poller.hpp"
 #include "transport/link_setup.hpp"
 #include "transport/net.hpp"
+#include "transport/traffic.hpp"
 #include "transport/user_buffers.hpp"
 #include "transport/wire.hpp"
 
@@ -36,6 +37,9 @@ struct LinkOptions {
   std::size_t slots;
   std::size_t slot_bytes;
   bool memory = false;  // listen and link on the in-memory network (transport/memory.hpp)
+  // On the in-memory network: the party whose Traffic counts this rank's streams, shared by the
+  // communicators one rank makes (split); null: a Traffic of its own.
+  std::shared_ptr<Traffic> traffic;
 };
 
 /// One communicator's view of its peers: its listener, the address table and the connections,
@@ -52,6 +56,9 @@ class Peers {
   const std::vector<PeerInfo>& table() const noexcept { return table_; }
   /// This rank's entry (its listener).
   PeerInfo self_info() const;
+  /// On the in-memory network, what this rank's streams sent and received (transport/traffic.hpp);
+  /// null on tcp, shm and ib, which are not counted.
+  const std::shared_ptr<Traffic>& traffic() const noexcept { return traffic_; }
 
   /// Rendezvous through the roots of `roots` (1 to size() of them, the same list on every
   /// rank); fills the table. With several, each takes the hellos of a near-equal share of the
@@ -86,6 +93,7 @@ class Peers {
   struct LinkStats {
     int open = 0;
     std::uint64_t opened = 0;         // links made, reopenings included
+    std::uint64_t peers = 0;          // distinct peers ever linked
     std::uint64_t closed_budget = 0;  // closed to make room under COCCL_MEM_BUDGET
     std::uint64_t closed_idle = 0;    // closed after COCCL_LINK_IDLE_S unused
     std::uint64_t ring_bytes = 0;     // receive rings of the open links
@@ -244,6 +252,7 @@ class Peers {
   int rank_;
   int nranks_;
   LinkOptions options_;
+  std::shared_ptr<Traffic> traffic_;  // on the in-memory network only
   FailureHandler on_failure_;
   Acceptor acceptor_;
   Admission admission_;  // connections that have not authenticated yet

@@ -186,6 +186,15 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
 void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
                      const CommunicatorOptions& options, CreateHandler handler,
                      std::shared_ptr<std::string> failure = nullptr);
+/// Split (collectives/split.cpp): a coroutine on `impl`'s proxy thread runs the parent's
+/// operations that spread the new communicator's id, then joins it; `handler` gets it (an empty
+/// handle for a negative color). Terminal cancellation through `handler`'s slot reaches the step
+/// in flight. `failure`, when set, receives the reason of a failure before the handler runs.
+void initiate_split(const std::shared_ptr<CommImpl>& impl, int color, int key,
+                    const CommunicatorOptions& options, CreateHandler handler,
+                    std::shared_ptr<std::string> failure = nullptr);
+void initiate_split_members(const std::shared_ptr<CommImpl>& impl, std::vector<int> members,
+                            CreateHandler handler, std::shared_ptr<std::string> failure = nullptr);
 /// Shrink (collectives/recovery.cpp): the survivors of `impl` not in `exclude` meet, then join
 /// the new communicator; `handler` gets it. Errors are logged with their reason.
 void submit_shrink(const std::shared_ptr<CommImpl>& impl, std::vector<int> exclude,
@@ -277,6 +286,9 @@ class Communicator {
   static Communicator create(const UniqueId& id, int rank, int nranks, const Options& options = {});
 
   /// Asynchronous create; completion signature `void(boost::system::error_code, Communicator)`.
+  /// Started on a proxy thread (from a coroutine on a communicator's executor), the new
+  /// communicator lives on that same thread; from any other thread it goes to the engine's next
+  /// one (round robin).
   template <typename Token>
   static auto async_create(const UniqueId& id, int rank, int nranks, Token&& token) {
     return async_create(id, rank, nranks, Options{}, std::forward<Token>(token));
@@ -819,8 +831,34 @@ class Communicator {
 
   /// Collective over this communicator: ranks passing the same `color` (>= 0) form a new
   /// communicator, ordered by `key` then by rank. A negative color joins none and returns an empty
-  /// handle. Throws std::system_error on failure.
+  /// handle. Throws std::system_error on failure. (Two all_gathers of this communicator share the
+  /// colors and the new ids: O(size()) bytes for every rank.)
   Communicator split(int color, int key, const Options& options = {});
+
+  /// Asynchronous split; completion signature `void(boost::system::error_code, Communicator)`
+  /// (an empty handle for a negative color). It runs on this communicator's proxy thread, in this
+  /// communicator's order of operations (its all_gathers are queued as if the caller had started
+  /// them), then joins the new communicator as async_create does. Cancellation: terminal
+  /// cancellation reaches the step in flight, with that step's meaning (an all_gather not started
+  /// yet is removed and the split completes with std::errc::operation_canceled; one in flight
+  /// aborts this communicator; the joining stops as async_create's). Partial and total
+  /// cancellation are ignored. The reason of a failure is this communicator's last_error() when
+  /// one of its operations failed, else logged.
+  template <typename Token>
+  auto async_split(int color, int key, Token&& token) {
+    return async_split(color, key, Options{}, std::forward<Token>(token));
+  }
+  /// The same with `options` for the new communicator.
+  template <typename Token>
+  auto async_split(int color, int key, Options options, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, Communicator)>(
+        [](auto handler, std::shared_ptr<detail::CommImpl> impl, int color, int key,
+           Options options) {
+          detail::initiate_split(impl, color, key, options,
+                                 detail::CreateHandler(detail::Tracked(std::move(handler))));
+        },
+        token, impl_, color, key, std::move(options));
+  }
 
   /// Makes a communicator of the ranks `members` of this one, new rank i being members[i]. Every
   /// member passes the same list; the other ranks do not call it (collective over the members
@@ -831,6 +869,21 @@ class Communicator {
   /// rank; errc::mismatch when the members' lists differ (found when the id arrives: members
   /// whose list differs from members[0]'s throw, and the others' setup then times out).
   Communicator split_members(const std::vector<int>& members);
+
+  /// Asynchronous split_members; completion signature `void(boost::system::error_code,
+  /// Communicator)`. A bad list completes with errc::invalid_argument, nothing sent. It runs on
+  /// this communicator's proxy thread, in this communicator's order of operations (the id's
+  /// receive and sends are queued as if the caller had started them), then joins the new
+  /// communicator as async_create does. Cancellation as async_split's.
+  template <typename Token>
+  auto async_split_members(std::vector<int> members, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, Communicator)>(
+        [](auto handler, std::shared_ptr<detail::CommImpl> impl, std::vector<int> members) {
+          detail::initiate_split_members(
+              impl, std::move(members), detail::CreateHandler(detail::Tracked(std::move(handler))));
+        },
+        token, impl_, std::move(members));
+  }
 
   // ---- Recovery: shrink after lost ranks, grow with new ones (docs/reliability.md). ----
 
@@ -899,8 +952,6 @@ class Communicator {
 
  private:
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
-  friend void detail::initiate_create(std::vector<UniqueId>, int, int, const CommunicatorOptions&,
-                                      detail::CreateHandler, std::shared_ptr<std::string>);
   friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator&);
   friend class detail::CommImpl;
   friend class Group;

@@ -1,0 +1,316 @@
+// Splitting a communicator (Communicator::split, split_members and their async forms). One
+// coroutine on the parent's proxy thread runs the parent's operations that spread the new
+// communicator's id, then joins it as async_create does; the blocking forms wait for it.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <coccl/coccl.hpp>
+#include <cstring>
+#include <tuple>
+
+#include "collectives/comm.hpp"
+#include "runtime/handoff.hpp"
+#include "runtime/log.hpp"
+#include "transport/net.hpp"
+
+namespace coccl {
+
+namespace detail {
+
+namespace {
+
+namespace asio = boost::asio;
+
+using Awaitable = decltype(asio::as_tuple(asio::use_awaitable));
+
+// Starts an operation of the parent with the coroutine's handler (a struct, not a lambda: no
+// capturing lambda inside a co_await expression).
+struct StartOp {
+  std::shared_ptr<CommImpl> impl;
+  template <typename Handler>
+  void operator()(Handler handler, OpArgs args) const {
+    initiate(impl, std::move(args), OpHandler(std::move(handler)));
+  }
+};
+
+// Runs `args` on the parent; throws std::system_error with the parent's reason on failure.
+asio::awaitable<void> run(std::shared_ptr<CommImpl> impl, OpArgs args, const char* what) {
+  // Named before the co_await: GCC 12 mishandles brace-init lists inside its arguments.
+  Awaitable token = asio::as_tuple(asio::use_awaitable);
+  const StartOp start{impl};
+  auto [ec] = co_await asio::async_initiate<Awaitable, void(boost::system::error_code)>(
+      start, token, std::move(args));
+  if (ec) throw std::system_error(ec, std::string(what) + ": " + describe_error(impl, ec));
+}
+
+OpArgs gather(const void* send, void* recv, std::size_t count, DataType type) {
+  OpArgs a;
+  a.kind = OpKind::all_gather;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.type = type;
+  return a;
+}
+
+OpArgs transfers(std::vector<Transfer> list) {
+  OpArgs a;
+  a.kind = OpKind::p2p;
+  a.p2p = std::move(list);
+  return a;
+}
+
+struct StartCreate {
+  template <typename Handler>
+  void operator()(Handler handler, UniqueId id, int rank, int nranks, CommunicatorOptions options,
+                  std::shared_ptr<std::string> failure,
+                  std::shared_ptr<transport::Traffic> traffic) const {
+    start_create(std::vector<UniqueId>{id}, rank, nranks, options,
+                 CreateHandler(std::move(handler)), std::move(failure), std::move(traffic));
+  }
+};
+
+// Joins the new communicator; its streams count with the parent's (one rank's traffic).
+asio::awaitable<Communicator> join(std::shared_ptr<CommImpl> parent, UniqueId id, int rank,
+                                   int nranks, CommunicatorOptions options) {
+  auto failure = std::make_shared<std::string>();
+  Awaitable token = asio::as_tuple(asio::use_awaitable);
+  const StartCreate start;
+  auto [ec, comm] =
+      co_await asio::async_initiate<Awaitable, void(boost::system::error_code, Communicator)>(
+          start, token, id, rank, nranks, std::move(options), failure, parent->peers().traffic());
+  if (ec)
+    throw std::system_error(ec, "split: could not join the new communicator" +
+                                    (failure->empty() ? std::string() : " (" + *failure + ")"));
+  co_return std::move(comm);
+}
+
+// The id of a new communicator whose root this rank starts: on the parent's network.
+UniqueId new_id(CommImpl& parent) {
+  return parent.on_memory() ? memory_unique_id(parent.roots_traffic()) : UniqueId::create();
+}
+
+asio::awaitable<Communicator> split_by_color(std::shared_ptr<CommImpl> impl, int color, int key,
+                                             CommunicatorOptions options) {
+  const int n = impl->size(), me = impl->rank();
+  // Everyone shares (color, key); the first member of each new group creates its root and shares
+  // its id, then each member joins its group. Two all_gathers of the parent, O(n) each.
+  std::vector<std::int64_t> mine{color, key}, all(2 * static_cast<std::size_t>(n));
+  OpArgs colors = gather(mine.data(), all.data(), 2, DataType::int64);
+  co_await run(impl, std::move(colors), "split");
+  std::vector<int> members;
+  if (color >= 0) {
+    for (int r = 0; r < n; ++r)
+      if (all[2 * r] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  }
+  UniqueId id{};
+  if (!members.empty() && members.front() == me) id = new_id(*impl);
+  std::vector<std::uint8_t> ids(static_cast<std::size_t>(n) * id.bytes.size());
+  OpArgs roots = gather(id.bytes.data(), ids.data(), id.bytes.size(), DataType::uint8);
+  co_await run(impl, std::move(roots), "split");
+  if (color < 0) co_return Communicator();
+  const int new_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
+  co_return co_await join(impl, id, new_rank, static_cast<int>(members.size()), std::move(options));
+}
+
+// The member list's fingerprint travels with the id, so members with another list notice.
+std::uint64_t fingerprint_of(const std::vector<int>& members) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (int r : members) h = (h ^ static_cast<std::uint32_t>(r)) * 1099511628211ull;
+  return h;
+}
+
+asio::awaitable<Communicator> split_by_members(std::shared_ptr<CommImpl> impl,
+                                               std::vector<int> members, int mine) {
+  const int m = static_cast<int>(members.size());
+  const std::uint64_t h = fingerprint_of(members);
+  // members[0] makes the id; it travels down a binary tree of the members over the parent's
+  // point-to-point links, so a member links to at most three others.
+  std::array<std::uint8_t, sizeof(UniqueId::bytes) + sizeof h> msg{};
+  if (mine == 0) {
+    const UniqueId id = new_id(*impl);
+    std::memcpy(msg.data(), id.bytes.data(), id.bytes.size());
+    std::memcpy(msg.data() + id.bytes.size(), &h, sizeof h);
+  } else {
+    std::vector<Transfer> take{
+        Transfer::recv(msg.data(), msg.size(), DataType::uint8, members[(mine - 1) / 2])};
+    OpArgs receive = transfers(std::move(take));
+    co_await run(impl, std::move(receive), "split_members");
+  }
+  std::vector<Transfer> forward;
+  for (int c : {2 * mine + 1, 2 * mine + 2})
+    if (c < m)
+      forward.push_back(Transfer::send(msg.data(), msg.size(), DataType::uint8, members[c]));
+  if (!forward.empty()) {
+    OpArgs sends = transfers(std::move(forward));
+    co_await run(impl, std::move(sends), "split_members");
+  }
+  UniqueId id{};
+  std::memcpy(id.bytes.data(), msg.data(), id.bytes.size());
+  std::uint64_t theirs = 0;
+  std::memcpy(&theirs, msg.data() + id.bytes.size(), sizeof theirs);
+  if (theirs != h)
+    throw std::system_error(make_error_code(errc::mismatch),
+                            "split_members: this rank's member list differs from rank " +
+                                std::to_string(members[0]) + "'s");
+  const CommunicatorOptions defaults;
+  co_return co_await join(impl, id, mine, m, defaults);
+}
+
+// The caller's cancellation, taken to the parent's proxy thread, where the coroutine's signal is
+// emitted (a cancellation signal is not thread-safe).
+struct Cancel {
+  asio::any_io_executor ex;
+  asio::cancellation_signal signal;
+  bool done = false;
+};
+
+// Runs `flow` on the parent's proxy thread and completes `handler` with its result.
+void spawn(const std::shared_ptr<CommImpl>& impl, asio::awaitable<Communicator> flow,
+           CreateHandler handler, std::shared_ptr<std::string> failure) {
+  auto ex = impl->executor();
+  auto cancel = std::make_shared<Cancel>();
+  cancel->ex = ex;
+  auto slot = handler.get_cancellation_slot();
+  if (slot.is_connected()) {
+    slot.assign([weak = std::weak_ptr<Cancel>(cancel)](asio::cancellation_type type) {
+      auto c = weak.lock();
+      if (!c || (type & asio::cancellation_type::terminal) == asio::cancellation_type::none) return;
+      asio::post(c->ex, [c, type] {
+        if (!c->done) c->signal.emit(type);
+      });
+    });
+  }
+  auto boxed = std::make_unique<CreateHandler>(std::move(handler));
+  asio::co_spawn(
+      ex, std::move(flow),
+      asio::bind_cancellation_slot(
+          cancel->signal.slot(), [rank = impl->rank(), ex, cancel, failure, h = std::move(boxed)](
+                                     std::exception_ptr ep, Communicator comm) mutable {
+            cancel->done = true;
+            std::error_code ec;
+            std::string why;
+            if (ep) {
+              try {
+                std::rethrow_exception(ep);
+              } catch (const std::system_error& e) {
+                ec = e.code();
+                why = e.what();
+              } catch (const boost::system::system_error& e) {
+                ec = e.code();
+                why = e.what();
+              } catch (const std::exception& e) {
+                ec = make_error_code(errc::internal);
+                why = e.what();
+              }
+              COCCL_WARN(init, rank, "split failed: %s", why.c_str());
+              if (failure) *failure = why;
+              comm = Communicator();
+            }
+            runtime::complete_later(ex, std::move(*h), ec, std::move(comm));
+          }));
+}
+
+// Completes `handler` with `ec` (nothing started).
+void refuse(const std::shared_ptr<CommImpl>& impl, CreateHandler handler, std::error_code ec,
+            const std::string& why, const std::shared_ptr<std::string>& failure) {
+  if (failure) *failure = why;
+  auto ex = impl ? impl->executor() : process_engine().thread(0).executor();
+  runtime::complete_later(ex, std::move(handler), ec, Communicator());
+}
+
+// Waits on the calling thread for a split that `start` initiates; throws as the blocking forms
+// do.
+template <typename Start>
+Communicator wait_for_split(const std::shared_ptr<CommImpl>& impl, Start start) {
+  if (!impl) throw std::system_error(make_error_code(errc::invalid_argument), "empty communicator");
+  if (runtime::on_proxy_thread())
+    throw std::system_error(std::make_error_code(std::errc::resource_deadlock_would_occur),
+                            "a blocking split on a proxy thread would wait for the loop it "
+                            "blocks; co_await async_split there");
+  if (!impl->blocking())
+    throw std::system_error(std::make_error_code(std::errc::operation_would_block),
+                            "a blocking split on a non-blocking communicator (Options::blocking "
+                            "is false); use async_split");
+  struct Result {
+    std::atomic<int> done{0};
+    std::error_code ec;
+    Communicator comm;
+  };
+  auto result = std::make_shared<Result>();
+  auto failure = std::make_shared<std::string>();
+  start(CreateHandler([result](boost::system::error_code ec, Communicator c) {
+          result->ec = ec;
+          result->comm = std::move(c);
+          result->done.store(1, std::memory_order_release);
+          result->done.notify_one();
+        }),
+        failure);
+  result->done.wait(0, std::memory_order_acquire);
+  if (result->ec) throw std::system_error(result->ec, *failure);
+  return std::move(result->comm);
+}
+
+}  // namespace
+
+void initiate_split(const std::shared_ptr<CommImpl>& impl, int color, int key,
+                    const CommunicatorOptions& options, CreateHandler handler,
+                    std::shared_ptr<std::string> failure) {
+  if (!impl)
+    return refuse(impl, std::move(handler), make_error_code(errc::invalid_argument),
+                  "split of an empty communicator", failure);
+  spawn(impl, split_by_color(impl, color, key, options), std::move(handler), std::move(failure));
+}
+
+void initiate_split_members(const std::shared_ptr<CommImpl>& impl, std::vector<int> members,
+                            CreateHandler handler, std::shared_ptr<std::string> failure) {
+  auto invalid = [&](const std::string& why) {
+    refuse(impl, std::move(handler), make_error_code(errc::invalid_argument), why, failure);
+  };
+  if (!impl) return invalid("split_members of an empty communicator");
+  const int n = impl->size(), me = impl->rank();
+  const int m = static_cast<int>(members.size());
+  if (m == 0) return invalid("split_members: the member list is empty");
+  std::vector<bool> seen(n, false);
+  int mine = -1;
+  for (int i = 0; i < m; ++i) {
+    const int r = members[i];
+    if (r < 0 || r >= n)
+      return invalid("split_members: rank " + std::to_string(r) + " is not in [0, " +
+                     std::to_string(n) + ")");
+    if (seen[r]) return invalid("split_members: rank " + std::to_string(r) + " is listed twice");
+    seen[r] = true;
+    if (r == me) mine = i;
+  }
+  if (mine < 0)
+    return invalid("split_members: this rank (" + std::to_string(me) + ") is not a member");
+  spawn(impl, split_by_members(impl, std::move(members), mine), std::move(handler),
+        std::move(failure));
+}
+
+}  // namespace detail
+
+Communicator Communicator::split(int color, int key, const Options& options) {
+  return detail::wait_for_split(
+      impl_, [&](detail::CreateHandler h, std::shared_ptr<std::string> failure) {
+        detail::initiate_split(impl_, color, key, options, std::move(h), std::move(failure));
+      });
+}
+
+Communicator Communicator::split_members(const std::vector<int>& members) {
+  return detail::wait_for_split(
+      impl_, [&](detail::CreateHandler h, std::shared_ptr<std::string> failure) {
+        detail::initiate_split_members(impl_, members, std::move(h), std::move(failure));
+      });
+}
+
+}  // namespace coccl

@@ -1,0 +1,519 @@
+// coccl-sim: N ranks of the real code in one process. Each rank has its own communicator on the
+// in-memory network (transport/memory.hpp), which sits under the same connection interface as
+// tcp: the real bootstrap, split, lazy links and algorithms run, on one proxy thread, and every
+// rank's messages, bytes, links and rounds are counted (transport/traffic.hpp). It prints one
+// line per phase and one for the whole run, and a modelled wall time on a stated network.
+//
+//   coccl-sim [--ranks N] [--groups G1,G2,...] [--count C] [--split members|color]
+//             [--latency-us L] [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--json PATH]
+//
+// Phases: init (N ranks bootstrap one communicator), a first all_reduce of C int32 on it, then
+// for each group size G a split into groups of G ranks (contiguous blocks when G*G <= N, else
+// strided like rails: rank r in group r mod ceil(N/G)) and a first all_reduce on every group,
+// and finally the destruction of everything. Every all_reduce is checked against a reference
+// computed here. Exit status: 0 all verified, 1 a failure or wrong result, 2 bad arguments.
+//
+// Unlike the other tools this one reaches coccl's internals (the in-memory network, the
+// counters): they are what it measures, and no public API offers them.
+#include <sys/resource.h>
+
+#include <atomic>
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <coccl/coccl.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "collectives/comm.hpp"
+#include "runtime/engine.hpp"
+#include "sim_costs.hpp"
+#include "sim_report.hpp"
+#include "transport/memory.hpp"
+#include "transport/peers.hpp"
+#include "transport/traffic.hpp"
+
+namespace {
+
+namespace asio = boost::asio;
+using coccl::Communicator;
+using coccl::sim::PhaseStats;
+using coccl::sim::Snapshot;
+using coccl::transport::Traffic;
+
+struct Options {
+  int ranks = 4096;
+  std::vector<int> groups;  // empty: 8 and N/8
+  std::size_t count = 1024;
+  std::string split = "members";
+  coccl::sim::Network net;
+  bool stated_costs = false;
+  coccl::sim::Costs costs;
+  std::string json;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(
+      stderr,
+      "coccl-sim: %s\n"
+      "usage: coccl-sim [--ranks N] [--groups G1,G2,...] [--count C]\n"
+      "                 [--split members|color] [--latency-us L] [--bandwidth-gbps B]\n"
+      "                 [--costs M_US,B_NS,K_US] [--json PATH]\n"
+      "  --ranks N           ranks in this process (default 4096)\n"
+      "  --groups G,...      split group sizes (default 8 and N/8)\n"
+      "  --count C           int32 elements of each first all_reduce (default 1024)\n"
+      "  --split HOW         members: split_members (default); color: split(color, key)\n"
+      "  --latency-us L      network latency the model assumes (default 5)\n"
+      "  --bandwidth-gbps B  network bandwidth the model assumes (default 100)\n"
+      "  --costs M,B,K       state the per-message (us), per-byte (ns) and per-connection\n"
+      "                      (us) costs instead of measuring them over tcp loopback\n"
+      "  --json PATH         also write the results as JSON\n",
+      why.c_str());
+  std::exit(2);
+}
+
+double number_arg(const char* text, const char* what) {
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(v >= 0)) usage(std::string("bad ") + what + ": " + text);
+  return v;
+}
+
+std::vector<double> list_arg(const std::string& text, const char* what) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(number_arg(item.c_str(), what));
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") usage("help");
+    if (i + 1 >= argc) usage(a + " needs a value");
+    const char* v = argv[++i];
+    if (a == "--ranks") {
+      o.ranks = static_cast<int>(number_arg(v, "--ranks"));
+    } else if (a == "--groups") {
+      for (double g : list_arg(v, "--groups")) o.groups.push_back(static_cast<int>(g));
+    } else if (a == "--count") {
+      o.count = static_cast<std::size_t>(number_arg(v, "--count"));
+    } else if (a == "--split") {
+      o.split = v;
+      if (o.split != "members" && o.split != "color") usage("--split is members or color");
+    } else if (a == "--latency-us") {
+      o.net.latency_s = number_arg(v, "--latency-us") * 1e-6;
+    } else if (a == "--bandwidth-gbps") {
+      o.net.bandwidth_bytes_s = number_arg(v, "--bandwidth-gbps") * 1e9 / 8;
+    } else if (a == "--costs") {
+      const auto c = list_arg(v, "--costs");
+      if (c.size() != 3) usage("--costs takes three numbers");
+      o.costs = {c[0] * 1e-6, c[1] * 1e-9, c[2] * 1e-6};
+      o.stated_costs = true;
+    } else if (a == "--json") {
+      o.json = v;
+    } else {
+      usage("unknown option " + a);
+    }
+  }
+  if (o.ranks < 1) usage("--ranks must be at least 1");
+  if (o.net.bandwidth_bytes_s <= 0) usage("--bandwidth-gbps must be positive");
+  if (o.groups.empty()) o.groups = {8, std::max(1, o.ranks / 8)};
+  for (int g : o.groups)
+    if (g < 1) usage("group sizes must be at least 1");
+  return o;
+}
+
+// ---- the process: memory and CPU ----
+
+// A line of /proc/self/status in bytes (VmRSS, VmHWM); 0 if absent.
+double status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::size_t n = std::strlen(key);
+  while (std::getline(in, line))
+    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':')
+      return std::strtod(line.c_str() + n + 1, nullptr) * 1024;
+  return 0;
+}
+
+// Starts the peak (VmHWM) again from the current RSS, so that each phase reports its own peak.
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// ---- driving N ranks from this thread ----
+
+// Completions still to come; the main thread waits for the last.
+class Countdown {
+ public:
+  explicit Countdown(long n) : left_(n) {}
+  void done() {
+    if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
+  }
+  void wait() {
+    for (long v = left_.load(std::memory_order_acquire); v != 0;
+         v = left_.load(std::memory_order_acquire))
+      left_.wait(v, std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<long> left_;
+};
+
+// Runs `fn` on the first proxy thread (where every rank of the sim lives) and waits for it.
+template <typename Fn>
+void on_proxy(Fn fn) {
+  std::promise<void> done;
+  asio::post(coccl::detail::process_engine().thread(0).executor(), [&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().get();
+}
+
+// One rank: its communicators (the world's first), and the Traffic they share.
+struct Rank {
+  std::vector<Communicator> comms;
+  std::shared_ptr<Traffic> traffic;
+  std::shared_ptr<Traffic> roots;  // the roots it started for splits
+  std::uint64_t links_gone = 0;    // peers linked by its communicators already destroyed
+};
+
+struct Sim {
+  Options opt;
+  std::vector<Rank> ranks;
+  std::shared_ptr<Traffic> world_root = std::make_shared<Traffic>();
+  coccl::sim::Costs costs;
+  std::string costs_origin;
+  double baseline_rss = 0;
+  std::vector<PhaseStats> phases;
+  Snapshot first;
+  bool verified = true;
+
+  Snapshot snapshot() {
+    Snapshot s;
+    const int n = static_cast<int>(ranks.size());
+    s.ranks.resize(n);
+    s.links.resize(n);
+    for (int r = 0; r < n; ++r) s.links[r] = ranks[r].links_gone;
+    s.roots.push_back(world_root->counts());
+    for (int r = 0; r < n; ++r) {
+      if (ranks[r].traffic) s.ranks[r] = ranks[r].traffic->counts();
+      if (ranks[r].roots) s.roots.push_back(ranks[r].roots->counts());
+    }
+    if (s.roots.size() < static_cast<std::size_t>(n) + 1) s.roots.resize(n + 1);
+    // Link counts belong to the proxy thread; every communicator of the sim lives on the first.
+    on_proxy([&] {
+      for (int r = 0; r < n; ++r)
+        for (const Communicator& c : ranks[r].comms)
+          if (c) s.links[r] += coccl::detail::impl_of(c)->peers().link_stats().peers;
+    });
+    return s;
+  }
+
+  // Runs one phase: `start(r, done)` starts rank r's part, which calls done(r, error) once;
+  // `check` verifies the results and says what it verified.
+  template <typename Start, typename Check>
+  void phase(const std::string& name, Start start, Check check) {
+    const int n = opt.ranks;
+    const Snapshot before = snapshot_after_;
+    Traffic::next_phase();
+    reset_peak();
+    const double rss_start = status_bytes("VmRSS");
+    const std::uint64_t time0 = coccl::transport::memory::VirtualTime::now();
+    const double cpu0 = cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::error_code> errors(n);
+    Countdown left(n);
+    auto done = [&](int r, std::error_code ec) {
+      errors[r] = ec;
+      left.done();
+    };
+    start(done);
+    left.wait();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu = cpu_seconds() - cpu0;
+    const std::uint64_t elapsed = coccl::transport::memory::VirtualTime::now() - time0;
+    const double peak = std::max(status_bytes("VmHWM"), rss_start);
+    int failed = 0;
+    for (int r = 0; r < n; ++r)
+      if (errors[r] && failed++ < 5)
+        std::fprintf(stderr, "coccl-sim: %s: rank %d failed: %s\n", name.c_str(), r,
+                     errors[r].message().c_str());
+    if (failed > 0) {
+      std::fprintf(stderr, "coccl-sim: %s: %d of %d ranks failed\n", name.c_str(), failed, n);
+      std::exit(1);
+    }
+    std::string checked = check();
+    snapshot_after_ = snapshot();
+    PhaseStats s = coccl::sim::phase_stats(name, before, snapshot_after_, costs, opt.net);
+    s.cpu_s = cpu;
+    s.wall_s = wall;
+    s.virtual_rounds = elapsed;
+    s.peak_rss_bytes_per_rank = std::max(0.0, peak - baseline_rss) / n;
+    s.check = std::move(checked);
+    std::printf("%s\n", coccl::sim::line(s).c_str());
+    std::fflush(stdout);
+    phases.push_back(std::move(s));
+  }
+
+  Snapshot snapshot_after_;  // at the end of the latest phase (at first: before any)
+};
+
+// ---- the phases ----
+
+std::int32_t world_input(int rank, std::size_t i) {
+  return static_cast<std::int32_t>((static_cast<std::size_t>(rank) * 7 + i) % 101);
+}
+std::int32_t group_input(int rank, std::size_t i, int g) {
+  return static_cast<std::int32_t>((static_cast<std::size_t>(rank) * 3 + i + g) % 89);
+}
+
+// The groups of size `g`: each rank's group and its place in it, and each group's members.
+struct Layout {
+  std::vector<int> group_of, index_of;
+  std::vector<std::vector<int>> members;
+  bool contiguous;
+};
+
+Layout layout(int n, int g) {
+  Layout l;
+  const int groups = (n + g - 1) / g;
+  l.contiguous = static_cast<long long>(g) * g <= n;
+  l.group_of.resize(n);
+  l.index_of.resize(n);
+  l.members.resize(groups);
+  for (int r = 0; r < n; ++r) {
+    const int c = l.contiguous ? r / g : r % groups;
+    l.group_of[r] = c;
+    l.index_of[r] = static_cast<int>(l.members[c].size());
+    l.members[c].push_back(r);
+  }
+  return l;
+}
+
+void run_init(Sim& sim) {
+  const int n = sim.opt.ranks;
+  const coccl::UniqueId id = coccl::detail::memory_unique_id(sim.world_root);
+  sim.phase(
+      "init",
+      [&](auto done) {
+        // Started on the proxy thread, where each communicator is built at once (from here, each
+        // would be a round trip to it).
+        on_proxy([&] {
+          for (int r = 0; r < n; ++r)
+            Communicator::async_create(
+                id, r, n, [&sim, done, r](boost::system::error_code ec, Communicator c) {
+                  if (!ec) sim.ranks[r].comms.push_back(std::move(c));
+                  done(r, ec);
+                });
+        });
+      },
+      [&] {
+        for (int r = 0; r < n; ++r) {
+          auto impl = coccl::detail::impl_of(sim.ranks[r].comms.front());
+          sim.ranks[r].traffic = impl->peers().traffic();
+          sim.ranks[r].roots = impl->roots_traffic();
+        }
+        return std::string();
+      });
+}
+
+// A first all_reduce on communicator `which` of every rank (0: the world), in place, checked
+// against the sum over each group's members.
+void run_all_reduce(Sim& sim, const std::string& name, std::size_t which, const Layout* groups,
+                    int salt) {
+  const int n = sim.opt.ranks;
+  const std::size_t count = sim.opt.count;
+  auto input = [&](int r, std::size_t i) {
+    return groups ? group_input(r, i, salt) : world_input(r, i);
+  };
+  std::vector<std::vector<std::int32_t>> data(n);
+  for (int r = 0; r < n; ++r) {
+    data[r].resize(count);
+    for (std::size_t i = 0; i < count; ++i) data[r][i] = input(r, i);
+  }
+  sim.phase(
+      name,
+      [&](auto done) {
+        on_proxy([&] {
+          for (int r = 0; r < n; ++r)
+            sim.ranks[r].comms[which].async_all_reduce(
+                data[r].data(), data[r].data(), count, coccl::DataType::int32, coccl::ReduceOp::sum,
+                [done, r](boost::system::error_code ec) { done(r, ec); });
+        });
+      },
+      [&] {
+        const std::size_t ngroups = groups ? groups->members.size() : 1;
+        int wrong = 0;
+        for (std::size_t c = 0; c < ngroups; ++c) {
+          std::vector<std::int64_t> want(count, 0);
+          const std::vector<int>* members = groups ? &groups->members[c] : nullptr;
+          const int m = members ? static_cast<int>(members->size()) : n;
+          for (int k = 0; k < m; ++k)
+            for (std::size_t i = 0; i < count; ++i)
+              want[i] += input(members ? (*members)[k] : k, i);
+          for (int k = 0; k < m; ++k) {
+            const int r = members ? (*members)[k] : k;
+            for (std::size_t i = 0; i < count; ++i)
+              if (data[r][i] != want[i]) {
+                if (wrong++ < 5)
+                  std::fprintf(stderr, "coccl-sim: %s: rank %d element %zu is %d, want %lld\n",
+                               name.c_str(), r, i, data[r][i], static_cast<long long>(want[i]));
+                break;
+              }
+          }
+        }
+        if (wrong) {
+          sim.verified = false;
+          return "FAILED (" + std::to_string(wrong) + " ranks wrong)";
+        }
+        return std::to_string(n) + " ranks, " + std::to_string(ngroups) + " group(s)";
+      });
+}
+
+void run_split(Sim& sim, int g, const Layout& l) {
+  const int n = sim.opt.ranks;
+  std::vector<Communicator> made(n);
+  sim.phase(
+      "split " + std::to_string(g),
+      [&](auto done) {
+        on_proxy([&] {
+          for (int r = 0; r < n; ++r) {
+            auto finish = [&made, done, r](boost::system::error_code ec, Communicator c) {
+              made[r] = std::move(c);
+              done(r, ec);
+            };
+            Communicator& world = sim.ranks[r].comms.front();
+            if (sim.opt.split == "color")
+              world.async_split(l.group_of[r], r, finish);
+            else
+              world.async_split_members(l.members[l.group_of[r]], finish);
+          }
+        });
+      },
+      [&] {
+        int wrong = 0;
+        for (int r = 0; r < n; ++r) {
+          const int size = static_cast<int>(l.members[l.group_of[r]].size());
+          if (!made[r] || made[r].size() != size || made[r].rank() != l.index_of[r]) {
+            if (wrong++ < 5)
+              std::fprintf(
+                  stderr, "coccl-sim: split %d: rank %d got rank %d of %d, want %d of %d\n", g, r,
+                  made[r] ? made[r].rank() : -1, made[r] ? made[r].size() : 0, l.index_of[r], size);
+          }
+          sim.ranks[r].comms.push_back(std::move(made[r]));
+        }
+        if (wrong) {
+          sim.verified = false;
+          return "FAILED (" + std::to_string(wrong) + " ranks wrong)";
+        }
+        return std::to_string(l.members.size()) + " groups, " +
+               (l.contiguous ? "contiguous" : "strided");
+      });
+}
+
+void run_destroy(Sim& sim) {
+  const int n = sim.opt.ranks;
+  sim.phase(
+      "destroy",
+      [&](auto done) {
+        // What the communicators linked stays counted once they are gone.
+        const Snapshot last = sim.snapshot_after_;
+        for (int r = 0; r < n; ++r) sim.ranks[r].links_gone = last.links[r];
+        // The splits first, then the world; destroy() blocks until each has closed (so, unlike
+        // the other phases, the ranks do not start together: its rounds count that too).
+        for (int r = 0; r < n; ++r)
+          for (std::size_t k = sim.ranks[r].comms.size(); k-- > 1;) sim.ranks[r].comms[k].destroy();
+        for (int r = 0; r < n; ++r) {
+          sim.ranks[r].comms.front().destroy();
+          done(r, std::error_code());
+        }
+      },
+      [&] {
+        for (Rank& r : sim.ranks) r.comms.clear();
+        return std::string();
+      });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Sim sim;
+  sim.opt = parse(argc, argv);
+  const int n = sim.opt.ranks;
+  // In virtual time every rank's hello reaches the root in the same round, and a root that holds
+  // more than COCCL_BOOTSTRAP_PENDING_MAX (64) unauthenticated connections closes the oldest,
+  // failing those ranks. Unless the environment says otherwise, the sim lets the root hold all.
+  std::string admission_note;
+  if (!std::getenv("COCCL_BOOTSTRAP_PENDING_MAX") && n > 64) {
+    ::setenv("COCCL_BOOTSTRAP_PENDING_MAX", std::to_string(n).c_str(), 1);
+    admission_note = "note: COCCL_BOOTSTRAP_PENDING_MAX set to " + std::to_string(n) +
+                     " (default 64): with every hello arriving in one round, a root at the default "
+                     "drops all but 64 and those ranks fail; set it to see that\n";
+  }
+  if (sim.opt.stated_costs) {
+    sim.costs = sim.opt.costs;
+    sim.costs_origin = "stated on the command line";
+  } else {
+    sim.costs = coccl::sim::measure_tcp_costs();
+    sim.costs_origin = "measured at start over tcp loopback on this machine";
+  }
+  std::printf(
+      "coccl-sim: %d ranks in one process on the in-memory network; first all_reduce of "
+      "%zu int32; split by %s into groups of",
+      n, sim.opt.count, sim.opt.split == "color" ? "split(color, key)" : "split_members");
+  for (int g : sim.opt.groups) std::printf(" %d", g);
+  std::printf("\n%s", admission_note.c_str());
+  // The engine (and its proxy thread) exists before the baseline.
+  coccl::runtime::ProxyThread& proxy = coccl::detail::process_engine().thread(0);
+  sim.ranks.resize(n);
+  // Every message takes one round of virtual time: ranks run side by side as on a network with
+  // latency, and the rounds count hops (transport/memory.hpp).
+  std::unique_ptr<coccl::transport::memory::VirtualTime> virtual_time;
+  on_proxy([&] { virtual_time = std::make_unique<coccl::transport::memory::VirtualTime>(proxy); });
+  sim.baseline_rss = status_bytes("VmRSS");
+  sim.first = sim.snapshot();
+  sim.snapshot_after_ = sim.first;
+  run_init(sim);
+  run_all_reduce(sim, "all_reduce", 0, nullptr, 0);
+  for (std::size_t k = 0; k < sim.opt.groups.size(); ++k) {
+    const int g = sim.opt.groups[k];
+    const Layout l = layout(n, g);
+    run_split(sim, g, l);
+    run_all_reduce(sim, "all_reduce " + std::to_string(g), k + 1, &l, g);
+  }
+  run_destroy(sim);
+  on_proxy([&] { virtual_time.reset(); });
+  const PhaseStats all = coccl::sim::overall(sim.phases, sim.first, sim.snapshot_after_);
+  const double init_ar = sim.phases[0].model_s + sim.phases[1].model_s;
+  std::printf("%s\n", coccl::sim::line(all).c_str());
+  std::printf("modelled init + first all_reduce at %d ranks: %.2f ms\n", n, init_ar * 1e3);
+  std::printf("%s\n", coccl::sim::model_text(sim.costs, sim.costs_origin, sim.opt.net).c_str());
+  std::printf("verified: %s\n", sim.verified ? "every all_reduce and split" : "NO");
+  if (!sim.opt.json.empty()) {
+    std::ofstream out(sim.opt.json);
+    out << coccl::sim::json(n, sim.opt.count, sim.opt.split, sim.verified, sim.phases, all,
+                            sim.costs, sim.costs_origin, sim.opt.net);
+    if (!out) {
+      std::fprintf(stderr, "coccl-sim: cannot write %s\n", sim.opt.json.c_str());
+      return 1;
+    }
+  }
+  return sim.verified ? 0 : 1;
+}
