@@ -60,6 +60,7 @@ struct Root : std::enable_shared_from_this<Root> {
   bool formed = false;      // every hello arrived; the table went to rank 0 (or the share on)
   bool expired = false;     // COCCL_TIMEOUT passed first: no more hellos, status queries only
   bool rank0_lost = false;  // everyone arrived, but the table could not be sent to rank 0
+  bool rank0_left = false;  // rank 0 took the table, then its connection ended without a goodbye
   std::map<int, std::string> failures;  // ranks whose set-up failed, and why (their notices)
   bool done = false;                    // serving nothing more
   std::vector<PeerInfo> table;
@@ -124,7 +125,7 @@ std::vector<std::uint8_t> encode_root_view(const Root& root) {
   Writer w;
   const int n = std::max(root.nranks, 0);
   w.put(root_view_magic).put<std::int32_t>(n).put<std::int32_t>(root.arrived);
-  w.put<std::uint8_t>(root.rank0_lost ? 1 : 0);
+  w.put<std::uint8_t>(root.rank0_lost ? 1 : root.rank0_left ? 2 : 0);
   for (int r = 0; r < n; ++r) {
     w.put<std::uint8_t>(root.seen[r] ? 1 : 0);
     w.put(root.table[r]);
@@ -143,7 +144,10 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
   RootView v;
   v.nranks = r.get<std::int32_t>();
   v.arrived = r.get<std::int32_t>();
-  v.rank0_lost = r.get<std::uint8_t>() != 0;
+  const auto rank0 = r.get<std::uint8_t>();
+  if (rank0 > 2) bad_message("root's status answer has an unknown state of rank 0");
+  v.rank0_lost = rank0 == 1;
+  v.rank0_left = rank0 == 2;
   // Each rank takes 1 + sizeof(PeerInfo) bytes: a count the payload cannot hold is refused before
   // anything is allocated for it.
   const std::size_t per_rank = 1 + sizeof(PeerInfo);
@@ -181,34 +185,57 @@ asio::awaitable<bool> root_table_taken(std::shared_ptr<Root> root) {
   co_return false;
 }
 
-// Once formed, the root serves status queries until rank 0 closes its connection (rank 0 holds
-// it for the life of its communicator, and never writes on it again).
+// The others wait for a table that will not come and ask who is missing when they give up: the
+// root answers for one more COCCL_TIMEOUT, then closes. Each of them gives up COCCL_TIMEOUT after
+// its hello, which came before the table formed, and then takes up to a second to ask: the margin
+// keeps the root up for the last of them even when rank 0 went at once.
+void root_linger(const std::shared_ptr<Root>& root) {
+  root->deadline.expires_after(runtime::default_timeout() + std::chrono::seconds(5));
+  root->deadline.async_wait([root](boost::system::error_code e) {
+    if (!e) root->finish();
+  });
+}
+
+// Once formed, root 0 serves status queries until rank 0 says goodbye (Peers::leave_root); rank 0
+// holds its connection for the life of its communicator and writes nothing else on it. A
+// connection that ends without the goodbye means rank 0 is gone, perhaps before it passed the
+// table down the tree: the ranks still waiting for it must be able to learn that here.
+asio::awaitable<bool> root_hears_goodbye(std::shared_ptr<Root> root) {
+  try {
+    Frame f = co_await read_frame(*root->rank0, *root->rank0_channel, max_small_frame);
+    co_return f.type == FrameType::close&& f.payload.empty();
+  } catch (const std::exception&) {
+  }
+  co_return false;
+}
+
 asio::awaitable<void> root_watch_rank0(std::shared_ptr<Root> root) {
-  std::uint8_t byte = 0;
-  boost::system::error_code ec;
-  co_await root->rank0->async_read_some(asio::buffer(&byte, 1),
-                                        asio::redirect_error(asio::use_awaitable, ec));
-  root->finish();
+  const bool goodbye = co_await root_hears_goodbye(root);
+  if (goodbye || root->done) {
+    root->finish();
+    co_return;
+  }
+  root->rank0_left = true;
+  root_linger(root);
 }
 
 // Every rank (and share) the root must see has arrived: pass the table (or share) on.
 asio::awaitable<void> root_complete(std::shared_ptr<Root> root) {
   root->formed = true;
   root->deadline.cancel();
-  if (co_await root_distribute(root) && co_await root_table_taken(root)) {
+  // Apart, not `co_await a && co_await b`: GCC 12 miscompiles co_await inside && and ||
+  // operands (the frame was resumed in a state it never reached).
+  bool taken = co_await root_distribute(root);
+  if (taken) taken = co_await root_table_taken(root);
+  if (taken) {
     // Root 0 serves status queries while rank 0 lives; another root's work ends with its share.
     if (root->index == 0)
       co_await root_watch_rank0(root);
     else
       root->finish();
   } else {
-    // The others wait for a table that will not come; they ask who is missing when they give
-    // up: answer for one more COCCL_TIMEOUT.
     root->rank0_lost = true;
-    root->deadline.expires_after(runtime::default_timeout());
-    root->deadline.async_wait([root](boost::system::error_code e) {
-      if (!e) root->finish();
-    });
+    root_linger(root);
   }
 }
 
@@ -588,6 +615,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
     const std::vector<std::uint8_t> ack;
     co_await write_frame(*sock, *channel, FrameType::status, ack);
     root_link_ = sock;
+    root_channel_ = std::move(channel);
   } else {
     sock.reset();
     bool late = false;
@@ -685,6 +713,20 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<Stream> sock, Channel& c
     bad_message("expected the first root to take the share");
 }
 
+void Peers::leave_root() {
+  if (!root_link_ || !root_channel_) return;
+  ++*telling_;
+  asio::co_spawn(
+      ex_,
+      [](std::shared_ptr<Stream> link, Channel channel) -> asio::awaitable<void> {
+        runtime::CloseAfter guard(*link, std::chrono::seconds(1));
+        const std::vector<std::uint8_t> nothing;
+        co_await write_frame(*link, channel, FrameType::close, nothing);
+      }(std::exchange(root_link_, nullptr), std::move(*root_channel_)),
+      [telling = telling_](std::exception_ptr) { --*telling; });
+  root_channel_.reset();
+}
+
 asio::awaitable<void> Peers::tell_root(std::string why) {
   if (!root_) co_return;
   try {
@@ -756,8 +798,12 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
               "(it has gone)";
   if (rank_ == 0) co_return "every rank reached the bootstrap root, which sent no table";
   const std::string parent_says = co_await ancestors_say(rank_, view->table);
+  const std::string left = view->rank0_left ? "; rank 0 took it from the root, then its connection "
+                                              "to the root ended without a goodbye (its process "
+                                              "may be gone)"
+                                            : "";
   co_return "every rank reached the bootstrap root; the table did not come down the tree (" +
-      parent_says + ")";
+      parent_says + ")" + left;
 }
 
 asio::awaitable<std::string> Peers::ancestors_say(int target, const std::vector<PeerInfo>& table) {

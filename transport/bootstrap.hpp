@@ -3,8 +3,11 @@
 //
 // Rendezvous: each rank opens a listener, then sends an authenticated hello (rank, size, listener
 // address, host identity) to the root. When all have arrived the root sends the address table to
-// rank 0 only and closes; the table then flows down a binary tree (rank r forwards it to 2r+1 and
-// 2r+2), so the root does O(N) work and every rank has the table after O(log N) rounds.
+// rank 0 only; the table then flows down a binary tree (rank r forwards it to 2r+1 and 2r+2), so
+// the root does O(N) work and every rank has the table after O(log N) rounds. The root answers
+// status queries until rank 0 says goodbye; when rank 0's connection ends without one (rank 0
+// died, perhaps before it passed the table on) it answers, naming that, for one more
+// COCCL_TIMEOUT (and a few seconds).
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
@@ -50,6 +53,7 @@ struct RootView {
   int nranks = 0;                   // 0 while no hello has arrived
   int arrived = 0;                  // hellos received
   bool rank0_lost = false;          // all arrived, but rank 0 could not be sent the table
+  bool rank0_left = false;          // rank 0 took the table, then left without a goodbye
   std::vector<std::string> failed;  // per rank: why its set-up failed, if it told the root
   std::vector<bool> seen;           // per rank: its hello arrived
   std::vector<PeerInfo> table;      // per rank: its listener (valid where seen)

@@ -108,6 +108,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
 }
 
 Peers::~Peers() {
+  leave_root();
   gate_.close();
   thread_.remove_poller(&poller_);
   thread_.remove_poller(&ib_poller_);
@@ -843,6 +844,9 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   }
   // The listener stays open until the communicator is destroyed: it answers status queries and
   // liveness probes, takes shrink requests (recovery), and answers link requests with the reason.
+  // An orderly end: the root may stop answering for this communicator. After a failure it keeps
+  // answering (coccl-status, survivors) until this object goes.
+  if (!notify) leave_root();
   table_box_.fail(asio::error::operation_aborted);
   for (auto& box : stripes_)
     if (box) box->fail(asio::error::operation_aborted);

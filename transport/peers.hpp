@@ -240,6 +240,10 @@ class Peers {
   asio::awaitable<std::string> ask_about(int peer, PeerInfo where);
   // Within a second, best effort: tells the root why this rank's set-up failed.
   asio::awaitable<void> tell_root(std::string why);
+  // Rank 0: says goodbye on its connection to the root and lets it go (no-op elsewhere, or when
+  // done already). Without the goodbye the root takes the end of the connection for rank 0's
+  // death and keeps answering status queries for one more COCCL_TIMEOUT.
+  void leave_root();
   // "; <why>" when the root holds a failure notice of `peer`, else "".
   asio::awaitable<std::string> gone_because(int peer);
   // A recovery frame: probes are answered here, shrink requests queued.
@@ -290,9 +294,10 @@ class Peers {
   std::error_code shut_ec_;
   // Notices on their way to unlinked peers (shutdown); shared: they may outlive this object.
   std::shared_ptr<int> telling_ = std::make_shared<int>(0);
-  // Rank 0: its connection to the root, held open while this Peers lives so that the root keeps
-  // answering status queries for the communicator (it stops once this closes).
+  // Rank 0: its connection to the root, held open until shutdown() (or destruction) so that the
+  // root keeps answering status queries for the communicator; leave_root() says goodbye on it.
   std::shared_ptr<Stream> root_link_;
+  std::optional<Channel> root_channel_;
   std::optional<RootAddress> root_;  // the first root, from rendezvous()
   int roots_ = 1;                    // how many roots rendezvous() was given
   runtime::Mailbox<RecoveryRequest> recovery_box_;

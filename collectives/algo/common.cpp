@@ -39,7 +39,10 @@ Task exchange_send(Op& op, std::vector<Block> sends) {
   std::vector<Connection*> written;
   for (auto& b : sends) {
     Connection* l = co_await op.link(b.peer);
-    if (l->uses_blocks(b.elems * e) && co_await op.send_block(l, b.peer, b.ptr, b.elems * e)) {
+    // Apart, not `a && co_await b`: GCC 12 miscompiles co_await inside && and || operands.
+    bool sent = false;
+    if (l->uses_blocks(b.elems * e)) sent = co_await op.send_block(l, b.peer, b.ptr, b.elems * e);
+    if (sent) {
       written.push_back(l);
       continue;
     }

@@ -10,7 +10,11 @@ Task p2p_sends(Op& op, int peer, std::vector<const Transfer*> list) {
   Connection* l = co_await op.link(peer);
   bool written = false;
   for (const Transfer* p : list) {
-    if (l->uses_blocks(p->count) && co_await op.send_block(l, peer, cbytes(p->buffer), p->count)) {
+    // Apart, not `a && co_await b`: GCC 12 miscompiles co_await inside && and || operands.
+    bool sent = false;
+    if (l->uses_blocks(p->count))
+      sent = co_await op.send_block(l, peer, cbytes(p->buffer), p->count);
+    if (sent) {
       written = true;
       continue;
     }
@@ -28,7 +32,9 @@ Task p2p_recvs(Op& op, int peer, std::vector<const Transfer*> list) {
                          ? std::optional(l->offer(p->buffer, p->count, op.fingerprint()))
                          : std::nullopt);
   for (std::size_t i = 0; i < list.size(); ++i) {
-    if (offers[i] && co_await l->landed(*offers[i])) continue;
+    bool landed = false;
+    if (offers[i]) landed = co_await l->landed(*offers[i]);
+    if (landed) continue;
     co_await op.recv(peer, bytes(list[i]->buffer), list[i]->count);
   }
 }

@@ -60,8 +60,8 @@ struct FakeStore::Impl {
 
   asio::awaitable<void> serve(tcp::socket s) {
     try {
-      if (co_await value<std::uint8_t>(s) != 0 || co_await value<std::uint32_t>(s) != 0x3C85F7CE)
-        co_return;
+      if (co_await value<std::uint8_t>(s) != 0) co_return;
+      if (co_await value<std::uint32_t>(s) != 0x3C85F7CE) co_return;
       {
         std::lock_guard lock(mu);
         ++validated;

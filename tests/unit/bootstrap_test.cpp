@@ -140,6 +140,7 @@ TEST(UniqueIdEncoding, DecodeRejectsBytesNotMadeByCreate) {
 
 struct RankResult {
   std::error_code ec;
+  std::string what;
   float sum = -1;
 };
 
@@ -158,6 +159,7 @@ std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector
         results[r].sum = out;
       } catch (const std::system_error& e) {
         results[r].ec = e.code();
+        results[r].what = e.what();
       }
       // Every rank finishes before any destroys (see destroy_test.cpp for why).
       finished.arrive_and_wait();
@@ -372,6 +374,145 @@ TEST(BootstrapRoot, MissingRankMakesTheOthersTimeOutWithinCocclTimeout) {
   EXPECT_EQ(results[1].ec, errc::timed_out) << results[1].ec.message();
   EXPECT_GE(took, 1900ms);
   EXPECT_LT(took, 5s);
+}
+
+// ---- The root after rank 0 has the table ----
+
+// Rank 0 of `nranks`, played by hand: hello (naming `listener`), the table, the acknowledgement;
+// then the connection is closed bare (rank 0 died) or after a goodbye (its communicator was
+// destroyed).
+void take_table_and_leave(const transport::RootAddress& root, bool goodbye, int nranks = 1,
+                          std::optional<tcp::endpoint> listener = std::nullopt) {
+  asio::io_context io;
+  bool done = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        const auto until = std::chrono::steady_clock::now() + 5s;
+        auto sock = co_await transport::dial(io.get_executor(), root.address, until);
+        transport::Channel channel = co_await transport::Channel::initiate(*sock, root.secret);
+        transport::Hello hello{0, nranks,
+                               transport::PeerInfo::from(listener.value_or(root.endpoint()))};
+        co_await transport::write_frame(*sock, channel, transport::FrameType::hello,
+                                        transport::encode_hello(hello));
+        transport::Frame table = co_await transport::read_frame(*sock, channel, 1 << 20);
+        EXPECT_EQ(table.type, transport::FrameType::table);
+        const std::vector<std::uint8_t> nothing;
+        co_await transport::write_frame(*sock, channel, transport::FrameType::status, nothing);
+        if (goodbye)
+          co_await transport::write_frame(*sock, channel, transport::FrameType::close, nothing);
+        boost::system::error_code ignored;
+        sock->close(ignored);
+        done = true;
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  io.run_for(20s);
+  ASSERT_TRUE(done);
+}
+
+// The root's view, or nullopt when it does not answer within `wait`.
+std::optional<transport::RootView> ask_root(const transport::RootAddress& root,
+                                            std::chrono::milliseconds wait) {
+  asio::io_context io;
+  std::optional<transport::RootView> view;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        view = co_await transport::query_root(io.get_executor(), root,
+                                              std::chrono::steady_clock::now() + wait);
+      },
+      [](std::exception_ptr) {});
+  io.run();
+  return view;
+}
+
+// Asks until `want` holds for the answer (nullopt: no answer), for at most `limit`.
+template <class Want>
+bool root_comes_to(const transport::RootAddress& root, Want want,
+                   std::chrono::steady_clock::duration limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (want(ask_root(root, 300ms))) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+// The ranks below rank 0 in the tree wait for the table it was to pass on: the root must still
+// answer, saying that rank 0 left, for one more COCCL_TIMEOUT (and 5 s), and then close.
+TEST(BootstrapRoot, AnswersThatRankZeroLeftWithoutAGoodbyeThenCloses) {
+  TimeoutOverride timeout("2");
+  const auto root = transport::decode(UniqueId::create());
+  take_table_and_leave(root, false);
+  EXPECT_TRUE(root_comes_to(
+      root,
+      [](const std::optional<transport::RootView>& v) {
+        return v && v->rank0_left && !v->rank0_lost && v->nranks == 1 && v->arrived == 1;
+      },
+      5s));
+  EXPECT_TRUE(root_comes_to(
+      root, [](const std::optional<transport::RootView>& v) { return !v; }, 15s));
+}
+
+TEST(BootstrapRoot, StopsAnsweringWhenRankZeroSaysGoodbye) {
+  const auto root = transport::decode(UniqueId::create());
+  take_table_and_leave(root, true);
+  bool said_left = false;
+  EXPECT_TRUE(root_comes_to(
+      root,
+      [&](const std::optional<transport::RootView>& v) {
+        said_left = said_left || (v && v->rank0_left);
+        return !v;
+      },
+      5s));
+  EXPECT_FALSE(said_left);
+}
+
+// A communicator's rank 0 keeps the root answering while it lives and says goodbye when it is
+// destroyed.
+TEST(BootstrapRoot, ServesWhileRankZeroLivesAndStopsWhenItIsDestroyed) {
+  const UniqueId id = UniqueId::create();
+  const auto root = transport::decode(id);
+  Communicator c = Communicator::create(id, 0, 1);
+  const auto view = ask_root(root, 2000ms);
+  ASSERT_TRUE(view);
+  EXPECT_FALSE(view->rank0_left);
+  EXPECT_EQ(view->arrived, 1);
+  c.destroy();
+  bool said_left = false;
+  EXPECT_TRUE(root_comes_to(
+      root,
+      [&](const std::optional<transport::RootView>& v) {
+        said_left = said_left || (v && v->rank0_left);
+        return !v;
+      },
+      5s));
+  EXPECT_FALSE(said_left);
+}
+
+// Rank 0 takes the table and dies before passing it on: the ranks below it time out naming it,
+// as the root and the dead rank's silence tell them.
+TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
+  TimeoutOverride timeout("2");
+  const UniqueId id = UniqueId::create();
+  const auto root = transport::decode(id);
+  tcp::endpoint nobody;
+  {
+    asio::io_context io;
+    tcp::acceptor gone(io, tcp::endpoint(root.endpoint().address(), 0));
+    nobody = gone.local_endpoint();
+  }
+  std::thread rank0([&] { take_table_and_leave(root, false, 3, nobody); });
+  auto results = join_and_sum(id, 3, {1, 2});
+  rank0.join();
+  for (int r : {1, 2}) {
+    EXPECT_EQ(results[r].ec, errc::timed_out) << results[r].what;
+    EXPECT_NE(results[r].what.find("rank 0 does not answer"), std::string::npos) << results[r].what;
+    EXPECT_NE(results[r].what.find("rank 0 took it from the root"), std::string::npos)
+        << results[r].what;
+  }
 }
 
 }  // namespace

@@ -203,7 +203,9 @@ asio::awaitable<void> receive_blocks(IbConnection* c, std::vector<std::vector<st
                                            : std::nullopt);
   for (std::size_t i = 0; i < bufs->size(); ++i) {
     auto& b = (*bufs)[i];
-    if (ids[i] && co_await c->landed(*ids[i])) continue;
+    bool landed = false;
+    if (ids[i]) landed = co_await c->landed(*ids[i]);
+    if (landed) continue;
     for (std::size_t off = 0; off < b.size(); off += Pair::slot_bytes) {
       Chunk ch = co_await c->wait();
       const std::size_t len = std::min(Pair::slot_bytes, b.size() - off);
