@@ -43,6 +43,8 @@ std::span<const config::ParamBase* const> library() {
     &secret,
     &bootstrap_pending_max,
     &bootstrap_auth_timeout,
+    &bootstrap_pending_grace,
+    &bootstrap_silent_grace,
     &colltrace_size,
     &tcp_engine,
     &tcp_sockets,

@@ -1,6 +1,9 @@
 #include "transport/admission.hpp"
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
+#include <optional>
 
 #include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
@@ -9,8 +12,19 @@ namespace coccl::params {
 
 config::Param<std::int64_t> bootstrap_pending_max{
     "COCCL_BOOTSTRAP_PENDING_MAX", 64,
-    "connections a bootstrap root or rank listener holds before they authenticate; a newer one "
-    "closes the oldest, so strangers cost bounded memory and descriptors"};
+    "connections a bootstrap root or rank listener holds before they authenticate; beyond it the "
+    "listener accepts more only as they authenticate, or closes the oldest once it has waited "
+    "COCCL_BOOTSTRAP_PENDING_GRACE, so strangers cost bounded memory and descriptors"};
+config::Param<double> bootstrap_pending_grace{
+    "COCCL_BOOTSTRAP_PENDING_GRACE", 1.0,
+    "seconds a connection whose handshake the listener has answered, but which has not "
+    "authenticated yet, is safe from being closed to make room for a newer one "
+    "(COCCL_BOOTSTRAP_PENDING_MAX); an honest peer authenticates one round trip after the answer"};
+config::Param<double> bootstrap_silent_grace{
+    "COCCL_BOOTSTRAP_SILENT_GRACE", 0.05,
+    "seconds a new connection that has not opened its handshake is safe from being closed to make "
+    "room for a newer one; an honest peer opens it as it connects (and a rank closed this early "
+    "dials the bootstrap root again)"};
 config::Param<double> bootstrap_auth_timeout{
     "COCCL_BOOTSTRAP_AUTH_TIMEOUT", 10.0,
     "seconds a new connection to a bootstrap root or rank listener has to authenticate before it "
@@ -33,15 +47,81 @@ std::chrono::steady_clock::duration auth_timeout() {
 
 struct Admission::State {
   std::size_t max;
+  std::chrono::steady_clock::duration grace;   // for a connection this listener answered
+  std::chrono::steady_clock::duration silent;  // for one that has not opened its handshake
   std::list<std::shared_ptr<Ticket::Entry>> waiting;
+  // A pending when_room(): its callback and the timer that ends the first grace to run out.
+  std::function<void()> ready;
+  std::optional<asio::steady_timer> timer;
+  asio::any_io_executor ex;
+
+  // Hands the pending request its room (posted: the caller may be inside admit or a release).
+  void give_room() {
+    if (!ready) return;
+    if (timer) timer->cancel();
+    asio::post(ex, std::exchange(ready, nullptr));
+  }
+  // When `e`'s grace ends.
+  std::chrono::steady_clock::time_point due(const Ticket::Entry& e) const;
+  // The waiting connection whose grace ends first (waiting must not be empty).
+  std::list<std::shared_ptr<Ticket::Entry>>::iterator first_due();
+  void arm(const std::shared_ptr<State>& self);
 };
 
 struct Admission::Ticket::Entry {
   std::weak_ptr<State> state;
   std::weak_ptr<Stream> socket;
   std::list<std::shared_ptr<Entry>>::iterator where;
+  std::chrono::steady_clock::time_point admitted;
+  std::chrono::steady_clock::time_point answered;  // max(): not yet
   bool listed = false;
 };
+
+std::chrono::steady_clock::time_point Admission::State::due(const Ticket::Entry& e) const {
+  if (e.answered == std::chrono::steady_clock::time_point::max()) return e.admitted + silent;
+  return e.answered + grace;
+}
+
+std::list<std::shared_ptr<Admission::Ticket::Entry>>::iterator Admission::State::first_due() {
+  auto first = waiting.begin();
+  for (auto it = waiting.begin(); it != waiting.end(); ++it)
+    if (due(**it) < due(**first)) first = it;
+  return first;
+}
+
+void Admission::State::arm(const std::shared_ptr<State>& self) {
+  if (!timer) timer.emplace(ex);
+  timer->expires_at(due(**first_due()));
+  timer->async_wait([weak = std::weak_ptr<State>(self)](boost::system::error_code ec) {
+    auto state = weak.lock();
+    if (ec || !state || !state->ready) return;
+    if (state->waiting.size() < state->max) {
+      state->give_room();
+      return;
+    }
+    auto it = state->first_due();
+    if (std::chrono::steady_clock::now() < state->due(**it)) {
+      state->arm(state);
+      return;
+    }
+    // Its grace is over: it gives way to the next connection.
+    auto gone = *it;
+    state->waiting.erase(it);
+    gone->listed = false;
+    if (auto s = gone->socket.lock()) {
+      boost::system::error_code ignored;
+      s->close(ignored);
+    }
+    state->give_room();
+  });
+}
+
+void Admission::Ticket::answered() noexcept {
+  if (!entry_ || !entry_->listed) return;
+  entry_->answered = std::chrono::steady_clock::now();
+  // A pending request's timer may be set for this connection's silent grace.
+  if (auto state = entry_->state.lock(); state && state->ready) state->arm(state);
+}
 
 Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
   release();
@@ -52,15 +132,44 @@ Admission::Ticket& Admission::Ticket::operator=(Ticket&& other) noexcept {
 void Admission::Ticket::release() noexcept {
   if (!entry_) return;
   if (entry_->listed)
-    if (auto state = entry_->state.lock()) state->waiting.erase(entry_->where);
+    if (auto state = entry_->state.lock()) {
+      state->waiting.erase(entry_->where);
+      if (state->waiting.size() < state->max) state->give_room();
+    }
   entry_->listed = false;
   entry_.reset();
 }
 
-Admission::Admission(std::size_t max) : state_(std::make_shared<State>()) {
+Admission::Admission(std::size_t max, std::chrono::steady_clock::duration grace,
+                     std::chrono::steady_clock::duration silent)
+    : state_(std::make_shared<State>()) {
   state_->max = max ? max
                     : static_cast<std::size_t>(
                           std::max<std::int64_t>(1, params::bootstrap_pending_max.get()));
+  state_->grace = grace >= std::chrono::steady_clock::duration::zero()
+                      ? grace
+                      : runtime::seconds_to_duration(
+                            std::clamp(params::bootstrap_pending_grace.get(), 0.0, 1e6));
+  state_->silent = silent >= std::chrono::steady_clock::duration::zero()
+                       ? silent
+                       : runtime::seconds_to_duration(
+                             std::clamp(params::bootstrap_silent_grace.get(), 0.0, 1e6));
+}
+
+Admission::~Admission() {
+  // A pending request is dropped unrun: the listener that asked is going too.
+  state_->ready = nullptr;
+  if (state_->timer) state_->timer->cancel();
+}
+
+void Admission::when_room(asio::any_io_executor ex, std::function<void()> ready) {
+  state_->ex = std::move(ex);
+  state_->ready = std::move(ready);
+  if (state_->waiting.size() < state_->max) {
+    state_->give_room();
+    return;
+  }
+  state_->arm(state_);
 }
 
 Admission::Ticket Admission::admit(const std::shared_ptr<Stream>& socket) {
@@ -68,6 +177,8 @@ Admission::Ticket Admission::admit(const std::shared_ptr<Stream>& socket) {
   auto entry = std::make_shared<Ticket::Entry>();
   entry->state = state_;
   entry->socket = socket;
+  entry->admitted = std::chrono::steady_clock::now();
+  entry->answered = std::chrono::steady_clock::time_point::max();
   entry->where = state_->waiting.insert(state_->waiting.end(), entry);
   entry->listed = true;
   Ticket t;
@@ -84,6 +195,7 @@ bool Admission::evict_oldest() {
     boost::system::error_code ignored;
     s->close(ignored);
   }
+  state_->give_room();
   return true;
 }
 

@@ -299,15 +299,19 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   if (refusal.empty() && root->arrived == root->expect) co_await root_complete(root);
 }
 
-asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock) {
+// `ticket`: the connection's place among those not yet authenticated (admitted by the accept loop,
+// so that it counts before the next accept).
+asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock,
+                                  Admission::Ticket ticket) {
   Hello hello{};
   std::optional<Channel> channel;
   std::vector<std::uint8_t> share;
   try {
-    auto ticket = root->admission.admit(sock);
     runtime::CloseAfter guard(*sock, auth_timeout());
     channel.emplace(co_await Channel::respond(*sock, root->secret));
+    ticket.answered();
     Frame f = co_await read_frame(*sock, *channel, max_table_frame);
+    ticket.release();
     if (f.type == FrameType::status_query) {
       if (!f.payload.empty()) bad_message("a status query carries nothing");
       auto view = encode_root_view(*root);
@@ -380,12 +384,23 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<St
 asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
   while (!root->done) {
     boost::system::error_code ec;
+    {
+      // Beyond COCCL_BOOTSTRAP_PENDING_MAX unauthenticated connections, the next waits in the
+      // kernel's backlog (admission.hpp).
+      asio::steady_timer room(root->acceptor.get_executor(), asio::steady_timer::time_point::max());
+      root->admission.when_room(room.get_executor(), [&room] { room.cancel(); });
+      co_await room.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      ec.clear();
+    }
+    if (root->done) co_return;
     Stream accepted =
         co_await root->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
     if (root->done) co_return;
     if (!ec) {
       auto sock = std::make_shared<Stream>(std::move(accepted));
-      asio::co_spawn(root->acceptor.get_executor(), root_handle(root, sock), asio::detached);
+      auto ticket = root->admission.admit(sock);
+      asio::co_spawn(root->acceptor.get_executor(), root_handle(root, sock, std::move(ticket)),
+                     asio::detached);
       continue;
     }
     // An accept error ends nothing: ranks may still be on their way.
@@ -582,13 +597,38 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   const int nroots = static_cast<int>(roots.size());
   const int at = root_of(rank_, nranks_, nroots);
   const RootAddress root = roots[at];
-  auto sock = co_await transport::dial(ex_, root.address, until, false, traffic_);
+  std::shared_ptr<Stream> sock;
   std::optional<Channel> channel;
+  // A root that closes the connection before the handshake ends has not seen this rank (it made
+  // room for a newer connection, admission.hpp): dial again, until the deadline.
+  for (auto pause = std::chrono::milliseconds(10);;
+       pause = std::min(2 * pause, std::chrono::milliseconds(500))) {
+    sock = co_await transport::dial(ex_, root.address, until, false, traffic_);
+    bool closed = false;
+    try {
+      runtime::CloseAfter guard(*sock, limit);
+      channel.emplace(co_await Channel::initiate(*sock, root.secret));
+    } catch (const boost::system::system_error& e) {
+      if (std::chrono::steady_clock::now() + pause >= until)
+        throw std::system_error(make_error_code(errc::timed_out),
+                                "bootstrap: the root at " + address_text(root.address) +
+                                    " closed every connection of this rank before its handshake "
+                                    "ended, until COCCL_TIMEOUT (last: " +
+                                    e.code().message() + ")");
+      closed = true;
+    }
+    if (!closed) break;
+    COCCL_INFO(boot, rank_,
+               "the bootstrap root closed the connection before the handshake "
+               "ended; dialling again");
+    asio::steady_timer wait(ex_, pause);
+    boost::system::error_code ignored;
+    co_await wait.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
   {
     Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
     const std::vector<std::uint8_t> hello = encode_hello(h);
     runtime::CloseAfter guard(*sock, limit);
-    channel.emplace(co_await Channel::initiate(*sock, root.secret));
     co_await write_frame(*sock, *channel, FrameType::hello, hello);
   }
   if (at > 0 && rank_ == share_begin(at, nranks_, nroots))

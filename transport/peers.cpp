@@ -125,17 +125,23 @@ PeerInfo Peers::self_info() const {
 void Peers::accept_loop() {
   // The loop outlives shutdown(): status queries are answered, and survivors of a failure
   // probe and shrink through here (handle_incoming).
-  acceptor_.async_accept(
-      [this, pass = gate_.enter()](boost::system::error_code ec, Stream accepted) {
-        if (!pass.open()) return;
-        if (ec) {
-          accept_failed(ec);
-          return;
-        }
-        asio::co_spawn(ex_, handle_incoming(std::make_shared<Stream>(std::move(accepted))),
-                       asio::detached);
-        accept_loop();
-      });
+  // Beyond COCCL_BOOTSTRAP_PENDING_MAX unauthenticated connections, the next waits in the
+  // kernel's backlog (admission.hpp).
+  admission_.when_room(ex_, [this, pass = gate_.enter()] {
+    if (!pass.open()) return;
+    acceptor_.async_accept(
+        [this, pass = gate_.enter()](boost::system::error_code ec, Stream accepted) {
+          if (!pass.open()) return;
+          if (ec) {
+            accept_failed(ec);
+            return;
+          }
+          auto s = std::make_shared<Stream>(std::move(accepted));
+          auto ticket = admission_.admit(s);
+          asio::co_spawn(ex_, handle_incoming(s, std::move(ticket)), asio::detached);
+          accept_loop();
+        });
+  });
 }
 
 void Peers::accept_failed(boost::system::error_code ec) {
@@ -151,17 +157,18 @@ void Peers::accept_failed(boost::system::error_code ec) {
   });
 }
 
-asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s) {
+asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s, Admission::Ticket ticket) {
   auto pass = gate_.enter();
   Frame f;
   std::shared_ptr<Channel> channel;
   try {
-    // Until its first frame authenticates, the connection holds a place in admission_ (bounded
+    // Until its first frame authenticates, the connection holds its place in admission_ (bounded
     // in number) and has auth_timeout() to earn it.
-    auto ticket = admission_.admit(s);
     runtime::CloseAfter guard(*s, auth_timeout());
     channel = std::make_shared<Channel>(co_await Channel::respond(*s, secret_));
+    ticket.answered();
     f = co_await read_frame(*s, *channel, max_table_frame);
+    ticket.release();
   } catch (const std::exception& e) {
     if (pass.open() && !shut_) drops_.dropped(drop_reason(e));
     co_return;

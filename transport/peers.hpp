@@ -159,7 +159,7 @@ class Peers {
  private:
   void accept_loop();
   void accept_failed(boost::system::error_code ec);
-  asio::awaitable<void> handle_incoming(std::shared_ptr<Stream> s);
+  asio::awaitable<void> handle_incoming(std::shared_ptr<Stream> s, Admission::Ticket ticket);
   // Lower rank: dial the peer and make the link.
   asio::awaitable<void> dial(int peer, std::size_t slots);
   // Higher rank: answer a connection request at once, whatever this rank is doing, so link

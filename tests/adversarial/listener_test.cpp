@@ -305,5 +305,115 @@ TEST(FromEnv, RankZeroOnATakenPortThrowsCocclErrorNamingTheAddress) {
   }
 }
 
+// ---- Admission: who waits when the unauthenticated connections are at the cap ----
+
+// `n` accepted streams of loopback connections; the dialled ends stay in `dialled`.
+std::vector<std::shared_ptr<transport::Stream>> accepted_streams(
+    asio::io_context& io, int n, std::vector<std::unique_ptr<tcp::socket>>& dialled) {
+  tcp::acceptor a(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  std::vector<std::shared_ptr<transport::Stream>> out;
+  for (int i = 0; i < n; ++i) {
+    dialled.push_back(std::make_unique<tcp::socket>(io));
+    dialled.back()->connect(a.local_endpoint());
+    out.push_back(std::make_shared<transport::Stream>(a.accept()));
+  }
+  return out;
+}
+
+TEST(Admission, AtTheCapTheNextAcceptWaitsUntilOneAuthenticates) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> dialled;
+  auto streams = accepted_streams(io, 2, dialled);
+  transport::Admission admission(2, 10s, 10s);
+  auto first = admission.admit(streams[0]);
+  auto second = admission.admit(streams[1]);
+  bool room = false;
+  admission.when_room(io.get_executor(), [&] { room = true; });
+  io.run_for(200ms);
+  EXPECT_FALSE(room) << "two wait, both within their grace: no room yet";
+  first.release();
+  io.restart();
+  io.run_for(200ms);
+  EXPECT_TRUE(room);
+  EXPECT_TRUE(streams[0]->is_open());
+  EXPECT_TRUE(streams[1]->is_open());
+  EXPECT_EQ(admission.waiting(), 1u);
+}
+
+TEST(Admission, BelowTheCapThereIsRoomAtOnce) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> dialled;
+  auto streams = accepted_streams(io, 1, dialled);
+  transport::Admission admission(2, 10s, 10s);
+  auto one = admission.admit(streams[0]);
+  bool room = false;
+  admission.when_room(io.get_executor(), [&] { room = true; });
+  EXPECT_FALSE(room) << "called from within when_room";
+  io.run_for(200ms);
+  EXPECT_TRUE(room);
+}
+
+TEST(Admission, AnAnsweredConnectionGivesWayOnceItsGraceHasPassed) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> dialled;
+  auto streams = accepted_streams(io, 2, dialled);
+  transport::Admission admission(2, 300ms, 10s);
+  auto first = admission.admit(streams[0]);
+  first.answered();
+  std::this_thread::sleep_for(100ms);
+  auto second = admission.admit(streams[1]);
+  second.answered();
+  bool room = false;
+  const auto asked = std::chrono::steady_clock::now();
+  admission.when_room(io.get_executor(), [&] {
+    room = true;
+    io.stop();
+  });
+  io.run_for(5s);
+  ASSERT_TRUE(room);
+  // Not before the first had its grace (answered 100 ms before the question).
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, 150ms);
+  EXPECT_FALSE(streams[0]->is_open()) << "the first answered is closed";
+  EXPECT_TRUE(streams[1]->is_open());
+  EXPECT_EQ(admission.waiting(), 1u);
+}
+
+// A connection that has not opened its handshake gives way first, though it is the newer.
+TEST(Admission, ASilentConnectionGivesWayBeforeAnAnsweredOne) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> dialled;
+  auto streams = accepted_streams(io, 2, dialled);
+  transport::Admission admission(2, 10s, 100ms);
+  auto answered = admission.admit(streams[0]);
+  answered.answered();
+  auto silent = admission.admit(streams[1]);
+  bool room = false;
+  admission.when_room(io.get_executor(), [&] {
+    room = true;
+    io.stop();
+  });
+  io.run_for(5s);
+  ASSERT_TRUE(room);
+  EXPECT_TRUE(streams[0]->is_open()) << "the answered one keeps its place";
+  EXPECT_FALSE(streams[1]->is_open()) << "the silent one is closed";
+  EXPECT_EQ(admission.waiting(), 1u);
+}
+
+TEST(Admission, ARequestPendingWhenItIsDestroyedIsNeverCalled) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> dialled;
+  auto streams = accepted_streams(io, 1, dialled);
+  bool room = false;
+  transport::Admission::Ticket ticket;
+  {
+    transport::Admission admission(1, 50ms, 50ms);
+    ticket = admission.admit(streams[0]);
+    admission.when_room(io.get_executor(), [&] { room = true; });
+  }
+  ticket.release();
+  io.run_for(300ms);
+  EXPECT_FALSE(room);
+}
+
 }  // namespace
 }  // namespace coccl::test

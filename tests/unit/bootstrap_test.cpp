@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/deadline.hpp"
+#include "transport/admission.hpp"
 #include "transport/wire.hpp"
 
 namespace coccl {
@@ -513,6 +514,18 @@ TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
     EXPECT_NE(results[r].what.find("rank 0 took it from the root"), std::string::npos)
         << results[r].what;
   }
+}
+
+// Every rank says hello at once, far beyond the root's cap on connections that have not
+// authenticated yet: the root takes them as room frees and every rank joins (at the default cap,
+// thousands of ranks starting together meet the same).
+TEST(BootstrapRoot, AHelloBurstBeyondThePendingCapAllJoin) {
+  struct Cap {
+    Cap() { params::bootstrap_pending_max.set_override("2"); }
+    ~Cap() { params::bootstrap_pending_max.set_override(std::nullopt); }
+  } cap;
+  TimeoutOverride timeout("30");
+  expect_all_summed(join_and_sum(UniqueId::create(), 24, all_ranks(24)));
 }
 
 }  // namespace

@@ -4,13 +4,18 @@
 // sanitizer build checks it).
 #include <gtest/gtest.h>
 
+#include <boost/asio/post.hpp>
 #include <coccl/communicator.hpp>
 #include <cstdint>
+#include <future>
+#include <latch>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "collectives/comm.hpp"
+#include "transport/admission.hpp"
+#include "transport/memory.hpp"
 #include "transport/net.hpp"
 #include "transport/peers.hpp"
 
@@ -86,6 +91,59 @@ void run_ranks(int n) {
 TEST(MemoryCommunicator, EightRanksInOneProcessReduceAndGather) { run_ranks(8); }
 
 TEST(MemoryCommunicator, SixtyFourRanksInOneProcessReduceAndGather) { run_ranks(64); }
+
+// Every rank is created on the proxy thread in one go, in virtual time, so every hello reaches the
+// root before any handshake ends: far beyond its cap on connections that have not authenticated (2
+// here, as thousands of ranks starting together would be at the default). The root takes them as
+// room frees and every rank joins; a root that closed the oldest to make room failed those ranks.
+TEST(MemoryCommunicator, HellosAllAtOnceBeyondTheRootsPendingCapAllJoin) {
+  struct Cap {
+    Cap() { params::bootstrap_pending_max.set_override("2"); }
+    ~Cap() { params::bootstrap_pending_max.set_override(std::nullopt); }
+  } cap;
+  constexpr int n = 16;
+  const UniqueId id = detail::memory_unique_id();
+  std::vector<Communicator> comms(n);
+  std::vector<std::string> errors(n);
+  std::promise<void> all_done;
+  int left = n;
+  // In virtual time every message takes a round (transport/memory.hpp), so no handshake ends
+  // before every hello has reached the root.
+  runtime::ProxyThread& proxy = detail::process_engine().thread(0);
+  std::unique_ptr<transport::memory::VirtualTime> time;
+  boost::asio::post(proxy.executor(), [&] {
+    time = std::make_unique<transport::memory::VirtualTime>(proxy);
+    for (int r = 0; r < n; ++r)
+      Communicator::async_create(id, r, n, [&, r](boost::system::error_code ec, Communicator c) {
+        if (ec)
+          errors[r] = ec.message();
+        else
+          comms[r] = std::move(c);
+        if (--left == 0) all_done.set_value();
+      });
+  });
+  all_done.get_future().get();
+  std::promise<void> real_time;
+  boost::asio::post(proxy.executor(), [&] {
+    time.reset();
+    real_time.set_value();
+  });
+  real_time.get_future().get();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  std::vector<std::int32_t> out(n);
+  std::latch reduced(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::int32_t in = r + 1;
+      comms[r].all_reduce(&in, &out[r], 1, DataType::int32, ReduceOp::sum);
+      // Every rank finishes before any destroys (destroy_test.cpp says why).
+      reduced.arrive_and_wait();
+      comms[r].destroy();
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(out[r], n * (n + 1) / 2) << "rank " << r;
+}
 
 }  // namespace
 }  // namespace coccl
