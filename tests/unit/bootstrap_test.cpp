@@ -520,9 +520,18 @@ TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
 // authenticated yet: the root takes them as room frees and every rank joins (at the default cap,
 // thousands of ranks starting together meet the same).
 TEST(BootstrapRoot, AHelloBurstBeyondThePendingCapAllJoin) {
+  // The cap, not the graces, is under test: no connection's grace ends however slow the machine.
   struct Cap {
-    Cap() { params::bootstrap_pending_max.set_override("2"); }
-    ~Cap() { params::bootstrap_pending_max.set_override(std::nullopt); }
+    Cap() {
+      params::bootstrap_pending_max.set_override("2");
+      params::bootstrap_pending_grace.set_override("3600");
+      params::bootstrap_silent_grace.set_override("3600");
+    }
+    ~Cap() {
+      params::bootstrap_pending_max.set_override(std::nullopt);
+      params::bootstrap_pending_grace.set_override(std::nullopt);
+      params::bootstrap_silent_grace.set_override(std::nullopt);
+    }
   } cap;
   TimeoutOverride timeout("30");
   expect_all_summed(join_and_sum(UniqueId::create(), 24, all_ranks(24)));
