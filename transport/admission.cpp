@@ -13,8 +13,9 @@ namespace coccl::params {
 config::Param<std::int64_t> bootstrap_pending_max{
     "COCCL_BOOTSTRAP_PENDING_MAX", 64,
     "connections a bootstrap root or rank listener holds before they authenticate; beyond it the "
-    "listener accepts more only as they authenticate, or closes the oldest once it has waited "
-    "COCCL_BOOTSTRAP_PENDING_GRACE, so strangers cost bounded memory and descriptors"};
+    "listener accepts more only as they authenticate, or closes one whose grace is over "
+    "(COCCL_BOOTSTRAP_SILENT_GRACE, COCCL_BOOTSTRAP_PENDING_GRACE), so strangers cost bounded "
+    "memory and descriptors"};
 config::Param<double> bootstrap_pending_grace{
     "COCCL_BOOTSTRAP_PENDING_GRACE", 1.0,
     "seconds a connection whose handshake the listener has answered, but which has not "
