@@ -1,6 +1,13 @@
 // async_split and async_split_members (collectives/split.cpp): one thread drives every rank of
 // a communicator on the in-memory network, and the groups it makes have the ranks and sizes asked
 // for and reduce correctly; a bad member list and a cancelled split complete with their errors.
+// g++ 12 at -O1 under -fsanitize=address,undefined (the ASan tree) reports the completion object
+// inside Asio's use_future as maybe used uninitialized, for this file's calls only: a false
+// positive within Asio's headers, which -Werror would turn into a failed build.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <gtest/gtest.h>
 
 #include <boost/asio/bind_cancellation_slot.hpp>
