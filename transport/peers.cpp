@@ -61,18 +61,8 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       table_box_(ex_),
       table_ready_(ex_, runtime::default_timeout()),
       by_peer_(nranks, nullptr),
-      pending_(nranks),
-      dialing_(nranks, false),
-      failed_(nranks),
-      stripes_(nranks),
       recovery_box_(ex_),
       budget_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::mem_budget.get()))),
-      ring_of_(nranks, 0),
-      last_used_(nranks),
-      held_(nranks, 0),
-      closing_(nranks, false),
-      close_done_(nranks),
-      link_gen_(nranks, 0),
       idle_timer_(ex_) {
   stats_.budget = budget_;
   const double idle_s = params::link_idle_s.get();
@@ -234,9 +224,11 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s, Admissio
       int from = r.get<std::int32_t>();
       int to = r.get<std::int32_t>();
       auto index = r.get<std::uint32_t>();
-      if (to != rank_ || from < 0 || from >= rank_ || !stripes_[from])
+      auto it = peer_state_.find(from);
+      if (to != rank_ || from < 0 || from >= rank_ || it == peer_state_.end() ||
+          !it->second.stripes)
         bad_message("a stray socket for a tcp link");
-      stripes_[from]->push(Stripe{index, s});
+      it->second.stripes->push(Stripe{index, s});
     } catch (const std::exception& e) {
       drops_.dropped(e.what());
     }
@@ -258,23 +250,23 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s, Admissio
   co_await await_close(from);
   if (!pass.open() || shut_) co_return;
   try {
-    if (by_peer_[from] || dialing_[from])
+    if (by_peer_[from] || at(from).dialing)
       bad_message("a second connection request from rank " + std::to_string(from));
   } catch (const std::exception& e) {
     drops_.dropped(e.what());
     co_return;
   }
-  dialing_[from] = true;
+  at(from).dialing = true;
   try {
     co_await answer(from, s, channel, std::move(f.payload));
   } catch (const std::exception& e) {
     if (!pass.open()) co_return;
-    stripes_[from].reset();
-    failed_[from] = e.what();
+    at(from).stripes.reset();
+    at(from).failed = e.what();
     COCCL_WARN(net, rank_, "connection from rank %d failed: %s", from, e.what());
   }
   if (!pass.open()) co_return;
-  dialing_[from] = false;
+  at(from).dialing = false;
   announce(from);
 }
 
@@ -388,8 +380,8 @@ LinkKind Peers::kind_for(int peer) const {
 }
 
 void Peers::announce(int peer) {
-  if (pending_[peer]) pending_[peer]->cancel();
-  pending_[peer].reset();
+  if (at(peer).pending) at(peer).pending->cancel();
+  at(peer).pending.reset();
 }
 
 asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
@@ -397,24 +389,24 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
     throw std::system_error(make_error_code(errc::internal), "no connection to self");
   // The running operation holds what it gets (Use), and the use counts for idleness.
   auto touch = [this, peer] {
-    last_used_[peer] = std::chrono::steady_clock::now();
-    if (users_ > 0) held_[peer] = period_;
+    at(peer).last_used = std::chrono::steady_clock::now();
+    if (users_ > 0) at(peer).held = period_;
     return by_peer_[peer];
   };
   co_await await_close(peer);
   if (by_peer_[peer]) co_return touch();
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
-  if (peer > rank_ && !dialing_[peer]) {
-    dialing_[peer] = true;
+  if (peer > rank_ && !at(peer).dialing) {
+    at(peer).dialing = true;
     std::string gone;
     try {
       co_await dial(peer, slots_for(bytes));
     } catch (const LinkError&) {
-      dialing_[peer] = false;
+      at(peer).dialing = false;
       announce(peer);
       throw;
     } catch (const std::system_error& e) {
-      dialing_[peer] = false;
+      at(peer).dialing = false;
       announce(peer);
       // Out of descriptors or memory here is this rank's problem, not the peer's.
       const bool local = e.code().category() == std::system_category() &&
@@ -439,20 +431,20 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
           because = "; " + peer_says + ": the address table did not reach it (" + above + ")";
         }
       }
-      dialing_[peer] = false;
+      at(peer).dialing = false;
       announce(peer);
       throw LinkError(make_error_code(errc::peer_lost),
                       "cannot connect to rank " + std::to_string(peer) + ": " + gone + because);
     }
-    dialing_[peer] = false;
+    at(peer).dialing = false;
     announce(peer);
     co_return touch();
   }
   // The link is being dialled by another coroutine of ours, or the peer (lower rank) dials it:
   // wait for it to be announced, until the deadline.
-  if (!pending_[peer])
-    pending_[peer] = std::make_shared<asio::steady_timer>(ex_, runtime::default_timeout());
-  auto event = pending_[peer];
+  if (!at(peer).pending)
+    at(peer).pending = std::make_shared<asio::steady_timer>(ex_, runtime::default_timeout());
+  auto event = at(peer).pending;
   boost::system::error_code ec;
   try {
     co_await event->async_wait(asio::use_awaitable);
@@ -462,7 +454,7 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
   if (by_peer_[peer]) co_return touch();
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
   if (!ec) {
-    pending_[peer].reset();
+    at(peer).pending.reset();
     // Whatever holds the peer up is what to name: ask it.
     const std::string about = co_await ask_about(peer, table_[peer]);
     throw LinkError(
@@ -470,7 +462,7 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
         "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " + about);
   }
   throw LinkError(make_error_code(errc::peer_lost),
-                  "connection to rank " + std::to_string(peer) + " failed: " + failed_[peer]);
+                  "connection to rank " + std::to_string(peer) + " failed: " + at(peer).failed);
 }
 
 asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
@@ -576,7 +568,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
     setup = make_link_setup(kind, env_, peer, slots);
     // A link has as many sockets as the end that wants fewer.
     const std::uint32_t sockets = std::min(request.sockets, setup->sockets());
-    if (sockets > 1) stripes_[peer] = std::make_unique<runtime::Mailbox<Stripe>>(ex_);
+    if (sockets > 1) at(peer).stripes = std::make_unique<runtime::Mailbox<Stripe>>(ex_);
     const std::vector<std::uint8_t> reply =
         encode_link_reply({setup->accept(request.address), sockets});
     co_await write_frame(*sock, *channel, FrameType::accept, reply);
@@ -584,7 +576,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
       std::vector<std::shared_ptr<Stream>> extra(sockets - 1);
       try {
         for (std::uint32_t k = 1; k < sockets; ++k) {
-          Stripe stripe = co_await stripes_[peer]->pop(limit);
+          Stripe stripe = co_await at(peer).stripes->pop(limit);
           if (!pass.open()) co_return;
           const std::uint32_t index = stripe.first;
           if (index < 1 || index >= sockets || extra[index - 1])
@@ -595,7 +587,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
         if (!pass.open()) co_return;
         throw;
       }
-      stripes_[peer].reset();
+      at(peer).stripes.reset();
       for (auto& s : extra) further.push_back(std::move(*s));
     }
     if (setup->confirms()) {
@@ -626,11 +618,11 @@ void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes)
              ring_bytes);
   by_peer_[peer] = c.get();
   conns_.push_back(std::move(c));
-  ring_of_[peer] = ring_bytes;
+  at(peer).ring_of = ring_bytes;
   ring_bytes_ += ring_bytes;
-  if (link_gen_[peer]++ == 0) ++stats_.peers;
+  if (at(peer).link_gen++ == 0) ++stats_.peers;
   ++stats_.opened;
-  last_used_[peer] = std::chrono::steady_clock::now();
+  at(peer).last_used = std::chrono::steady_clock::now();
 }
 
 Peers::LinkStats Peers::link_stats() const noexcept {
@@ -669,7 +661,7 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
     // Links the running operation does not hold, least recently used first.
     std::vector<int> idle;
     for (int p = 0; p < nranks_; ++p)
-      if (p != peer && by_peer_[p] && !held(p) && !closing_[p]) idle.push_back(p);
+      if (p != peer && by_peer_[p] && !held(p) && !at(p).closing) idle.push_back(p);
     const auto open = std::count_if(by_peer_.begin(), by_peer_.end(),
                                     [](const Connection* c) { return c != nullptr; });
     const std::string holding =
@@ -684,10 +676,10 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
                           " more; raise "
                           "COCCL_MEM_BUDGET");
     std::sort(idle.begin(), idle.end(),
-              [this](int a, int b) { return last_used_[a] < last_used_[b]; });
+              [this](int a, int b) { return at(a).last_used < at(b).last_used; });
     bool closed = false;
     for (int p : idle) {
-      if (!by_peer_[p] || held(p) || closing_[p] || !by_peer_[p]->settled()) continue;
+      if (!by_peer_[p] || held(p) || at(p).closing || !by_peer_[p]->settled()) continue;
       if (co_await try_close(p, CloseReason::budget)) {
         closed = true;
         break;
@@ -715,8 +707,8 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
 }
 
 asio::awaitable<void> Peers::await_close(int peer) {
-  while (closing_[peer] && close_done_[peer]) {
-    auto done = close_done_[peer];
+  while (at(peer).closing && at(peer).close_done) {
+    auto done = at(peer).close_done;
     boost::system::error_code ignored;
     co_await done->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   }
@@ -724,11 +716,11 @@ asio::awaitable<void> Peers::await_close(int peer) {
 
 asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   Connection* c = by_peer_[peer];
-  if (!c || closing_[peer] || held(peer) || !c->settled() || shut_) co_return false;
+  if (!c || at(peer).closing || held(peer) || !c->settled() || shut_) co_return false;
   auto pass = gate_.enter();
-  const std::uint64_t gen = link_gen_[peer];
-  closing_[peer] = true;
-  close_done_[peer] =
+  const std::uint64_t gen = at(peer).link_gen;
+  at(peer).closing = true;
+  at(peer).close_done =
       std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
   // The peer closes its end first when it agrees: that end of file is not a failure.
   c->hold_failures();
@@ -750,10 +742,10 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
       COCCL_INFO(net, rank_, "asking rank %d to close the link failed: %s", peer, e.what());
   }
   if (!pass.open()) co_return false;
-  closing_[peer] = false;
-  if (auto done = std::exchange(close_done_[peer], nullptr)) done->cancel();
+  at(peer).closing = false;
+  if (auto done = std::exchange(at(peer).close_done, nullptr)) done->cancel();
   // The peer may have closed the link meanwhile on its own request (link_gen_ moved on).
-  if (link_gen_[peer] != gen || !by_peer_[peer]) co_return agreed;
+  if (at(peer).link_gen != gen || !by_peer_[peer]) co_return agreed;
   if (agreed) {
     retire(peer, why);
     co_return true;
@@ -785,7 +777,7 @@ asio::awaitable<void> Peers::serve_close(std::shared_ptr<Stream> s,
   // request wins.
   Connection* c = by_peer_[from];
   const bool agree =
-      c && !dialing_[from] && !held(from) && c->settled() && !(closing_[from] && rank_ < from);
+      c && !at(from).dialing && !held(from) && c->settled() && !(at(from).closing && rank_ < from);
   if (agree) retire(from, why);
   try {
     runtime::CloseAfter guard(*s, auth_timeout());
@@ -801,9 +793,9 @@ void Peers::retire(int peer, CloseReason why) {
   Connection* c = by_peer_[peer];
   if (!c) return;
   by_peer_[peer] = nullptr;
-  ++link_gen_[peer];
-  ring_bytes_ -= ring_of_[peer];
-  ring_of_[peer] = 0;
+  ++at(peer).link_gen;
+  ring_bytes_ -= at(peer).ring_of;
+  at(peer).ring_of = 0;
   ++(why == CloseReason::budget ? stats_.closed_budget : stats_.closed_idle);
   const char* what = why == CloseReason::budget ? "to stay under COCCL_MEM_BUDGET" : "idle";
   COCCL_INFO(net, rank_, "closed the link to rank %d (%s)", peer, what);
@@ -830,7 +822,8 @@ void Peers::arm_idle_timer() {
     const auto now = std::chrono::steady_clock::now();
     for (int p = 0; p < nranks_; ++p) {
       Connection* c = by_peer_[p];
-      if (!c || closing_[p] || held(p) || now - last_used_[p] < idle_ || !c->settled()) continue;
+      if (!c || at(p).closing || held(p) || now - at(p).last_used < idle_ || !c->settled())
+        continue;
       asio::co_spawn(ex_, try_close(p, CloseReason::idle), asio::detached);
     }
     arm_idle_timer();
@@ -855,11 +848,16 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   // answering (coccl-status, survivors) until this object goes.
   if (!notify) leave_root();
   table_box_.fail(asio::error::operation_aborted);
-  for (auto& box : stripes_)
-    if (box) box->fail(asio::error::operation_aborted);
   table_ready_.cancel();
   idle_timer_.cancel();
-  for (int p = 0; p < nranks_; ++p) announce(p);
+  // Only peers with an entry can have a stripe mailbox or a waiter (keys first: what the calls
+  // below wake must not meet a map being walked).
+  std::vector<int> touched;
+  for (const auto& entry : peer_state_) touched.push_back(entry.first);
+  for (int p : touched) {
+    if (auto& stripes = at(p).stripes) stripes->fail(asio::error::operation_aborted);
+    announce(p);
+  }
   for (auto& c : conns_) {
     if (notify)
       c->send_abort(ec, why);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -125,9 +126,10 @@ class Peers {
   void set_status_reader(StatusReader reader) { status_reader_ = std::move(reader); }
   /// The peer this rank is making a link to (dialling, or waiting for it to dial), -1 if none.
   int linking_to() const noexcept {
-    for (int p = 0; p < nranks_; ++p)
-      if (!by_peer_[p] && (dialing_[p] || pending_[p])) return p;
-    return -1;
+    int first = -1;
+    for (const auto& [p, s] : peer_state_)
+      if (!by_peer_[p] && (s.dialing || s.pending) && (first < 0 || p < first)) first = p;
+    return first;
   }
   /// The rank this one is still passing the address table to during set-up, -1 if none: until
   /// that child has it, this rank has not formed, and a status query says whom it waits for.
@@ -203,7 +205,10 @@ class Peers {
   // naming COCCL_MEM_BUDGET when it cannot.
   asio::awaitable<Reservation> make_room(int peer, std::size_t bytes);
   // The link to `peer` is open and not held by the running operation.
-  bool held(int peer) const noexcept { return users_ > 0 && held_[peer] == period_; }
+  bool held(int peer) const noexcept {
+    const PeerState* s = find(peer);
+    return users_ > 0 && s && s->held == period_;
+  }
   // Asks `peer` to close the link by agreement; true once it is closed (at both ends).
   asio::awaitable<bool> try_close(int peer, CloseReason why);
   // A peer's request to close the link: agreed when this end is settled and not using it.
@@ -277,16 +282,35 @@ class Peers {
   std::vector<std::unique_ptr<Connection>> conns_;    // in creation order
   std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
   std::vector<Connection*> by_peer_;                  // nranks entries
-  // Per peer, while a link is being made or awaited: a timer used as an event (cancelled when the
-  // link is ready or failed; its expiry is the deadline).
-  std::vector<std::shared_ptr<asio::steady_timer>> pending_;
-  // A link to the peer is being made: dialled by this rank (higher peers) or answered (lower).
-  std::vector<bool> dialing_;
-  std::vector<std::string> failed_;  // why the link to a peer could not be made
-  // Per lower peer, while this rank answers its tcp link: the link's further sockets (index,
-  // socket) as they connect.
   using Stripe = std::pair<std::uint32_t, std::shared_ptr<Stream>>;
-  std::vector<std::unique_ptr<runtime::Mailbox<Stripe>>> stripes_;
+  // What this rank keeps of a peer it has linked, or tried or been asked to link: only such peers
+  // have an entry (at 4096 ranks a rank touches about 30), so a rank's memory does not grow by
+  // this much per rank of the communicator. Entries stay once made; references to them stay
+  // valid (an unordered_map does not move its elements).
+  struct PeerState {
+    // While a link is being made or awaited: a timer used as an event (cancelled when the link
+    // is ready or failed; its expiry is the deadline).
+    std::shared_ptr<asio::steady_timer> pending;
+    // A link to the peer is being made: dialled by this rank (higher peers) or answered (lower).
+    bool dialing = false;
+    bool closing = false;  // this rank asks the peer to close the link
+    std::string failed;    // why the link to the peer could not be made
+    // A lower peer, while this rank answers its tcp link: the link's further sockets (index,
+    // socket) as they connect.
+    std::unique_ptr<runtime::Mailbox<Stripe>> stripes;
+    std::size_t ring_of = 0;  // its open link's ring bytes
+    std::chrono::steady_clock::time_point last_used{};
+    std::uint64_t held = 0;  // the span of users (period_) that last used the link
+    // While closing: a timer used as an event, cancelled when the close is settled.
+    std::shared_ptr<asio::steady_timer> close_done;
+    std::uint64_t link_gen = 0;  // counts the links made and closed with the peer
+  };
+  std::unordered_map<int, PeerState> peer_state_;
+  PeerState& at(int peer) { return peer_state_[peer]; }
+  const PeerState* find(int peer) const {
+    auto it = peer_state_.find(peer);
+    return it == peer_state_.end() ? nullptr : &it->second;
+  }
   bool shut_ = false;
   StatusSource status_source_;
   StatusReader status_reader_;
@@ -308,15 +332,8 @@ class Peers {
   std::chrono::steady_clock::duration idle_{};  // COCCL_LINK_IDLE_S, 0: never
   std::size_t ring_bytes_ = 0;                  // receive rings of the open links
   std::size_t reserved_ = 0;                    // promised to links being made
-  std::vector<std::size_t> ring_of_;            // per peer: its open link's ring bytes
-  std::vector<std::chrono::steady_clock::time_point> last_used_;
-  int users_ = 0;             // Use objects alive
-  std::uint64_t period_ = 0;  // counts the spans with users; held_ names the span
-  std::vector<std::uint64_t> held_;
-  std::vector<bool> closing_;  // this rank asks the peer to close the link
-  // Per peer while closing_: a timer used as an event, cancelled when the close is settled.
-  std::vector<std::shared_ptr<asio::steady_timer>> close_done_;
-  std::vector<std::uint64_t> link_gen_;  // counts the links made and closed with each peer
+  int users_ = 0;                               // Use objects alive
+  std::uint64_t period_ = 0;  // counts the spans with users; PeerState::held names the span
   LinkStats stats_;
   asio::steady_timer idle_timer_;
   // Handlers that may run after this Peers began to close carry a pass and check it (the
