@@ -458,12 +458,14 @@ int main(int argc, char** argv) {
   sim.opt = parse(argc, argv);
   const int n = sim.opt.ranks;
   // One process runs every rank, so a round of virtual time takes far longer in real time than
-  // on a network: the listeners' real-time graces for a handshake in progress
-  // (COCCL_BOOTSTRAP_SILENT_GRACE, COCCL_BOOTSTRAP_PENDING_GRACE; admission.hpp) would close
-  // honest connections that the modelled network would have carried. Raised unless the
-  // environment sets them.
-  for (const char* grace : {"COCCL_BOOTSTRAP_SILENT_GRACE", "COCCL_BOOTSTRAP_PENDING_GRACE"})
-    if (!std::getenv(grace)) ::setenv(grace, "3600", 1);
+  // on a network: the listeners' real-time limits on a handshake in progress
+  // (COCCL_BOOTSTRAP_SILENT_GRACE, COCCL_BOOTSTRAP_PENDING_GRACE, COCCL_BOOTSTRAP_AUTH_TIMEOUT;
+  // admission.hpp) would close honest connections that the modelled network would have carried
+  // (at 8192 ranks a round of the table's last tree level took longer than the 10 s to
+  // authenticate). Raised unless the environment sets them.
+  for (const char* limit : {"COCCL_BOOTSTRAP_SILENT_GRACE", "COCCL_BOOTSTRAP_PENDING_GRACE",
+                            "COCCL_BOOTSTRAP_AUTH_TIMEOUT"})
+    if (!std::getenv(limit)) ::setenv(limit, "3600", 1);
   if (sim.opt.stated_costs) {
     sim.costs = sim.opt.costs;
     sim.costs_origin = "stated on the command line";
