@@ -380,8 +380,7 @@ LinkKind Peers::kind_for(int peer) const {
 }
 
 void Peers::announce(int peer) {
-  if (at(peer).pending) at(peer).pending->cancel();
-  at(peer).pending.reset();
+  if (auto pending = std::exchange(at(peer).pending, nullptr)) pending->cancel();
 }
 
 asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
@@ -389,8 +388,9 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
     throw std::system_error(make_error_code(errc::internal), "no connection to self");
   // The running operation holds what it gets (Use), and the use counts for idleness.
   auto touch = [this, peer] {
-    at(peer).last_used = std::chrono::steady_clock::now();
-    if (users_ > 0) at(peer).held = period_;
+    PeerState& state = at(peer);
+    state.last_used = std::chrono::steady_clock::now();
+    if (users_ > 0) state.held = period_;
     return by_peer_[peer];
   };
   co_await await_close(peer);

@@ -320,6 +320,18 @@ std::vector<std::shared_ptr<transport::Stream>> accepted_streams(
   return out;
 }
 
+// Asks `admission` for room and runs `io` until it is given (true) or `limit` passes (false).
+bool room_comes(asio::io_context& io, transport::Admission& admission,
+                std::chrono::steady_clock::duration limit) {
+  bool room = false;
+  admission.when_room(io.get_executor(), [&] {
+    room = true;
+    io.stop();
+  });
+  io.run_for(limit);
+  return room;
+}
+
 TEST(Admission, AtTheCapTheNextAcceptWaitsUntilOneAuthenticates) {
   asio::io_context io;
   std::vector<std::unique_ptr<tcp::socket>> dialled;
@@ -364,13 +376,7 @@ TEST(Admission, AnAnsweredConnectionGivesWayOnceItsGraceHasPassed) {
   std::this_thread::sleep_for(100ms);
   auto second = admission.admit(streams[1]);
   second.answered();
-  bool room = false;
-  admission.when_room(io.get_executor(), [&] {
-    room = true;
-    io.stop();
-  });
-  io.run_for(5s);
-  ASSERT_TRUE(room);
+  ASSERT_TRUE(room_comes(io, admission, 5s));
   // Not before the first had its grace.
   EXPECT_GE(std::chrono::steady_clock::now() - first_answered, 300ms);
   EXPECT_FALSE(streams[0]->is_open()) << "the first answered is closed";
@@ -387,13 +393,7 @@ TEST(Admission, ASilentConnectionGivesWayBeforeAnAnsweredOne) {
   auto answered = admission.admit(streams[0]);
   answered.answered();
   auto silent = admission.admit(streams[1]);
-  bool room = false;
-  admission.when_room(io.get_executor(), [&] {
-    room = true;
-    io.stop();
-  });
-  io.run_for(5s);
-  ASSERT_TRUE(room);
+  ASSERT_TRUE(room_comes(io, admission, 5s));
   EXPECT_TRUE(streams[0]->is_open()) << "the answered one keeps its place";
   EXPECT_FALSE(streams[1]->is_open()) << "the silent one is closed";
   EXPECT_EQ(admission.waiting(), 1u);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/deadline.hpp"
+#include "tests/support/param_override.hpp"
 #include "transport/admission.hpp"
 #include "transport/wire.hpp"
 
@@ -339,16 +340,10 @@ TEST(BootstrapRoot, RanksCompleteDespiteAllStrangersAtOnce) {
   expect_all_summed(join_and_sum(id, 4, all_ranks(4)));
 }
 
-// Sets COCCL_TIMEOUT for one test (read when a root or communicator is created).
-struct TimeoutOverride {
-  explicit TimeoutOverride(const char* seconds) { params::timeout_s.set_override(seconds); }
-  ~TimeoutOverride() { params::timeout_s.set_override(std::nullopt); }
-};
-
 // The first hello fixes the communicator's size: a rank that names another size is dropped (and
 // times out) while the ranks of the first size complete.
 TEST(BootstrapRoot, DropsAHelloForAnotherCommunicatorSize) {
-  TimeoutOverride timeout("2");
+  const test::ParamOverride timeout(params::timeout_s, "2");
   UniqueId id = UniqueId::create();
   std::vector<RankResult> first, stray;
   std::thread a([&] { first = join_and_sum(id, 3, {1}); });
@@ -366,7 +361,7 @@ TEST(BootstrapRoot, DropsAHelloForAnotherCommunicatorSize) {
 }
 
 TEST(BootstrapRoot, MissingRankMakesTheOthersTimeOutWithinCocclTimeout) {
-  TimeoutOverride timeout("2");
+  const test::ParamOverride timeout(params::timeout_s, "2");
   UniqueId id = UniqueId::create();
   auto start = std::chrono::steady_clock::now();
   auto results = join_and_sum(id, 3, {0, 1});
@@ -441,10 +436,23 @@ bool root_comes_to(const transport::RootAddress& root, Want want,
   return false;
 }
 
+// After an orderly end the root stops answering within 5 s, and never says that rank 0 left.
+void expect_root_stops_without_saying_rank_zero_left(const transport::RootAddress& root) {
+  bool said_left = false;
+  EXPECT_TRUE(root_comes_to(
+      root,
+      [&](const std::optional<transport::RootView>& v) {
+        said_left = said_left || (v && v->rank0_left);
+        return !v;
+      },
+      5s));
+  EXPECT_FALSE(said_left);
+}
+
 // The ranks below rank 0 in the tree wait for the table it was to pass on: the root must still
 // answer, saying that rank 0 left, for one more COCCL_TIMEOUT (and 5 s), and then close.
 TEST(BootstrapRoot, AnswersThatRankZeroLeftWithoutAGoodbyeThenCloses) {
-  TimeoutOverride timeout("2");
+  const test::ParamOverride timeout(params::timeout_s, "2");
   const auto root = transport::decode(UniqueId::create());
   take_table_and_leave(root, false);
   EXPECT_TRUE(root_comes_to(
@@ -460,15 +468,7 @@ TEST(BootstrapRoot, AnswersThatRankZeroLeftWithoutAGoodbyeThenCloses) {
 TEST(BootstrapRoot, StopsAnsweringWhenRankZeroSaysGoodbye) {
   const auto root = transport::decode(UniqueId::create());
   take_table_and_leave(root, true);
-  bool said_left = false;
-  EXPECT_TRUE(root_comes_to(
-      root,
-      [&](const std::optional<transport::RootView>& v) {
-        said_left = said_left || (v && v->rank0_left);
-        return !v;
-      },
-      5s));
-  EXPECT_FALSE(said_left);
+  expect_root_stops_without_saying_rank_zero_left(root);
 }
 
 // A communicator's rank 0 keeps the root answering while it lives and says goodbye when it is
@@ -482,21 +482,13 @@ TEST(BootstrapRoot, ServesWhileRankZeroLivesAndStopsWhenItIsDestroyed) {
   EXPECT_FALSE(view->rank0_left);
   EXPECT_EQ(view->arrived, 1);
   c.destroy();
-  bool said_left = false;
-  EXPECT_TRUE(root_comes_to(
-      root,
-      [&](const std::optional<transport::RootView>& v) {
-        said_left = said_left || (v && v->rank0_left);
-        return !v;
-      },
-      5s));
-  EXPECT_FALSE(said_left);
+  expect_root_stops_without_saying_rank_zero_left(root);
 }
 
 // Rank 0 takes the table and dies before passing it on: the ranks below it time out naming it,
 // as the root and the dead rank's silence tell them.
 TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
-  TimeoutOverride timeout("2");
+  const test::ParamOverride timeout(params::timeout_s, "2");
   const UniqueId id = UniqueId::create();
   const auto root = transport::decode(id);
   tcp::endpoint nobody;
@@ -520,20 +512,9 @@ TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
 // authenticated yet: the root takes them as room frees and every rank joins (at the default cap,
 // thousands of ranks starting together meet the same).
 TEST(BootstrapRoot, AHelloBurstBeyondThePendingCapAllJoin) {
-  // The cap, not the graces, is under test: no connection's grace ends however slow the machine.
-  struct Cap {
-    Cap() {
-      params::bootstrap_pending_max.set_override("2");
-      params::bootstrap_pending_grace.set_override("3600");
-      params::bootstrap_silent_grace.set_override("3600");
-    }
-    ~Cap() {
-      params::bootstrap_pending_max.set_override(std::nullopt);
-      params::bootstrap_pending_grace.set_override(std::nullopt);
-      params::bootstrap_silent_grace.set_override(std::nullopt);
-    }
-  } cap;
-  TimeoutOverride timeout("30");
+  // The cap, not the graces, is under test.
+  const auto cap = test::pending_cap_only("2");
+  const test::ParamOverride timeout(params::timeout_s, "30");
   expect_all_summed(join_and_sum(UniqueId::create(), 24, all_ranks(24)));
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/comm.hpp"
+#include "tests/support/param_override.hpp"
 #include "transport/admission.hpp"
 #include "transport/memory.hpp"
 #include "transport/net.hpp"
@@ -97,19 +98,8 @@ TEST(MemoryCommunicator, SixtyFourRanksInOneProcessReduceAndGather) { run_ranks(
 // here, as thousands of ranks starting together would be at the default). The root takes them as
 // room frees and every rank joins; a root that closed the oldest to make room failed those ranks.
 TEST(MemoryCommunicator, HellosAllAtOnceBeyondTheRootsPendingCapAllJoin) {
-  // The cap, not the graces, is under test: no connection's grace ends however slow the machine.
-  struct Cap {
-    Cap() {
-      params::bootstrap_pending_max.set_override("2");
-      params::bootstrap_pending_grace.set_override("3600");
-      params::bootstrap_silent_grace.set_override("3600");
-    }
-    ~Cap() {
-      params::bootstrap_pending_max.set_override(std::nullopt);
-      params::bootstrap_pending_grace.set_override(std::nullopt);
-      params::bootstrap_silent_grace.set_override(std::nullopt);
-    }
-  } cap;
+  // The cap, not the graces, is under test.
+  const auto cap = test::pending_cap_only("2");
   constexpr int n = 16;
   const UniqueId id = detail::memory_unique_id();
   std::vector<Communicator> comms(n);
