@@ -48,6 +48,8 @@ OpHeader make_op_header(const OpArgs& args, std::uint64_t op_seq, std::uint64_t 
 /// Compares `theirs` (received from `peer`) with `mine` (what this rank sent to it for the same
 /// operation). Returns an empty string when they agree, else what differs, naming both ranks.
 std::string compare_op_headers(const OpHeader& mine, const OpHeader& theirs, int rank, int peer);
+/// True exactly when compare_op_headers() returns an empty string (without building text).
+bool op_headers_agree(const OpHeader& mine, const OpHeader& theirs) noexcept;
 
 /// The checks of the running operation and the pairs' sequence numbers; proxy thread only.
 class OpChecks {

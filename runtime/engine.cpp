@@ -21,9 +21,58 @@ namespace coccl::runtime {
 
 namespace {
 thread_local bool is_proxy_thread = false;
-}
+// The proxy thread whose role this thread holds (its own, or one it borrowed).
+thread_local const ProxyThread* role_held = nullptr;
+}  // namespace
 
 bool on_proxy_thread() noexcept { return is_proxy_thread; }
+
+bool ProxyThread::owned_here() const noexcept { return role_held == this; }
+
+void ProxyThread::hold_role() noexcept {
+  for (;;) {
+    int expected = free_role;
+    if (holder_.compare_exchange_weak(expected, proxy_role, std::memory_order_acquire,
+                                      std::memory_order_relaxed))
+      return;
+    // A borrower runs: it needs a core more than this loop does.
+    ::sched_yield();
+  }
+}
+
+ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) noexcept : t_(t) {
+  // A proxy thread's own role is not lent to itself or to another proxy thread's handlers (they
+  // would stop their own loop while they wait).
+  if (is_proxy_thread || role_held) return;
+  const auto until = std::chrono::steady_clock::now() + patience;
+  t_.asking_.fetch_add(1, std::memory_order_relaxed);
+  for (unsigned tries = 0;; ++tries) {
+    // Asleep in the io_context, the proxy thread holds the role until something wakes it.
+    if (t_.asleep_.load(std::memory_order_relaxed)) break;
+    int expected = free_role;
+    // Owed a round, the proxy thread goes first: someone waits for the work it was handed.
+    if (!t_.owed_.load(std::memory_order_relaxed) &&
+        t_.holder_.compare_exchange_weak(expected, borrowed_role, std::memory_order_acquire,
+                                         std::memory_order_relaxed)) {
+      held_ = true;
+      break;
+    }
+    if ((tries & 63) == 63) {
+      if (std::chrono::steady_clock::now() >= until) break;
+      // The proxy thread may share this core: let it reach the point where it lets go.
+      ::sched_yield();
+    }
+  }
+  t_.asking_.fetch_sub(1, std::memory_order_relaxed);
+  if (held_) role_held = &t_;
+}
+
+ProxyThread::Borrow::~Borrow() {
+  if (!held_) return;
+  role_held = nullptr;
+  t_.lent_.store(true, std::memory_order_relaxed);
+  t_.release_role();
+}
 
 ProxyThread::ProxyThread(int index)
     : index_(index), guard_(asio::make_work_guard(ctx_)), thread_([this] { run(); }) {}
@@ -50,6 +99,7 @@ bool ProxyThread::poll_pollers() {
 
 void ProxyThread::run() {
   is_proxy_thread = true;
+  role_held = this;  // holder_ starts as proxy_role
   using clock = std::chrono::steady_clock;
   const auto spin = std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()));
   COCCL_INFO(proxy, -1, "proxy thread %d started (spin %lld us)", index_,
@@ -63,23 +113,36 @@ void ProxyThread::run() {
     // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
     // poller waits for a peer and only pollers make progress, visit it every fourth round; when
     // nothing waits on a poller, work is most likely queued there, so visit it every round.
-    if (progress || !waiting || (++idle_rounds & 3) == 0) progress |= ctx_.poll() > 0;
+    if (progress || !waiting || (++idle_rounds & 3) == 0) {
+      // Cleared before the handlers run: work handed over before owe() is among them.
+      owed_.store(false, std::memory_order_relaxed);
+      progress |= ctx_.poll() > 0;
+    }
     if (ctx_.stopped()) break;
+    if (lent_.exchange(false, std::memory_order_relaxed)) progress = true;
     if (progress) {
       last_progress = clock::now();
       continue;
     }
     if (clock::now() - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
-      // yielding lets the peer we wait for run instead of burning our time slice.
+      // yielding lets the peer we wait for run instead of burning our time slice. Meanwhile the
+      // role is free for a thread that wants to borrow it (Borrow).
+      polling_.store(waiting, std::memory_order_relaxed);
+      release_role();
       ::sched_yield();
+      hold_role();
       continue;
     }
+    // Handlers run inside run_one, so the role stays held while asleep; a would-be borrower sees
+    // the flag and gives up at once instead of spinning for nothing.
+    asleep_.store(true, std::memory_order_relaxed);
     if (waiting) {
       ctx_.run_one_for(std::chrono::microseconds(200));
     } else {
       ctx_.run_one();
     }
+    asleep_.store(false, std::memory_order_relaxed);
     last_progress = clock::now();
   }
 }

@@ -376,6 +376,14 @@ void Peers::announce(int peer) {
   pending_[peer].reset();
 }
 
+Connection* Peers::ready(int peer, std::chrono::steady_clock::time_point now) noexcept {
+  if (peer < 0 || peer >= nranks_ || peer == rank_ || !by_peer_[peer]) return nullptr;
+  if (closing_[peer] && close_done_[peer]) return nullptr;
+  last_used_[peer] = now;
+  if (users_ > 0) held_[peer] = period_;
+  return by_peer_[peer];
+}
+
 asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
   if (peer < 0 || peer >= nranks_ || peer == rank_)
     throw std::system_error(make_error_code(errc::internal), "no connection to self");

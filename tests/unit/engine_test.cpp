@@ -146,6 +146,81 @@ TEST(ProxyThread, StopsPromptlyWhileSleeping) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
 }
 
+// COCCL_SPIN_US for the proxy threads made while it lives.
+class SpinFor {
+ public:
+  explicit SpinFor(const char* us) { params::spin_us.set_override(us); }
+  ~SpinFor() { params::spin_us.set_override(std::nullopt); }
+};
+
+// Never past its spin: the proxy thread stays awake, lending its role between idle rounds.
+constexpr const char* awake_forever = "60000000";
+
+TEST(ProxyThreadBorrow, AnAwakeIdleProxyThreadLendsItsRoleAndRunsNothingMeanwhile) {
+  SpinFor spin(awake_forever);
+  ProxyThread t(0);
+  std::atomic<bool> ran{false};
+  {
+    ProxyThread::Borrow borrowed(t, 10s);
+    ASSERT_TRUE(borrowed);
+    EXPECT_TRUE(t.owned_here());
+    asio::post(t.executor(), [&] { ran = true; });
+    // Posted work waits while the role is lent.
+    std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(ran.load());
+  }
+  EXPECT_FALSE(t.owned_here());
+  on_thread(t, [] {});
+  EXPECT_TRUE(ran.load());
+}
+
+TEST(ProxyThreadBorrow, AProxyThreadAsleepLendsNothing) {
+  SpinFor spin("0");
+  ProxyThread t(0);
+  on_thread(t, [] {});
+  ProxyThread::Borrow borrowed(t, 2s);
+  EXPECT_FALSE(borrowed);
+  EXPECT_FALSE(t.owned_here());
+}
+
+TEST(ProxyThreadBorrow, NeitherAProxyThreadNorAHolderBorrowsAgain) {
+  SpinFor spin(awake_forever);
+  ProxyThread a(0), b(1);
+  bool lent = true, owns = false;
+  on_thread(a, [&] {
+    ProxyThread::Borrow borrowed(b, 1s);
+    lent = static_cast<bool>(borrowed);
+    owns = a.owned_here();
+  });
+  EXPECT_FALSE(lent);
+  EXPECT_TRUE(owns);
+  ProxyThread::Borrow outer(a, 10s);
+  ASSERT_TRUE(outer);
+  ProxyThread::Borrow inner(b, 1s);
+  EXPECT_FALSE(inner);
+}
+
+TEST(ProxyThreadBorrow, AHolderSeesAnotherThreadWantItAndHandsItOn) {
+  SpinFor spin(awake_forever);
+  ProxyThread t(0);
+  std::optional<ProxyThread::Borrow> first;
+  first.emplace(t, 10s);
+  ASSERT_TRUE(*first);
+  EXPECT_FALSE(t.wanted());
+  std::atomic<bool> second{false};
+  std::thread other([&] {
+    ProxyThread::Borrow borrowed(t, 60s);
+    second = static_cast<bool>(borrowed);
+  });
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!t.wanted() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  EXPECT_TRUE(t.wanted());
+  first.reset();
+  other.join();
+  EXPECT_TRUE(second.load());
+  EXPECT_FALSE(t.wanted());
+}
+
 // runtime::complete from another thread: the handler runs on its io_context's thread, and the
 // caller may destroy that io_context as soon as the handler has run (a run_one() loop), which the
 // sanitizer builds check by doing it many times.
