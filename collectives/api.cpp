@@ -1,6 +1,7 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
 #include <array>
 #include <atomic>
+#include <boost/asio/append.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
@@ -192,8 +193,8 @@ void wait_for(const std::shared_ptr<CommImpl>& impl, std::error_code& ec, Start 
 // Tries the fast path (collectives/fast_path.hpp) on the calling thread: as the proxy thread
 // itself, or by borrowing the proxy thread's role while it is idle. `make` gives the handler of
 // an operation handed over.
-CommImpl::FastResult try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args,
-                              std::error_code& ec, CommImpl::HandoverSource make) {
+CommImpl::FastResult fast_attempt(const std::shared_ptr<CommImpl>& impl, OpArgs& args,
+                                  std::error_code& ec, CommImpl::HandoverSource make) {
   if (!impl->fast_candidate(args)) return CommImpl::FastResult::declined;
   runtime::ProxyThread& t = impl->thread();
   if (t.owned_here()) return impl->run_fast(args, ec, make);
@@ -202,9 +203,44 @@ CommImpl::FastResult try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& arg
   return impl->run_fast(args, ec, make);
 }
 
-// Queues the operation for the proxy thread, its handler's cancellation slot and its deadline
-// wired to it.
-void initiate_queued(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
+}  // namespace
+
+FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::error_code& ec,
+                     HandlerSource source) {
+  if (!impl) return FastOutcome::declined;
+  struct Context {
+    const std::shared_ptr<CommImpl>& impl;
+    HandlerSource source;
+  } context{impl, source};
+  switch (fast_attempt(impl, args, ec,
+                       {[](void* p) {
+                          auto& c = *static_cast<Context*>(p);
+                          OpHandler handler = c.source.make(c.source.context);
+                          auto control = control_for(c.impl, handler, std::chrono::milliseconds(0));
+                          // Constructed in place: an any_completion_handler is never
+                          // move-assigned (Boost 1.81 recurses without end there).
+                          return CommImpl::Handover{std::move(handler), std::move(control)};
+                        },
+                        &context})) {
+    case CommImpl::FastResult::done:
+      return FastOutcome::done;
+    case CommImpl::FastResult::handed_over:
+      return FastOutcome::handed_over;
+    case CommImpl::FastResult::declined:
+      break;
+  }
+  return FastOutcome::declined;
+}
+
+bool runs_here(const std::shared_ptr<CommImpl>& impl, const asio::any_io_executor& ex) {
+  return impl->thread().in_thread() && ex == impl->executor();
+}
+
+void complete_done(const std::shared_ptr<CommImpl>& impl, OpHandler handler, std::error_code ec) {
+  runtime::complete_later(impl->executor(), std::move(handler), ec);
+}
+
+void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
   if (!impl) {
     runtime::complete_later(engine()->thread(0).executor(), std::move(handler),
                             make_error_code(errc::aborted));
@@ -212,39 +248,6 @@ void initiate_queued(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandl
   }
   args.control = control_for(impl, handler, args.deadline);
   impl->submit(std::move(args), std::move(handler));
-}
-
-}  // namespace
-
-void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
-  if (!impl) {
-    initiate_queued(impl, std::move(args), std::move(handler));
-    return;
-  }
-  struct Context {
-    const std::shared_ptr<CommImpl>& impl;
-    OpHandler& handler;
-  } context{impl, handler};
-  std::error_code ec;
-  switch (try_fast(impl, args, ec,
-                   {[](void* p) {
-                      auto& c = *static_cast<Context*>(p);
-                      auto control = control_for(c.impl, c.handler, std::chrono::milliseconds(0));
-                      // Constructed in place: an any_completion_handler is never move-assigned
-                      // (Boost 1.81 recurses without end there).
-                      return CommImpl::Handover{std::move(c.handler), std::move(control)};
-                    },
-                    &context})) {
-    case CommImpl::FastResult::done:
-      // Done already, but an asynchronous operation never completes inside its initiating call.
-      runtime::complete_later(impl->executor(), std::move(handler), ec);
-      return;
-    case CommImpl::FastResult::handed_over:
-      return;
-    case CommImpl::FastResult::declined:
-      break;
-  }
-  initiate_queued(impl, std::move(args), std::move(handler));
 }
 
 void initiate_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
@@ -269,12 +272,12 @@ void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error
   if (impl) {
     // Done on this thread, no handler and no hand-over, when the fast path takes it.
     std::optional<BlockingWait> handed;
-    switch (try_fast(impl, args, ec,
-                     {[](void* p) {
-                        auto& w = *static_cast<std::optional<BlockingWait>*>(p);
-                        return CommImpl::Handover{w.emplace().handler(), nullptr};
-                      },
-                      &handed})) {
+    switch (fast_attempt(impl, args, ec,
+                         {[](void* p) {
+                            auto& w = *static_cast<std::optional<BlockingWait>*>(p);
+                            return CommImpl::Handover{w.emplace().handler(), nullptr};
+                          },
+                          &handed})) {
       case CommImpl::FastResult::done:
         return;
       case CommImpl::FastResult::handed_over:
@@ -284,7 +287,7 @@ void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error
         break;
     }
   }
-  wait_for(impl, ec, [&](OpHandler h) { initiate_queued(impl, std::move(args), std::move(h)); });
+  wait_for(impl, ec, [&](OpHandler h) { initiate(impl, std::move(args), std::move(h)); });
 }
 
 void run_blocking_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,

@@ -45,7 +45,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       direct_max_ranks_(
           static_cast<int>(std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
       fast_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::fast_max_bytes.get()))),
-      fast_wait_(std::chrono::microseconds(std::max<std::int64_t>(0, params::fast_wait_us.get()))),
+      fast_wait_(std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()))),
       timeout_(options.timeout.count() > 0 ? std::chrono::steady_clock::duration(options.timeout)
                                            : runtime::default_timeout()),
       blocking_(options.blocking),
@@ -230,10 +230,11 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
   if (closed_ || !peers_ || !queue_.empty() || seq_ != finished_ ||
       in_transit_.load(std::memory_order_relaxed) != 0 || error())
     return FastResult::declined;
-  if (!fast_candidate(args) || !validate(args, rank_, size_).empty() || !fast_.prepare(args))
+  const auto now = std::chrono::steady_clock::now();
+  if (!fast_candidate(args) || !validate(args, rank_, size_).empty() || !fast_.prepare(args, now))
     return FastResult::declined;
-  begin_op(fast_.adopt(std::move(args)));
-  fast_.start();
+  begin_op(args, now);
+  fast_.start(args);
   if (fast_.run_for(fast_wait_, thread_, crowded_)) {
     fast_.end();
     end_op(true);
@@ -244,7 +245,10 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
   // The rest runs first on the proxy thread, ahead of anything submitted after it.
   Handover h = handover.make(handover.context);
   if (h.control) h.control->state = OpControl::State::running;
-  fast_.args().control = std::move(h.control);
+  // The caller's arguments go with the operation; the checks follow them there.
+  OpArgs& kept = fast_.adopt(std::move(args));
+  checks_.rebind(kept);
+  kept.control = std::move(h.control);
   queue_.push_front(Queued{OpArgs{}, std::move(h.handler), true});
   ++fast_handed_;
   if (!draining_) {
@@ -257,12 +261,12 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
   return FastResult::handed_over;
 }
 
-void CommImpl::begin_op(const OpArgs& args) {
+void CommImpl::begin_op(const OpArgs& args, std::chrono::steady_clock::time_point now) {
   ++seq_;
   fingerprint_ = fingerprint_of(args);
   checks_.begin(args, seq_);
   op_name_ = name_of(args.kind);
-  trace_.begin(seq_, op_name_, args.count, static_cast<int>(args.type), args.root);
+  trace_.begin(seq_, op_name_, args.count, static_cast<int>(args.type), args.root, now);
 }
 
 void CommImpl::end_op(bool ok) {

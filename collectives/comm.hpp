@@ -97,7 +97,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// healthy) and `args` is valid and eligible. `done`: `ec` is the result. `handed_over`: `args`
   /// was taken. `declined`: `args` is untouched.
   FastResult run_fast(OpArgs& args, std::error_code& ec, HandoverSource handover);
-  /// COCCL_FAST_MAX_BYTES and COCCL_FAST_WAIT_US as read at creation.
+  /// COCCL_FAST_MAX_BYTES, and COCCL_SPIN_US (how long the fast path spins for its peers, and a
+  /// caller for the proxy thread's role), as read at creation.
   std::size_t fast_max_bytes() const noexcept { return fast_max_; }
   std::chrono::nanoseconds fast_wait() const noexcept { return fast_wait_; }
   /// Any thread: validates every member of a group, then queues them back to back; `handler`
@@ -172,7 +173,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
     bool fast = false;
   };
   // Proxy thread (role held): the running operation begins / has ended.
-  void begin_op(const OpArgs& args);
+  void begin_op(const OpArgs& args,
+                std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   void end_op(bool ok);
   asio::awaitable<void> drain();
   void arm_watchdog();

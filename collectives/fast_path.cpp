@@ -17,11 +17,6 @@ config::Param<std::int64_t> fast_max_bytes{
     "largest message (bytes a rank sends each peer) of a host all_reduce, all_gather, "
     "reduce_scatter or all_to_all run on the fast path: at once, on the calling thread, when the "
     "communicator is idle and its peers are on shm links; 0 turns the fast path off"};
-config::Param<std::int64_t> fast_wait_us{
-    "COCCL_FAST_WAIT_US", 100,
-    "microseconds an operation on the fast path spins for its peers on the calling thread (and a "
-    "blocking caller waits for the idle proxy thread to lend it its role) before the proxy "
-    "thread's loop takes the rest over"};
 
 }  // namespace coccl::params
 
@@ -39,7 +34,7 @@ std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 
 FastOp::FastOp(CommImpl& comm) : c_(comm) {}
 
-bool FastOp::prepare(const OpArgs& a) {
+bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now) {
   const int n = c_.size(), r = c_.rank();
   const std::size_t e = size_of(a.type), block = a.count * e;
   // A zero-count all_to_all sends its headers to the ring neighbours only; the fast path, which
@@ -65,7 +60,6 @@ bool FastOp::prepare(const OpArgs& a) {
   if (n == 1) return true;
   // As run_op's Use: the links resolved here stay open until end().
   use_.emplace(c_.peers());
-  const auto now = std::chrono::steady_clock::now();
   for (int i = 1; i < n; ++i) {
     const int p = (r + i) % n;
     Connection* l = c_.peers().ready(p, now);
@@ -85,11 +79,12 @@ bool FastOp::prepare(const OpArgs& a) {
 
 OpArgs& FastOp::adopt(OpArgs&& a) noexcept {
   args_ = std::move(a);
+  a_ = &args_;
   return args_;
 }
 
-void FastOp::start() {
-  const OpArgs& a = args_;
+void FastOp::start(const OpArgs& a) {
+  a_ = &a;
   const int n = c_.size(), r = c_.rank();
   elt_ = size_of(a.type);
   const std::size_t block = a.count * elt_;
@@ -124,7 +119,7 @@ void FastOp::start() {
 }
 
 void FastOp::copy_own() {
-  const OpArgs& a = args_;
+  const OpArgs& a = *a_;
   const std::size_t block = a.count * elt_;
   const int r = c_.rank();
   switch (a.kind) {
@@ -192,7 +187,7 @@ bool FastOp::step() {
 
 void FastOp::combine() {
   if (!reduces_) return;
-  const OpArgs& a = args_;
+  const OpArgs& a = *a_;
   const int n = c_.size(), r = c_.rank();
   const std::size_t block = a.count * elt_;
   const std::byte* own = cbytes(a.send) + (a.kind == OpKind::reduce_scatter ? r * block : 0);
@@ -218,7 +213,8 @@ bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread
                      bool yield) {
   if (step()) return true;
   if (stuck_) return false;
-  const auto until = std::chrono::steady_clock::now() + budget;
+  // The clock is read only once the spin has lasted (a read costs as much as a few polls).
+  std::optional<std::chrono::steady_clock::time_point> until;
   for (unsigned i = 1;; ++i) {
     if (yield)
       ::sched_yield();
@@ -226,13 +222,17 @@ bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread
       runtime::cpu_relax();
     if (step()) return true;
     if (stuck_) return false;
-    if ((i & 7) == 0 && (std::chrono::steady_clock::now() >= until || thread.wanted()))
-      return false;
+    if ((i & 7) != 0) continue;
+    if (thread.wanted()) return false;
+    if ((i & 63) != 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (!until) until = now + budget;
+    if (now >= *until) return false;
   }
 }
 
 boost::asio::awaitable<void> FastOp::finish() {
-  algo::Op op(c_, args_);
+  algo::Op op(c_, *a_);
   for (Peer& p : peers_) {
     // The header was recorded as sent by start(): link() sends nothing more.
     Connection* l = co_await op.link(p.rank);
@@ -264,7 +264,8 @@ boost::asio::awaitable<void> FastOp::finish() {
 void FastOp::end() noexcept {
   use_.reset();
   peers_.clear();
-  args_ = OpArgs{};
+  if (a_ == &args_) args_ = OpArgs{};
+  a_ = nullptr;
 }
 
 }  // namespace coccl::detail

@@ -3,7 +3,8 @@
 // on the thread that holds the proxy thread's role (the proxy thread itself for a coroutine on the
 // communicator's executor, or a caller that borrowed the role, runtime::ProxyThread::Borrow), with
 // no coroutine, no handler and no queue. It puts the operation's header and data into each peer's
-// ring, polls its own rings for theirs, and combines them, spinning at most COCCL_FAST_WAIT_US.
+// ring, polls its own rings for theirs, and combines them, spinning at most COCCL_SPIN_US (as long
+// as the proxy thread's loop spins before it sleeps).
 //
 // The fast path sends exactly what the algorithm the slow path would choose sends on each link
 // (the header of op_check.hpp, then one data chunk), so a peer may run the same operation on either
@@ -38,20 +39,22 @@ class FastOp {
   explicit FastOp(CommImpl& comm);
 
   /// Whether `a` (valid) can take the fast path now, every link it needs open and pollable; when
-  /// true the links are resolved for start(). Nothing is sent either way.
-  bool prepare(const OpArgs& a);
-  /// Takes the prepared operation's arguments: they stay here, at a fixed place, until end().
-  OpArgs& adopt(OpArgs&& a) noexcept;
-  /// Starts the adopted operation, which the communicator has begun (sequence number, checks).
-  void start();
+  /// true the links are resolved (used at `now`) for start(). Nothing is sent either way.
+  bool prepare(const OpArgs& a, std::chrono::steady_clock::time_point now);
+  /// Starts the prepared operation `a`, which the communicator has begun (sequence number,
+  /// checks). `a` stays where it is until the operation ends or is adopted.
+  void start(const OpArgs& a);
   /// Progress without waiting, within `budget` of spinning; true once the operation is complete
   /// (the receive buffer final, every chunk taken released). False: it stopped early (budget spent,
   /// another thread wants the role, or something only finish() can handle). `yield`: give the core
   /// away between polls (ranks outnumber cores); otherwise spin on it, as the peers have cores of
   /// their own.
   bool run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
-  /// The rest of a started operation that run_for() did not complete, with the ordinary waits;
-  /// on the proxy thread (the drain). Throws as run_op() does.
+  /// Keeps the arguments of an operation run_for() did not complete, for finish(): moved here,
+  /// where they stay until end().
+  OpArgs& adopt(OpArgs&& a) noexcept;
+  /// The rest of an adopted operation, with the ordinary waits; on the proxy thread (the drain).
+  /// Throws as run_op() does.
   boost::asio::awaitable<void> finish();
   /// The adopted operation's arguments.
   OpArgs& args() noexcept { return args_; }
@@ -78,7 +81,8 @@ class FastOp {
   void copy_own();
 
   CommImpl& c_;
-  OpArgs args_{};
+  const OpArgs* a_ = nullptr;        // the running operation's arguments: the caller's, or args_
+  OpArgs args_{};                    // adopted
   std::vector<Peer> peers_;          // in the order the slow path sends to them
   std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
   std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
@@ -94,6 +98,5 @@ class FastOp {
 namespace coccl::params {
 
 extern config::Param<std::int64_t> fast_max_bytes;  // COCCL_FAST_MAX_BYTES
-extern config::Param<std::int64_t> fast_wait_us;    // COCCL_FAST_WAIT_US
 
 }  // namespace coccl::params

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "runtime/log.hpp"
 
@@ -13,7 +14,9 @@ config::Param<std::int64_t> proxy_threads{
     "COCCL_PROXY_THREADS", 1, "proxy threads of the process engine (communicators are spread)"};
 config::Param<std::int64_t> spin_us{
     "COCCL_SPIN_US", 2000,
-    "microseconds a proxy thread polls without progress before it sleeps on its event sources"};
+    "microseconds a proxy thread polls without progress before it sleeps on its event sources; "
+    "also how long an operation on the fast path of small operations spins for its peers (and "
+    "its caller for the proxy thread's role) before the proxy thread takes it over"};
 
 }  // namespace coccl::params
 
@@ -28,6 +31,26 @@ thread_local const ProxyThread* role_held = nullptr;
 bool on_proxy_thread() noexcept { return is_proxy_thread; }
 
 bool ProxyThread::owned_here() const noexcept { return role_held == this; }
+
+void ProxyThread::lend_if_asked() noexcept {
+  // Owed a round, the loop keeps the role (Borrow does not take it then either).
+  if (asking_.load(std::memory_order_relaxed) == 0 || owed_.load(std::memory_order_relaxed)) return;
+  release_role();
+  // hold_role() would win the race against a borrower that has not tried again yet.
+  while (holder_.load(std::memory_order_relaxed) == free_role &&
+         asking_.load(std::memory_order_relaxed) > 0)
+    cpu_relax();
+  hold_role();
+}
+
+bool ProxyThread::wanted() const noexcept {
+  if (asking_.load(std::memory_order_relaxed) > 0) return true;
+  // Work handed to the loop waits until the holder returns; on the proxy thread itself (a handler
+  // of the loop) it runs right after, whatever the flag says.
+  if (!in_thread() && owed_.load(std::memory_order_relaxed)) return true;
+  return std::any_of(pollers_.begin(), pollers_.end(),
+                     [](const Poller* p) { return p->waiting(); });
+}
 
 void ProxyThread::hold_role() noexcept {
   for (;;) {
@@ -44,7 +67,8 @@ ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) n
   // A proxy thread's own role is not lent to itself or to another proxy thread's handlers (they
   // would stop their own loop while they wait).
   if (is_proxy_thread || role_held) return;
-  const auto until = std::chrono::steady_clock::now() + patience;
+  // Read the clock only if the role does not come at once.
+  std::optional<std::chrono::steady_clock::time_point> until;
   t_.asking_.fetch_add(1, std::memory_order_relaxed);
   for (unsigned tries = 0;; ++tries) {
     // Asleep in the io_context, the proxy thread holds the role until something wakes it.
@@ -58,9 +82,13 @@ ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) n
       break;
     }
     if ((tries & 63) == 63) {
-      if (std::chrono::steady_clock::now() >= until) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (!until) until = now + patience;
+      if (now >= *until) break;
       // The proxy thread may share this core: let it reach the point where it lets go.
       ::sched_yield();
+    } else {
+      cpu_relax();
     }
   }
   t_.asking_.fetch_sub(1, std::memory_order_relaxed);
@@ -107,6 +135,9 @@ void ProxyThread::run() {
   auto last_progress = clock::now();
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
+    // Between rounds nothing of the loop is under way: a caller waiting to borrow the role (a
+    // blocking operation on the fast path) gets it now rather than at the next idle round.
+    lend_if_asked();
     bool progress = poll_pollers();
     bool waiting =
         std::any_of(pollers_.begin(), pollers_.end(), [](const Poller* p) { return p->waiting(); });
@@ -119,16 +150,17 @@ void ProxyThread::run() {
       progress |= ctx_.poll() > 0;
     }
     if (ctx_.stopped()) break;
-    if (lent_.exchange(false, std::memory_order_relaxed)) progress = true;
     if (progress) {
       last_progress = clock::now();
       continue;
     }
+    // A borrower's work keeps the loop awake (so lendable) as its own would, but the loop still
+    // yields its core between rounds: the borrower may need it.
+    if (lent_.exchange(false, std::memory_order_relaxed)) last_progress = clock::now();
     if (clock::now() - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
       // yielding lets the peer we wait for run instead of burning our time slice. Meanwhile the
       // role is free for a thread that wants to borrow it (Borrow).
-      polling_.store(waiting, std::memory_order_relaxed);
       release_role();
       ::sched_yield();
       hold_role();

@@ -51,8 +51,9 @@ inline void cpu_relax() noexcept {
 ///
 /// The state the proxy thread owns (its communicators, links and pollers) may also be used, for a
 /// short section, by another thread that borrows the proxy thread's role: the proxy thread holds
-/// the role whenever it runs handlers or pollers, and lets go of it only between the idle rounds
-/// of its loop (within COCCL_SPIN_US of its last work, while it would only yield its core). A
+/// the role whenever it runs handlers or pollers, and lets go of it only between the rounds of its
+/// loop (to a thread asking for it, or while it yields its core in an idle round within
+/// COCCL_SPIN_US of its last work). A
 /// borrower that gets it runs with the proxy thread stopped at that point; the proxy thread waits
 /// (yielding) until the borrower gives it back. Nothing is lent while the proxy thread is busy
 /// or asleep. The role is handed over with acquire/release atomics, so everything the borrower
@@ -89,14 +90,11 @@ class ProxyThread {
     bool held_ = false;
   };
 
-  /// True while someone needs the role that a holder only waiting for peers keeps: another thread
-  /// trying to borrow it, or the proxy thread itself, owed a round (owe()) or with coroutines
-  /// parked on its pollers (which only its loop resumes). Such a holder should give it back soon:
-  /// what it waits for may depend on that work.
-  bool wanted() const noexcept {
-    return asking_.load(std::memory_order_relaxed) > 0 || owed_.load(std::memory_order_relaxed) ||
-           polling_.load(std::memory_order_relaxed);
-  }
+  /// Holder of the role (owned_here()): true while someone needs the role that a holder only
+  /// waiting for peers keeps: another thread trying to borrow it, coroutines parked on its pollers
+  /// (only the loop resumes them), or, for a borrower, the loop being owed a round (owe()). Such a
+  /// holder should give it back soon: what it waits for may depend on that work.
+  bool wanted() const noexcept;
   /// Any thread, after handing this proxy thread work that another thread waits for (posted, or
   /// queued while holding its role): the proxy thread is owed a round of its loop, so a holder
   /// gives the role back soon and none is lent again before that round has run.
@@ -117,13 +115,13 @@ class ProxyThread {
   // thread itself needs it for (wanted()).
   enum Holder : int { free_role = 0, proxy_role = 1, borrowed_role = 2 };
   void hold_role() noexcept;
+  void lend_if_asked() noexcept;
   void release_role() noexcept { holder_.store(free_role, std::memory_order_release); }
   std::atomic<int> holder_{proxy_role};
   std::atomic<bool> asleep_{false};
   std::atomic<int> asking_{0};
   std::atomic<bool> lent_{false};
   std::atomic<bool> owed_{false};
-  std::atomic<bool> polling_{false};  // at its last let-go, a poller of the loop had waiters
 
   int index_;
   asio::io_context ctx_;

@@ -40,7 +40,6 @@ std::span<const config::ParamBase* const> library() {
     &oneshot_max,
     &direct_max_ranks,
     &fast_max_bytes,
-    &fast_wait_us,
     &hostid,
     &comm_id,
     &secret,

@@ -1,12 +1,12 @@
 // Scenarios of the fast path of small host operations (collectives/fast_path.hpp).
 //
 // "fast_path" runs with the proxy thread never asleep and no limit on the fast path's wait
-// (COCCL_SPIN_US and COCCL_FAST_WAIT_US large, set by the test), so that every eligible operation
+// (COCCL_SPIN_US large, set by the test), so that every eligible operation
 // takes it: the counters of CommStatus must count each one, and every result must match the
 // reference, from a blocking caller, from a coroutine on the proxy thread, and from several threads
 // with communicators of their own at once.
 //
-// "fast_handover" runs with COCCL_FAST_WAIT_US=0: an operation whose peers are late is handed to
+// "fast_handover" runs with COCCL_SPIN_US=0: an operation whose peers are late is handed to
 // the proxy thread at once. Operations started behind it wait for it (ordering), one cancelled
 // while it waits is removed, and a small operation queued behind a large one waits its turn.
 #include <algorithm>

@@ -19,7 +19,7 @@ namespace {
 // fast path never gives up waiting: whether an operation takes it depends on nothing but the
 // operation.
 const std::vector<std::string> always = {"COCCL_TIMEOUT=60", "COCCL_TRANSPORT=shm",
-                                         "COCCL_SPIN_US=60000000", "COCCL_FAST_WAIT_US=60000000"};
+                                         "COCCL_SPIN_US=60000000"};
 
 LaunchResult run(const std::string& scenario, int nranks, std::vector<std::string> env,
                  std::vector<std::string> args = {}) {
@@ -50,9 +50,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, FastPath, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 TEST(FastPathHandover, ALatePeersOperationIsHandedOverAndWhatFollowsKeepsItsOrder) {
-  const LaunchResult r = run("fast_handover", 3,
-                             {"COCCL_TIMEOUT=60", "COCCL_TRANSPORT=shm", "COCCL_SPIN_US=60000000",
-                              "COCCL_FAST_WAIT_US=0"});
+  const LaunchResult r =
+      run("fast_handover", 3, {"COCCL_TIMEOUT=60", "COCCL_TRANSPORT=shm", "COCCL_SPIN_US=0"});
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
