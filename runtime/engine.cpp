@@ -36,9 +36,10 @@ void ProxyThread::lend_if_asked() noexcept {
   // Owed a round, the loop keeps the role (Borrow does not take it then either).
   if (asking_.load(std::memory_order_relaxed) == 0 || owed_.load(std::memory_order_relaxed)) return;
   release_role();
-  // hold_role() would win the race against a borrower that has not tried again yet.
+  // hold_role() would win the race against a borrower that has not tried again yet. Owed a round
+  // meanwhile, the loop takes the role back: no borrower takes it then.
   while (holder_.load(std::memory_order_relaxed) == free_role &&
-         asking_.load(std::memory_order_relaxed) > 0)
+         asking_.load(std::memory_order_relaxed) > 0 && !owed_.load(std::memory_order_relaxed))
     cpu_relax();
   hold_role();
 }
@@ -67,31 +68,39 @@ ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) n
   // A proxy thread's own role is not lent to itself or to another proxy thread's handlers (they
   // would stop their own loop while they wait).
   if (is_proxy_thread || role_held) return;
-  // Read the clock only if the role does not come at once.
-  std::optional<std::chrono::steady_clock::time_point> until;
-  t_.asking_.fetch_add(1, std::memory_order_relaxed);
-  for (unsigned tries = 0;; ++tries) {
-    // Asleep in the io_context, the proxy thread holds the role until something wakes it.
-    if (t_.asleep_.load(std::memory_order_relaxed)) break;
+  // Owed a round, the proxy thread goes first: someone waits for the work it was handed. Asleep
+  // in the io_context, it holds the role until something wakes it.
+  auto take = [this] {
     int expected = free_role;
-    // Owed a round, the proxy thread goes first: someone waits for the work it was handed.
-    if (!t_.owed_.load(std::memory_order_relaxed) &&
-        t_.holder_.compare_exchange_weak(expected, borrowed_role, std::memory_order_acquire,
-                                         std::memory_order_relaxed)) {
-      held_ = true;
-      break;
+    return !t_.owed_.load(std::memory_order_relaxed) &&
+           t_.holder_.compare_exchange_weak(expected, borrowed_role, std::memory_order_acquire,
+                                            std::memory_order_relaxed);
+  };
+  if (take()) {
+    held_ = true;
+  } else {
+    // Asking makes the loop lend the role at its next round (lend_if_asked). The clock is read
+    // only if the role does not come soon.
+    std::optional<std::chrono::steady_clock::time_point> until;
+    t_.asking_.fetch_add(1, std::memory_order_relaxed);
+    for (unsigned tries = 1;; ++tries) {
+      if (t_.asleep_.load(std::memory_order_relaxed)) break;
+      if (take()) {
+        held_ = true;
+        break;
+      }
+      if ((tries & 63) == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!until) until = now + patience;
+        if (now >= *until) break;
+        // The proxy thread may share this core: let it reach the point where it lets go.
+        ::sched_yield();
+      } else {
+        cpu_relax();
+      }
     }
-    if ((tries & 63) == 63) {
-      const auto now = std::chrono::steady_clock::now();
-      if (!until) until = now + patience;
-      if (now >= *until) break;
-      // The proxy thread may share this core: let it reach the point where it lets go.
-      ::sched_yield();
-    } else {
-      cpu_relax();
-    }
+    t_.asking_.fetch_sub(1, std::memory_order_relaxed);
   }
-  t_.asking_.fetch_sub(1, std::memory_order_relaxed);
   if (held_) role_held = &t_;
 }
 
@@ -138,13 +147,18 @@ void ProxyThread::run() {
     // Between rounds nothing of the loop is under way: a caller waiting to borrow the role (a
     // blocking operation on the fast path) gets it now rather than at the next idle round.
     lend_if_asked();
+    const bool lent = lent_.exchange(false, std::memory_order_relaxed);
     bool progress = poll_pollers();
     bool waiting =
         std::any_of(pollers_.begin(), pollers_.end(), [](const Poller* p) { return p->waiting(); });
     // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
     // poller waits for a peer and only pollers make progress, visit it every fourth round; when
-    // nothing waits on a poller, work is most likely queued there, so visit it every round.
-    if (progress || !waiting || (++idle_rounds & 3) == 0) {
+    // nothing waits on a poller, work is most likely queued there, so visit it every round,
+    // except right after a borrower gave the role back: a caller doing blocking operations on the
+    // fast path comes back within a microsecond, and the role is held through the syscall. Work
+    // owed to the loop (owe()) is visited at once.
+    if (progress || owed_.load(std::memory_order_relaxed) || (!waiting && !lent) ||
+        (++idle_rounds & 3) == 0) {
       // Cleared before the handlers run: work handed over before owe() is among them.
       owed_.store(false, std::memory_order_relaxed);
       progress |= ctx_.poll() > 0;
@@ -156,7 +170,7 @@ void ProxyThread::run() {
     }
     // A borrower's work keeps the loop awake (so lendable) as its own would, but the loop still
     // yields its core between rounds: the borrower may need it.
-    if (lent_.exchange(false, std::memory_order_relaxed)) last_progress = clock::now();
+    if (lent) last_progress = clock::now();
     if (clock::now() - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
       // yielding lets the peer we wait for run instead of burning our time slice. Meanwhile the

@@ -1040,7 +1040,11 @@ class Communicator {
     std::error_code e;
     args.deadline = deadline_;
     detail::run_blocking(impl_, std::move(args), e);
-    ec = e;
+    // Converting a std::error_code costs Boost.System a dynamic_cast: success needs none.
+    if (e)
+      ec = e;
+    else
+      ec.clear();
   }
 
   std::shared_ptr<detail::CommImpl> impl_;

@@ -178,6 +178,8 @@ TEST(ProxyThreadBorrow, AProxyThreadAsleepLendsNothing) {
   SpinFor spin("0");
   ProxyThread t(0);
   on_thread(t, [] {});
+  // With no spin the loop goes to sleep in the io_context right after that round.
+  std::this_thread::sleep_for(100ms);
   ProxyThread::Borrow borrowed(t, 2s);
   EXPECT_FALSE(borrowed);
   EXPECT_FALSE(t.owned_here());
