@@ -12,6 +12,7 @@ namespace {
 
 // COCCL_ALGO when it names one of `names`, else null.
 const char* forced_among(CommImpl& c, std::initializer_list<const char*> names) {
+  if (c.forced_algo().empty()) return nullptr;
   for (const char* name : names)
     if (c.forced_algo() == name) return name;
   return nullptr;

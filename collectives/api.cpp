@@ -1,5 +1,6 @@
 // The public C++ API (include/coccl/communicator.hpp) over CommImpl.
 #include <atomic>
+#include <boost/asio/append.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <optional>
 
 #include "collectives/comm.hpp"
 #include "collectives/comm_params.hpp"
@@ -147,34 +149,97 @@ std::shared_ptr<OpControl> control_for(const std::shared_ptr<CommImpl>& impl, Op
   return control;
 }
 
-// Waits on the calling thread for an operation that `start` initiates with the handler it is
-// given; refused on a proxy thread (it would wait for the loop it blocks) and on a non-blocking
-// communicator.
-template <typename Start>
-void wait_for(const std::shared_ptr<CommImpl>& impl, std::error_code& ec, Start start) {
-  if (runtime::on_proxy_thread()) {
-    ec = std::make_error_code(std::errc::resource_deadlock_would_occur);
-    return;
+// A blocking caller's wait for its operation's handler.
+class BlockingWait {
+ public:
+  OpHandler handler() {
+    return OpHandler([result = result_](boost::system::error_code e) {
+      result->ec = e;
+      result->done.store(1, std::memory_order_release);
+      result->done.notify_one();
+    });
   }
-  if (impl && !impl->blocking()) {
-    ec = std::make_error_code(std::errc::operation_would_block);
-    return;
+  void wait(std::error_code& ec) {
+    result_->done.wait(0, std::memory_order_acquire);
+    ec = result_->ec;
   }
+
+ private:
   struct Result {
     std::atomic<int> done{0};
     std::error_code ec;
   };
-  auto result = std::make_shared<Result>();
-  start(OpHandler([result](boost::system::error_code e) {
-    result->ec = e;
-    result->done.store(1, std::memory_order_release);
-    result->done.notify_one();
-  }));
-  result->done.wait(0, std::memory_order_acquire);
-  ec = result->ec;
+  std::shared_ptr<Result> result_ = std::make_shared<Result>();
+};
+
+// Why the calling thread may not block on `impl` (an empty code if it may): on a proxy thread it
+// would wait for the loop it blocks, and a non-blocking communicator refuses.
+std::error_code blocking_refused(const std::shared_ptr<CommImpl>& impl) {
+  if (runtime::on_proxy_thread())
+    return std::make_error_code(std::errc::resource_deadlock_would_occur);
+  if (impl && !impl->blocking()) return std::make_error_code(std::errc::operation_would_block);
+  return {};
+}
+
+// Waits on the calling thread for an operation that `start` initiates with the handler it is
+// given.
+template <typename Start>
+void wait_for(const std::shared_ptr<CommImpl>& impl, std::error_code& ec, Start start) {
+  if ((ec = blocking_refused(impl))) return;
+  BlockingWait w;
+  start(w.handler());
+  w.wait(ec);
+}
+
+// Tries the fast path (collectives/fast_path.hpp) on the calling thread: as the proxy thread
+// itself, or by borrowing the proxy thread's role while it is idle. `make` gives the handler of
+// an operation handed over.
+CommImpl::FastResult fast_attempt(const std::shared_ptr<CommImpl>& impl, OpArgs& args,
+                                  std::error_code& ec, CommImpl::HandoverSource make) {
+  if (!impl->fast_candidate(args)) return CommImpl::FastResult::declined;
+  runtime::ProxyThread& t = impl->thread();
+  if (t.owned_here()) return impl->run_fast(args, ec, make);
+  runtime::ProxyThread::Borrow borrowed(t, impl->fast_wait());
+  if (!borrowed) return CommImpl::FastResult::declined;
+  return impl->run_fast(args, ec, make);
 }
 
 }  // namespace
+
+FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::error_code& ec,
+                     HandlerSource source) {
+  if (!impl) return FastOutcome::declined;
+  struct Context {
+    const std::shared_ptr<CommImpl>& impl;
+    HandlerSource source;
+  } context{impl, source};
+  switch (fast_attempt(impl, args, ec,
+                       {[](void* p) {
+                          auto& c = *static_cast<Context*>(p);
+                          OpHandler handler = c.source.make(c.source.context);
+                          auto control = control_for(c.impl, handler, std::chrono::milliseconds(0));
+                          // Constructed in place: an any_completion_handler is never
+                          // move-assigned (Boost 1.81 recurses without end there).
+                          return CommImpl::Handover{std::move(handler), std::move(control)};
+                        },
+                        &context})) {
+    case CommImpl::FastResult::done:
+      return FastOutcome::done;
+    case CommImpl::FastResult::handed_over:
+      return FastOutcome::handed_over;
+    case CommImpl::FastResult::declined:
+      break;
+  }
+  return FastOutcome::declined;
+}
+
+bool runs_here(const std::shared_ptr<CommImpl>& impl, const asio::any_io_executor& ex) {
+  return impl->thread().in_thread() && ex == impl->executor();
+}
+
+void complete_done(const std::shared_ptr<CommImpl>& impl, OpHandler handler, std::error_code ec) {
+  runtime::complete_later(impl->executor(), std::move(handler), ec);
+}
 
 void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {
   if (!impl) {
@@ -204,6 +269,25 @@ void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
 }
 
 void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
+  if ((ec = blocking_refused(impl))) return;
+  if (impl) {
+    // Done on this thread, no handler and no hand-over, when the fast path takes it.
+    std::optional<BlockingWait> handed;
+    switch (fast_attempt(impl, args, ec,
+                         {[](void* p) {
+                            auto& w = *static_cast<std::optional<BlockingWait>*>(p);
+                            return CommImpl::Handover{w.emplace().handler(), nullptr};
+                          },
+                          &handed})) {
+      case CommImpl::FastResult::done:
+        return;
+      case CommImpl::FastResult::handed_over:
+        handed->wait(ec);
+        return;
+      case CommImpl::FastResult::declined:
+        break;
+    }
+  }
   wait_for(impl, ec, [&](OpHandler h) { initiate(impl, std::move(args), std::move(h)); });
 }
 

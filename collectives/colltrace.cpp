@@ -5,9 +5,9 @@
 namespace coccl::detail {
 
 CollTrace::Entry& CollTrace::begin(std::uint64_t seq, const char* op, std::size_t count, int type,
-                                   int root) {
+                                   int root, std::chrono::steady_clock::time_point now) {
   Entry& e = ring_[recorded_++ % ring_.size()];
-  e = Entry{seq, op, count, type, root, State::started, std::chrono::steady_clock::now(), {}};
+  e = Entry{seq, op, count, type, root, State::started, now, {}};
   return e;
 }
 

@@ -25,7 +25,8 @@ class CollTrace {
 
   explicit CollTrace(std::size_t capacity) : ring_(capacity ? capacity : 1) {}
 
-  Entry& begin(std::uint64_t seq, const char* op, std::size_t count, int type, int root);
+  Entry& begin(std::uint64_t seq, const char* op, std::size_t count, int type, int root,
+               std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   void end(std::uint64_t seq, bool ok);
   /// The ring as a JSON object: {"rank":R,"ops":[{"seq":..,"op":..,"state":..,"us":..},..]}.
   std::string json(int rank) const;

@@ -1,5 +1,6 @@
 #include "collectives/comm.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +56,8 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       oneshot_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::oneshot_max.get()))),
       direct_max_ranks_(
           static_cast<int>(std::clamp<std::int64_t>(params::direct_max_ranks.get(), 1, 1 << 30))),
+      fast_max_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::fast_max_bytes.get()))),
+      fast_wait_(std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()))),
       timeout_(options.timeout.count() > 0 ? std::chrono::steady_clock::duration(options.timeout)
                                            : runtime::default_timeout()),
       blocking_(options.blocking),
@@ -106,6 +109,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
 CommImpl::~CommImpl() {
   // The sockets, timers and pollers belong to the proxy thread: release them there.
   auto release = [this] {
+    fast_.end();  // its hold on the links goes before them
     watchdog_.cancel();
     if (event_poller_) thread_.remove_poller(event_poller_.get());
     event_poller_.reset();
@@ -157,6 +161,13 @@ void CommImpl::learn_topology() {
   const auto& t = peers_->table();
   one_host_ =
       std::all_of(t.begin(), t.end(), [&](const auto& p) { return p.host_hash == t[0].host_hash; });
+  const auto mine = t[static_cast<std::size_t>(rank_)].host_hash;
+  const auto local =
+      std::count_if(t.begin(), t.end(), [&](const auto& p) { return p.host_hash == mine; });
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int usable = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  crowded_ = local > usable;
 }
 
 void CommImpl::arm_watchdog() {
@@ -209,14 +220,77 @@ void CommImpl::submit(OpArgs args, OpHandler handler) {
     return;
   }
   auto boxed = std::make_unique<OpHandler>(std::move(handler));
+  in_transit_.fetch_add(1, std::memory_order_relaxed);
   asio::post(ex_,
              [self = shared_from_this(), args = std::move(args), h = std::move(boxed)]() mutable {
+               self->in_transit_.fetch_sub(1, std::memory_order_relaxed);
                if (self->closed_ || !self->peers_) {
                  self->complete(*h, make_error_code(errc::aborted));
                  return;
                }
                self->enqueue(std::move(args), std::move(*h));
              });
+  // A caller waits for it: a thread holding the proxy thread's role gives it back soon.
+  thread_.owe();
+}
+
+bool CommImpl::fast_candidate(const OpArgs& a) const noexcept {
+  if (fast_max_ == 0 || a.count == 0 || a.deadline.count() > 0 || !is_valid(a.type)) return false;
+  if (a.kind != OpKind::all_reduce && a.kind != OpKind::all_gather &&
+      a.kind != OpKind::reduce_scatter && a.kind != OpKind::all_to_all)
+    return false;
+  return a.count <= fast_max_ / size_of(a.type);
+}
+
+CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
+                                        HandoverSource handover) {
+  // Idle: nothing queued or running here, nothing on its way from another thread (the role
+  // orders this read after the increment of a submit that this caller made earlier), healthy.
+  if (closed_ || !peers_ || !queue_.empty() || seq_ != finished_ ||
+      in_transit_.load(std::memory_order_relaxed) != 0 || error())
+    return FastResult::declined;
+  const auto now = std::chrono::steady_clock::now();
+  if (!fast_candidate(args) || !validate(args, rank_, size_).empty() || !fast_.prepare(args, now))
+    return FastResult::declined;
+  begin_op(args, now);
+  fast_.start(args);
+  if (fast_.run_for(fast_wait_, thread_, crowded_)) {
+    fast_.end();
+    end_op(true);
+    ++fast_done_;
+    ec.clear();
+    return FastResult::done;
+  }
+  // The rest runs first on the proxy thread, ahead of anything submitted after it.
+  Handover h = handover.make(handover.context);
+  if (h.control) h.control->state = OpControl::State::running;
+  // The caller's arguments go with the operation; the checks follow them there.
+  OpArgs& kept = fast_.adopt(std::move(args));
+  checks_.rebind(kept);
+  kept.control = std::move(h.control);
+  queue_.push_front(Queued{OpArgs{}, std::move(h.handler), true});
+  ++fast_handed_;
+  if (!draining_) {
+    draining_ = true;
+    asio::co_spawn(ex_, drain(), asio::detached);
+  }
+  // The caller waits for the proxy thread's loop now: the next thread to borrow the role must not
+  // keep it from that loop (it could be waiting for a peer that waits for this operation).
+  thread_.owe();
+  return FastResult::handed_over;
+}
+
+void CommImpl::begin_op(const OpArgs& args, std::chrono::steady_clock::time_point now) {
+  ++seq_;
+  fingerprint_ = fingerprint_of(args);
+  checks_.begin(args, seq_);
+  op_name_ = name_of(args.kind);
+  trace_.begin(seq_, op_name_, args.count, static_cast<int>(args.type), args.root, now);
+}
+
+void CommImpl::end_op(bool ok) {
+  trace_.end(seq_, ok);
+  finished_ = seq_;
 }
 
 void CommImpl::enqueue(OpArgs args, OpHandler handler) {
@@ -349,9 +423,14 @@ void CommImpl::submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> 
     enqueue_all(*this, members);
     return;
   }
-  asio::post(ex_, [self = shared_from_this(),
-                   members = std::make_shared<std::vector<Queued>>(std::move(members)),
-                   enqueue_all]() { enqueue_all(*self, *members); });
+  in_transit_.fetch_add(1, std::memory_order_relaxed);
+  asio::post(ex_,
+             [self = shared_from_this(),
+              members = std::make_shared<std::vector<Queued>>(std::move(members)), enqueue_all]() {
+               self->in_transit_.fetch_sub(1, std::memory_order_relaxed);
+               enqueue_all(*self, *members);
+             });
+  thread_.owe();
 }
 void CommImpl::complete(OpHandler& h, std::error_code ec) {
   // Straight to the handler's own executor (the caller's io_context, or inline for plain
@@ -374,20 +453,27 @@ asio::awaitable<void> CommImpl::drain() {
     }
     Queued q = std::move(queue_.front());
     queue_.pop_front();
+    // A fast-path operation was begun when it was handed over; its arguments stay with it.
+    OpArgs& args = q.fast ? fast_.args() : q.args;
     if (auto ec = error()) {
-      if (q.args.control) finished(*q.args.control);
+      if (args.control) finished(*args.control);
+      if (q.fast) {
+        fast_.end();
+        end_op(false);
+      }
       complete(q.handler, ec);
       continue;
     }
-    if (q.args.control) q.args.control->state = OpControl::State::running;
-    ++seq_;
-    fingerprint_ = fingerprint_of(q.args);
-    checks_.begin(q.args, seq_);
-    op_name_ = name_of(q.args.kind);
-    trace_.begin(seq_, op_name_, q.args.count, static_cast<int>(q.args.type), q.args.root);
+    if (!q.fast) {
+      if (args.control) args.control->state = OpControl::State::running;
+      begin_op(args);
+    }
     std::error_code ec;
     try {
-      co_await run_op(*this, q.args);
+      if (q.fast)
+        co_await fast_.finish();
+      else
+        co_await run_op(*this, args);
     } catch (const std::system_error& e) {
       // Algorithms fail the communicator before they throw; this covers anything else.
       fail(e.code(), e.what());
@@ -396,11 +482,12 @@ asio::awaitable<void> CommImpl::drain() {
       fail(make_error_code(errc::internal), e.what());
       ec = error();
     }
+    std::shared_ptr<OpControl> control = args.control;
+    if (q.fast) fast_.end();
     // The caller may exit on this error: let held-back abort notices reach the peers first.
     if (ec && peers_) co_await peers_->flush_notices(std::chrono::seconds(1));
-    trace_.end(seq_, !ec);
-    finished_ = seq_;
-    if (q.args.control) finished(*q.args.control);
+    end_op(!ec);
+    if (control) finished(*control);
     complete(q.handler, ec);
   }
   draining_ = false;
@@ -487,6 +574,8 @@ CommStatus CommImpl::status() {
   s.started = seq_;
   s.finished = finished_;
   s.queued = queue_.size();
+  s.fast_ops = fast_done_;
+  s.fast_handed_over = fast_handed_;
   s.trace = trace_.entries();
   if (s.started > s.finished) {
     s.running_op = op_name_;

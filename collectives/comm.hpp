@@ -15,6 +15,7 @@
 #include <string>
 
 #include "collectives/colltrace.hpp"
+#include "collectives/fast_path.hpp"
 #include "collectives/op_check.hpp"
 #include "kernels/device.hpp"
 #include "kernels/net.hpp"
@@ -88,6 +89,35 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   /// Any thread: validates and queues an operation.
   void submit(OpArgs args, OpHandler handler);
+
+  /// The fast path of small operations (fast_path.hpp).
+  enum class FastResult {
+    declined,     // nothing done: submit the operation as usual
+    done,         // finished in the call
+    handed_over,  // started; the proxy thread finishes it and completes the handler made for it
+  };
+  /// The handler (and the control wired to its cancellation slot, or null) of an operation the
+  /// fast path hands over; made only then, at most once.
+  struct Handover {
+    OpHandler handler;
+    std::shared_ptr<OpControl> control;
+  };
+  struct HandoverSource {
+    Handover (*make)(void* context);
+    void* context;
+  };
+  /// Any thread, cheap, no role needed: whether `args` may take the fast path at all (kind and
+  /// size), so that a caller borrows the proxy thread's role only for such an operation.
+  bool fast_candidate(const OpArgs& args) const noexcept;
+  /// Holder of the proxy thread's role (runtime::ProxyThread::owned_here()): runs `args` on the
+  /// fast path if the communicator is idle (nothing queued, running or on its way to the queue,
+  /// healthy) and `args` is valid and eligible. `done`: `ec` is the result. `handed_over`: `args`
+  /// was taken. `declined`: `args` is untouched.
+  FastResult run_fast(OpArgs& args, std::error_code& ec, HandoverSource handover);
+  /// COCCL_FAST_MAX_BYTES, and COCCL_SPIN_US (how long the fast path spins for its peers, and a
+  /// caller for the proxy thread's role), as read at creation.
+  std::size_t fast_max_bytes() const noexcept { return fast_max_; }
+  std::chrono::nanoseconds fast_wait() const noexcept { return fast_wait_; }
   /// Any thread: validates every member of a group, then queues them back to back; `handler`
   /// runs once, after the last, with the first error. The members share `control` (or none).
   void submit_group(std::vector<OpArgs> ops, std::shared_ptr<OpControl> control, OpHandler handler);
@@ -148,12 +178,21 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   int direct_max_ranks() const noexcept { return direct_max_ranks_; }
   /// True when every rank is on this host (known once the address table is).
   bool one_host() const noexcept { return one_host_; }
+  /// True when more of its ranks share this host than this process has CPUs to run on (known
+  /// once the address table is): a rank waiting for a peer then yields its core to it.
+  bool crowded() const noexcept { return crowded_; }
 
  private:
   struct Queued {
     OpArgs args;
     OpHandler handler;
+    // Started by the fast path, which holds its arguments (FastOp::args()): finished by it.
+    bool fast = false;
   };
+  // Proxy thread (role held): the running operation begins / has ended.
+  void begin_op(const OpArgs& args,
+                std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+  void end_op(bool ok);
   asio::awaitable<void> drain();
   void arm_watchdog();
   // Any thread: records the communicator's first failure; its text, or nothing if it had
@@ -183,6 +222,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   // Boost 1.81's any_completion_handler recurses without end in its move assignment.
   std::list<Queued> queue_;
   bool draining_ = false;
+  // Operations submitted from other threads and posted here, not queued yet: the fast path must
+  // not overtake them.
+  std::atomic<int> in_transit_{0};
   std::function<void()> after_drain_;  // destroy()'s close, once the queue has drained
   bool closed_ = false;                // destroyed or aborted: no new operations
   std::uint64_t seq_ = 0;
@@ -195,7 +237,13 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::string algo_;
   std::size_t oneshot_max_;
   int direct_max_ranks_;
+  FastOp fast_{*this};
+  std::size_t fast_max_;
+  std::chrono::nanoseconds fast_wait_;
+  std::uint64_t fast_done_ = 0;    // operations the fast path finished in their call
+  std::uint64_t fast_handed_ = 0;  // operations it started and handed to the proxy thread
   bool one_host_ = false;
+  bool crowded_ = false;
   void learn_topology();
   std::chrono::steady_clock::duration timeout_;
   bool blocking_ = true;

@@ -1,6 +1,7 @@
 #include "collectives/op_check.hpp"
 
 #include <coccl/types.hpp>
+#include <stdexcept>
 
 #include "collectives/comm.hpp"
 
@@ -73,18 +74,31 @@ OpHeader make_op_header(const OpArgs& a, std::uint64_t op_seq, std::uint64_t pai
 void OpChecks::begin(const OpArgs& args, std::uint64_t op_seq) {
   args_ = &args;
   op_seq_ = op_seq;
-  peers_.clear();
+  current_.clear();
 }
 
 std::optional<OpHeader> OpChecks::to_send(int peer) {
-  if (peers_.count(peer)) return std::nullopt;
-  OpHeader h = make_op_header(*args_, op_seq_, pair_seq_[peer]++, peer);
-  peers_.emplace(peer, Peer{h});
-  return h;
+  Peer& p = peers_[peer];
+  if (p.op == op_seq_) return std::nullopt;
+  p.sent = make_op_header(*args_, op_seq_, p.pair_seq++, peer);
+  p.op = op_seq_;
+  p.taken = false;
+  current_.push_back(peer);
+  return p.sent;
 }
 
+OpChecks::Peer& OpChecks::current(int peer) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || it->second.op != op_seq_)
+    throw std::out_of_range("no header was sent to rank " + std::to_string(peer) +
+                            " in this operation");
+  return it->second;
+}
+
+const OpHeader& OpChecks::sent(int peer) { return current(peer).sent; }
+
 bool OpChecks::to_take(int peer) {
-  Peer& p = peers_.at(peer);
+  Peer& p = current(peer);
   if (p.taken) return false;
   p.taken = true;
   return true;
@@ -92,12 +106,21 @@ bool OpChecks::to_take(int peer) {
 
 std::vector<int> OpChecks::untaken() const {
   std::vector<int> v;
-  for (const auto& [peer, p] : peers_)
-    if (!p.taken) v.push_back(peer);
+  for (int peer : current_)
+    if (!peers_.at(peer).taken) v.push_back(peer);
   return v;
 }
 
+bool op_headers_agree(const OpHeader& mine, const OpHeader& theirs) noexcept {
+  return theirs.magic == op_header_magic && theirs.pair_seq == mine.pair_seq &&
+         theirs.kind == mine.kind && theirs.type == mine.type && theirs.count == mine.count &&
+         theirs.root == mine.root && theirs.op == mine.op && theirs.send_sig == mine.recv_sig &&
+         theirs.recv_sig == mine.send_sig;
+}
+
 std::string compare_op_headers(const OpHeader& mine, const OpHeader& theirs, int rank, int peer) {
+  // The common case, without the text.
+  if (op_headers_agree(mine, theirs)) return {};
   const std::string r = "rank " + std::to_string(rank), p = "rank " + std::to_string(peer);
   if (theirs.magic != op_header_magic)
     return p + " sent data where " + r + " expected the header of its " + view_of(mine);

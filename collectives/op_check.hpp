@@ -48,12 +48,16 @@ OpHeader make_op_header(const OpArgs& args, std::uint64_t op_seq, std::uint64_t 
 /// Compares `theirs` (received from `peer`) with `mine` (what this rank sent to it for the same
 /// operation). Returns an empty string when they agree, else what differs, naming both ranks.
 std::string compare_op_headers(const OpHeader& mine, const OpHeader& theirs, int rank, int peer);
+/// True exactly when compare_op_headers() returns an empty string (without building text).
+bool op_headers_agree(const OpHeader& mine, const OpHeader& theirs) noexcept;
 
 /// The checks of the running operation and the pairs' sequence numbers; proxy thread only.
 class OpChecks {
  public:
   /// Starts checking operation `args` (kept by reference until the next begin()).
   void begin(const OpArgs& args, std::uint64_t op_seq);
+  /// The running operation's arguments moved to `args`: keeps referring to them there.
+  void rebind(const OpArgs& args) noexcept { args_ = &args; }
   /// The header to send to `peer` if none was sent in this operation yet (then counts one more
   /// operation for the pair), else nothing.
   std::optional<OpHeader> to_send(int peer);
@@ -61,19 +65,25 @@ class OpChecks {
   /// been sent to first.
   bool to_take(int peer);
   /// What this rank sent `peer` in this operation.
-  const OpHeader& sent(int peer) const { return peers_.at(peer).sent; }
+  const OpHeader& sent(int peer);
   /// Peers sent a header in this operation whose own header has not been taken yet.
   std::vector<int> untaken() const;
 
  private:
   struct Peer {
-    OpHeader sent;
+    std::uint64_t pair_seq = 0;  // operations this pair has checked
+    std::uint64_t op = 0;        // the op_seq of the operation `sent` belongs to (0: none yet)
+    OpHeader sent{};
     bool taken = false;
   };
+  Peer& current(int peer);
+
   const OpArgs* args_ = nullptr;
   std::uint64_t op_seq_ = 0;
-  std::unordered_map<int, std::uint64_t> pair_seq_;
+  // Every peer headers were exchanged with; entries stay from one operation to the next, so an
+  // operation allocates nothing for a peer it has met before (the fast path's per-call cost).
   std::unordered_map<int, Peer> peers_;
+  std::vector<int> current_;  // the peers of this operation, in the order they were first sent to
 };
 
 }  // namespace coccl::detail

@@ -82,6 +82,8 @@ std::string CommStatus::json() const {
       ",\"running_us\":" + std::to_string(running_us) +
       ",\"waiting_for\":" + std::to_string(waiting_for) +
       ",\"waiting_us\":" + std::to_string(waiting_us) + ",\"queued\":" + std::to_string(queued) +
+      ",\"fast_ops\":" + std::to_string(fast_ops) +
+      ",\"fast_handed_over\":" + std::to_string(fast_handed_over) +
       ",\"links_open\":" + std::to_string(links_open) +
       ",\"links_opened\":" + std::to_string(links_opened) +
       ",\"links_closed_budget\":" + std::to_string(links_closed_budget) +
@@ -249,6 +251,7 @@ std::vector<std::uint8_t> encode_status(const CommStatus& s) {
   w.put(s.started).put(s.finished);
   str(s.running_op);
   w.put(s.running_us).put<std::int32_t>(s.waiting_for).put(s.waiting_us).put(s.queued);
+  w.put(s.fast_ops).put(s.fast_handed_over);
   w.put<std::int32_t>(s.links_open).put(s.links_opened).put(s.links_closed_budget);
   w.put(s.links_closed_idle).put(s.ring_bytes).put(s.mem_budget);
   w.put<std::uint32_t>(static_cast<std::uint32_t>(s.trace.size()));
@@ -284,6 +287,8 @@ CommStatus decode_status(std::span<const std::uint8_t> bytes) {
   s.waiting_for = r.get<std::int32_t>();
   s.waiting_us = r.get<std::uint64_t>();
   s.queued = r.get<std::uint64_t>();
+  s.fast_ops = r.get<std::uint64_t>();
+  s.fast_handed_over = r.get<std::uint64_t>();
   s.links_open = r.get<std::int32_t>();
   s.links_opened = r.get<std::uint64_t>();
   s.links_closed_budget = r.get<std::uint64_t>();

@@ -108,7 +108,8 @@ std::string validate(const OpArgs& a, int rank, int n) {
 }
 
 std::uint32_t fingerprint_of(const OpArgs& a) {
-  // FNV-1a over the fields every rank must agree on.
+  // A hash of the fields every rank must agree on, a whole field per step (multiply and fold):
+  // every operation computes it, so its dependency chain is kept short.
   std::uint64_t fields[5] = {static_cast<std::uint64_t>(a.kind), 0, 0, 0, 0};
   switch (a.kind) {
     case OpKind::p2p:
@@ -123,13 +124,12 @@ std::uint32_t fingerprint_of(const OpArgs& a) {
       fields[3] = static_cast<std::uint64_t>(a.root);
       if (reduces(a.kind)) fields[4] = static_cast<std::uint64_t>(a.op);
   }
-  std::uint32_t h = 2166136261u;
-  for (std::uint64_t f : fields)
-    for (int i = 0; i < 8; ++i) {
-      h ^= static_cast<std::uint8_t>(f >> (8 * i));
-      h *= 16777619u;
-    }
-  return h;
+  std::uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (std::uint64_t f : fields) {
+    h = (h ^ f) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  return static_cast<std::uint32_t>(h);
 }
 
 }  // namespace coccl::detail

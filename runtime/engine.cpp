@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "runtime/log.hpp"
 
@@ -13,19 +14,105 @@ config::Param<std::int64_t> proxy_threads{
     "COCCL_PROXY_THREADS", 1, "proxy threads of the process engine (communicators are spread)"};
 config::Param<std::int64_t> spin_us{
     "COCCL_SPIN_US", 2000,
-    "microseconds a proxy thread polls without progress before it sleeps on its event sources"};
+    "microseconds a proxy thread polls without progress before it sleeps on its event sources; "
+    "also how long an operation on the fast path of small operations spins for its peers (and "
+    "its caller for the proxy thread's role) before the proxy thread takes it over"};
 
 }  // namespace coccl::params
 
 namespace coccl::runtime {
 
 namespace {
+// The proxy thread this thread runs (null on other threads, borrowers included).
 thread_local ProxyThread* current = nullptr;
-}
+// The proxy thread whose role this thread holds (its own, or one it borrowed).
+thread_local const ProxyThread* role_held = nullptr;
+}  // namespace
 
 bool on_proxy_thread() noexcept { return current != nullptr; }
 
 ProxyThread* current_proxy_thread() noexcept { return current; }
+
+bool ProxyThread::owned_here() const noexcept { return role_held == this; }
+
+void ProxyThread::lend_if_asked() noexcept {
+  // Owed a round, the loop keeps the role (Borrow does not take it then either).
+  if (asking_.load(std::memory_order_relaxed) == 0 || owed_.load(std::memory_order_relaxed)) return;
+  release_role();
+  // hold_role() would win the race against a borrower that has not tried again yet. Owed a round
+  // meanwhile, the loop takes the role back: no borrower takes it then.
+  while (holder_.load(std::memory_order_relaxed) == free_role &&
+         asking_.load(std::memory_order_relaxed) > 0 && !owed_.load(std::memory_order_relaxed))
+    cpu_relax();
+  hold_role();
+}
+
+bool ProxyThread::wanted() const noexcept {
+  if (asking_.load(std::memory_order_relaxed) > 0) return true;
+  // Work handed to the loop waits until the holder returns; on the proxy thread itself (a handler
+  // of the loop) it runs right after, whatever the flag says.
+  if (!in_thread() && owed_.load(std::memory_order_relaxed)) return true;
+  return std::any_of(pollers_.begin(), pollers_.end(),
+                     [](const Poller* p) { return p->waiting(); });
+}
+
+void ProxyThread::hold_role() noexcept {
+  for (;;) {
+    int expected = free_role;
+    if (holder_.compare_exchange_weak(expected, proxy_role, std::memory_order_acquire,
+                                      std::memory_order_relaxed))
+      return;
+    // A borrower runs: it needs a core more than this loop does.
+    ::sched_yield();
+  }
+}
+
+ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) noexcept : t_(t) {
+  // A proxy thread's own role is not lent to itself or to another proxy thread's handlers (they
+  // would stop their own loop while they wait).
+  if (current || role_held) return;
+  // Owed a round, the proxy thread goes first: someone waits for the work it was handed. Asleep
+  // in the io_context, it holds the role until something wakes it.
+  auto take = [this] {
+    int expected = free_role;
+    return !t_.owed_.load(std::memory_order_relaxed) &&
+           t_.holder_.compare_exchange_weak(expected, borrowed_role, std::memory_order_acquire,
+                                            std::memory_order_relaxed);
+  };
+  if (take()) {
+    held_ = true;
+  } else {
+    // Asking makes the loop lend the role at its next round (lend_if_asked). The clock is read
+    // only if the role does not come soon.
+    std::optional<std::chrono::steady_clock::time_point> until;
+    t_.asking_.fetch_add(1, std::memory_order_relaxed);
+    for (unsigned tries = 1;; ++tries) {
+      if (t_.asleep_.load(std::memory_order_relaxed)) break;
+      if (take()) {
+        held_ = true;
+        break;
+      }
+      if ((tries & 63) == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!until) until = now + patience;
+        if (now >= *until) break;
+        // The proxy thread may share this core: let it reach the point where it lets go.
+        ::sched_yield();
+      } else {
+        cpu_relax();
+      }
+    }
+    t_.asking_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (held_) role_held = &t_;
+}
+
+ProxyThread::Borrow::~Borrow() {
+  if (!held_) return;
+  role_held = nullptr;
+  t_.lent_.store(true, std::memory_order_relaxed);
+  t_.release_role();
+}
 
 ProxyThread::ProxyThread(int index)
     : index_(index), guard_(asio::make_work_guard(ctx_)), thread_([this] { run(); }) {}
@@ -59,6 +146,7 @@ bool ProxyThread::poll_pollers() {
 
 void ProxyThread::run() {
   current = this;
+  role_held = this;  // holder_ starts as proxy_role
   using clock = std::chrono::steady_clock;
   const auto spin = std::chrono::microseconds(std::max<std::int64_t>(0, params::spin_us.get()));
   COCCL_INFO(proxy, -1, "proxy thread %d started (spin %lld us)", index_,
@@ -66,38 +154,58 @@ void ProxyThread::run() {
   auto last_progress = clock::now();
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
+    // Between rounds nothing of the loop is under way: a caller waiting to borrow the role (a
+    // blocking operation on the fast path) gets it now rather than at the next idle round.
+    lend_if_asked();
+    const bool lent = lent_.exchange(false, std::memory_order_relaxed);
     bool progress = poll_pollers();
     bool waiting =
         std::any_of(pollers_.begin(), pollers_.end(), [](const Poller* p) { return p->waiting(); });
     // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
     // poller waits for a peer and only pollers make progress, visit it every fourth round; when
-    // nothing waits on a poller, work is most likely queued there, so visit it every round.
+    // nothing waits on a poller, work is most likely queued there, so visit it every round,
+    // except right after a borrower gave the role back: a caller doing blocking operations on the
+    // fast path comes back within a microsecond, and the role is held through the syscall. Work
+    // owed to the loop (owe()) is visited at once.
     bool polled = false;
-    if (progress || !waiting || (++idle_rounds & 3) == 0) {
+    if (progress || owed_.load(std::memory_order_relaxed) || (!waiting && !lent) ||
+        (++idle_rounds & 3) == 0) {
+      // Cleared before the handlers run: work handed over before owe() is among them.
+      owed_.store(false, std::memory_order_relaxed);
       progress |= ctx_.poll() > 0;
       polled = true;
     }
     if (ctx_.stopped()) break;
     // Nothing was ready: only now may the idle pollers act (virtual time must not pass while
-    // anything could still run at the present time).
-    if (!progress && polled)
+    // anything could still run at the present time, a borrower's work just done included).
+    if (!progress && polled && !lent)
       for (std::size_t i = 0; i < idle_pollers_.size() && !progress; ++i)
         progress = idle_pollers_[i]->poll();
     if (progress) {
       last_progress = clock::now();
       continue;
     }
+    // A borrower's work keeps the loop awake (so lendable) as its own would, but the loop still
+    // yields its core between rounds: the borrower may need it.
+    if (lent) last_progress = clock::now();
     if (clock::now() - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
-      // yielding lets the peer we wait for run instead of burning our time slice.
+      // yielding lets the peer we wait for run instead of burning our time slice. Meanwhile the
+      // role is free for a thread that wants to borrow it (Borrow).
+      release_role();
       ::sched_yield();
+      hold_role();
       continue;
     }
+    // Handlers run inside run_one, so the role stays held while asleep; a would-be borrower sees
+    // the flag and gives up at once instead of spinning for nothing.
+    asleep_.store(true, std::memory_order_relaxed);
     if (waiting) {
       ctx_.run_one_for(std::chrono::microseconds(200));
     } else {
       ctx_.run_one();
     }
+    asleep_.store(false, std::memory_order_relaxed);
     last_progress = clock::now();
   }
 }

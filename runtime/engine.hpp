@@ -4,7 +4,9 @@
 // GPU flags), runs ready handlers with ctx.poll(), and only after COCCL_SPIN_US without progress
 // sleeps in the io_context (on sockets, timers and posted work). While a poller reports waiters,
 // the sleep is bounded so the poller is still visited; while nothing waits, the thread blocks until
-// work is posted. A communicator is bound to one proxy thread and its state is touched only there.
+// work is posted. A communicator is bound to one proxy thread and its state is touched only there,
+// or by a thread that has borrowed the proxy thread's role (ProxyThread::Borrow) while the proxy
+// thread was awake and idle.
 #pragma once
 
 #include <atomic>
@@ -41,7 +43,25 @@ class ProxyThread;
 /// The proxy thread this is called from, or null.
 ProxyThread* current_proxy_thread() noexcept;
 
+/// One pause in a spin-wait: tells the core this thread spins (x86 `pause`), so that its sibling
+/// hyper-thread and the memory system are spared.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 /// One proxy thread and its io_context.
+///
+/// The state the proxy thread owns (its communicators, links and pollers) may also be used, for a
+/// short section, by another thread that borrows the proxy thread's role: the proxy thread holds
+/// the role whenever it runs handlers or pollers, and lets go of it only between the rounds of its
+/// loop (to a thread asking for it, or while it yields its core in an idle round within
+/// COCCL_SPIN_US of its last work). A borrower that gets it runs with the proxy thread stopped at
+/// that point; the proxy thread waits (yielding) until the borrower gives it back. Nothing is lent
+/// while the proxy thread is busy or asleep. The role is handed over with acquire/release atomics,
+/// so everything the borrower did is visible to the proxy thread afterwards, and the other way
+/// round.
 class ProxyThread {
  public:
   explicit ProxyThread(int index);
@@ -53,6 +73,36 @@ class ProxyThread {
   asio::any_io_executor executor() { return ctx_.get_executor(); }
   /// True when called from this proxy thread.
   bool in_thread() const noexcept { return std::this_thread::get_id() == thread_.get_id(); }
+  /// True on the thread that holds this proxy thread's role now: the proxy thread itself, or a
+  /// thread inside a Borrow of it.
+  bool owned_here() const noexcept;
+
+  /// Takes the proxy thread's role for the calling thread (not a proxy thread) if the proxy
+  /// thread lets go of it within `patience`; gives it back when destroyed. Only while it is held
+  /// (operator bool) may the caller touch the proxy thread's state. Keep the section short: the
+  /// proxy thread's other work waits for it.
+  class Borrow {
+   public:
+    Borrow(ProxyThread& t, std::chrono::nanoseconds patience) noexcept;
+    ~Borrow();
+    Borrow(const Borrow&) = delete;
+    Borrow& operator=(const Borrow&) = delete;
+    explicit operator bool() const noexcept { return held_; }
+
+   private:
+    ProxyThread& t_;
+    bool held_ = false;
+  };
+
+  /// Holder of the role (owned_here()): true while someone needs the role that a holder only
+  /// waiting for peers keeps: another thread trying to borrow it, coroutines parked on its pollers
+  /// (only the loop resumes them), or, for a borrower, the loop being owed a round (owe()). Such a
+  /// holder should give it back soon: what it waits for may depend on that work.
+  bool wanted() const noexcept;
+  /// Any thread, after handing this proxy thread work that another thread waits for (posted, or
+  /// queued while holding its role): the proxy thread is owed a round of its loop, so a holder
+  /// gives the role back soon and none is lent again before that round has run.
+  void owe() noexcept { owed_.store(true, std::memory_order_relaxed); }
 
   /// Adds or removes a poller; call on this proxy thread.
   void add_poller(Poller* p);
@@ -66,6 +116,21 @@ class ProxyThread {
  private:
   void run();
   bool poll_pollers();
+
+  // The role: who holds it (free, the proxy thread, a borrower), whether the proxy thread is asleep
+  // in the io_context (holding it: a borrower then gives up at once), threads trying to borrow it,
+  // whether a borrower did work since the proxy thread last looked (that counts as progress, so
+  // the proxy thread stays awake and lendable while borrowers keep coming), and what the proxy
+  // thread itself needs it for (wanted()).
+  enum Holder : int { free_role = 0, proxy_role = 1, borrowed_role = 2 };
+  void hold_role() noexcept;
+  void lend_if_asked() noexcept;
+  void release_role() noexcept { holder_.store(free_role, std::memory_order_release); }
+  std::atomic<int> holder_{proxy_role};
+  std::atomic<bool> asleep_{false};
+  std::atomic<int> asking_{0};
+  std::atomic<bool> lent_{false};
+  std::atomic<bool> owed_{false};
 
   int index_;
   asio::io_context ctx_;

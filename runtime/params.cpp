@@ -1,6 +1,7 @@
 #include "runtime/params.hpp"
 
 #include "collectives/comm_params.hpp"
+#include "collectives/fast_path.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/engine.hpp"
 #include "transport/admission.hpp"
@@ -38,6 +39,7 @@ std::span<const config::ParamBase* const> library() {
     &memory_stream_bytes,
     &oneshot_max,
     &direct_max_ranks,
+    &fast_max_bytes,
     &hostid,
     &comm_id,
     &secret,

@@ -52,7 +52,7 @@ build() {  # build DIR "TARGETS" [cmake args]; TARGETS empty: every target
 # The multi-rank tests the TSan stage runs (a ctest -R regular expression). EveryCollective over
 # tcp with three ranks is left out: Engines/TcpEngine.EveryCollectiveWithThreeRanks runs the same
 # scenario on each tcp engine (the default picks one of them).
-tsan_tests='^(EveryCollective\.Over(TcpWithFour|ShmWithThree)|(Cancellation|Abort|Status|Shrink|Ranks/Async|Transports/KilledRank|Engines/TcpEngine|TcpEngineFallback|Transports/Links)[./])'
+tsan_tests='^(EveryCollective\.Over(TcpWithFour|ShmWithThree)|(Cancellation|Abort|Status|Shrink|Ranks/Async|Transports/KilledRank|Engines/TcpEngine|TcpEngineFallback|Transports/Links|Ranks/FastPath|FastPathHandover)[./])'
 
 # The sanitizer trees keep assertions and debug information but compile at -O1, as the ASan and
 # TSan documentation advises: at -O0 the ASan tests took up to 2.6 times as long (the tcp striping
@@ -129,7 +129,8 @@ case "$mode" in
       # TSan over the multi-rank tests where the proxy threads, the user's threads and the
       # communicator's shutdown meet: every collective on each transport and tcp engine, async
       # and cancelled operations, aborts, killed ranks, shrink, status queries, link closes and
-      # a communicator whose creation fails on its proxy thread.
+      # a communicator whose creation fails on its proxy thread, and the fast path of small
+      # operations (callers borrowing the proxy thread's role).
       # The sweeps over ranks, types and algorithms run only in the two builds above (TSan runs
       # them 5 to 15 times slower). Only the two programs are built.
       build "$root/build-tsan" "multirank_test coccl_worker" -DCMAKE_BUILD_TYPE=Debug \

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <chrono>
@@ -49,21 +50,24 @@ const std::vector<std::string> all_colls{"allreduce",     "allgather", "broadcas
                                          "reducescatter", "alltoall",  "gather",    "scatter"};
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "coccl-perf: %s\n"
-               "usage: coccl-perf [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-               "  [-R REPEATS] [-c 0|1] [-d TYPE] [-o sum|prod|min|max|avg] [-r ROOT]\n"
-               "  [--coll allreduce|allgather|broadcast|reduce|reducescatter|alltoall|gather|"
-               "scatter|all]\n"
-               "  [--ranks N] [--baseline gloo|mpi|nccl]... [--json FILE] [--device host|cuda]"
-               " [-G 0|1] [--register 0|1]\n"
-               "  [--plot FILE.svg|FILE.png]  (busbw and time against size, every library of the\n"
-               "               run one series; needs gnuplot)\n"
-               "  [--plot-from RUN.json --plot FILE.svg|FILE.png]  (draws a run that --json\n"
-               "               saved, on any machine; nothing is measured)\n"
-               "  [--hosts H]  (the ranks act as H hosts: rank r on host r*H/N, so ranks of\n"
-               "               different hosts take the network path, NCCL's too)\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "coccl-perf: %s\n"
+      "usage: coccl-perf [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+      "  [-R REPEATS] [-c 0|1] [-d TYPE] [-o sum|prod|min|max|avg] [-r ROOT]\n"
+      "  [--coll allreduce|allgather|broadcast|reduce|reducescatter|alltoall|gather|"
+      "scatter|all]\n"
+      "  [--ranks N] [--baseline gloo|mpi|nccl]... [--json FILE] [--device host|cuda]"
+      " [-G 0|1] [--register 0|1]\n"
+      "  [--blocking 0|1]  (host: time the blocking calls from each rank's thread, as the\n"
+      "               baselines do, instead of a coroutine awaiting the async forms)\n"
+      "  [--plot FILE.svg|FILE.png]  (busbw and time against size, every library of the\n"
+      "               run one series; needs gnuplot)\n"
+      "  [--plot-from RUN.json --plot FILE.svg|FILE.png]  (draws a run that --json\n"
+      "               saved, on any machine; nothing is measured)\n"
+      "  [--hosts H]  (the ranks act as H hosts: rank r on host r*H/N, so ranks of\n"
+      "               different hosts take the network path, NCCL's too)\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -117,6 +121,8 @@ Options parse(int argc, char** argv) {
       o.graph = std::atoi(val().c_str()) != 0;
     else if (a == "--register")
       o.register_buffers = std::atoi(val().c_str()) != 0;
+    else if (a == "--blocking")
+      o.blocking = std::atoi(val().c_str()) != 0;
     else if (a == "--hosts")
       o.hosts = std::atoi(val().c_str());
     else if (a == "--plot-from")
@@ -203,6 +209,27 @@ asio::awaitable<std::error_code> launch(coccl::Communicator& c, const std::strin
                                         const Options& o, const Shape& s, const void* send,
                                         void* recv) {
   auto t = o.type;
+  if (o.blocking) {
+    // The bench runs on this rank's own thread (run_rank), which may block.
+    boost::system::error_code ec;
+    if (coll == "allreduce")
+      c.all_reduce(send, recv, s.count, t, o.op, ec);
+    else if (coll == "broadcast")
+      c.broadcast(send, recv, s.count, t, o.root, ec);
+    else if (coll == "reduce")
+      c.reduce(send, recv, s.count, t, o.op, o.root, ec);
+    else if (coll == "allgather")
+      c.all_gather(send, recv, s.count, t, ec);
+    else if (coll == "reducescatter")
+      c.reduce_scatter(send, recv, s.count, t, o.op, ec);
+    else if (coll == "alltoall")
+      c.all_to_all(send, recv, s.count, t, ec);
+    else if (coll == "gather")
+      c.gather(send, recv, s.count, t, o.root, ec);
+    else
+      c.scatter(send, recv, s.count, t, o.root, ec);
+    co_return ec;
+  }
   auto tok = asio::as_tuple(asio::use_awaitable);
   if (coll == "allreduce")
     co_return std::get<0>(co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok));
@@ -317,10 +344,11 @@ double bus_factor(const std::string& coll, int n) {
 }
 
 void print_table(const Options& o, int n, const std::vector<Row>& rows) {
-  std::printf("# coccl-perf: %d ranks, host memory%s, %s, %s, iters %d, warmup %d, median of %d\n",
-              n, o.register_buffers ? " (registered)" : "",
-              std::string(coccl::to_string(o.type)).c_str(),
-              std::string(coccl::to_string(o.op)).c_str(), o.iters, o.warmup, o.repeat);
+  std::printf(
+      "# coccl-perf: %d ranks, host memory%s%s, %s, %s, iters %d, warmup %d, median of %d\n", n,
+      o.register_buffers ? " (registered)" : "", o.blocking ? ", blocking calls" : "",
+      std::string(coccl::to_string(o.type)).c_str(), std::string(coccl::to_string(o.op)).c_str(),
+      o.iters, o.warmup, o.repeat);
   std::string last;
   double bus_sum = 0;
   int bus_n = 0;
@@ -385,8 +413,16 @@ int run_rank(coccl::Communicator comm, const Options& o) {
   if (o.device == "cuda") return perf::run_device(std::move(comm), o);
   std::vector<Row> rows;
   try {
-    auto fut = asio::co_spawn(comm.executor(), bench_rank(comm, o, &rows), asio::use_future);
-    fut.get();
+    if (o.blocking) {
+      // On this thread, which may block: the same bench, its timed calls the blocking forms.
+      asio::io_context io;
+      auto fut = asio::co_spawn(io, bench_rank(comm, o, &rows), asio::use_future);
+      io.run();
+      fut.get();
+    } else {
+      auto fut = asio::co_spawn(comm.executor(), bench_rank(comm, o, &rows), asio::use_future);
+      fut.get();
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "coccl-perf rank %d: %s\n", comm.rank(), e.what());
     return 1;
@@ -398,6 +434,13 @@ int run_rank(coccl::Communicator comm, const Options& o) {
     if (o.register_buffers)
       std::printf("# zero-copy bytes sent by rank 0: %llu\n",
                   static_cast<unsigned long long>(comm.zero_copy_bytes()));
+    // How many operations finished on the fast path of small operations (COCCL_FAST_MAX_BYTES),
+    // and how many it handed to the proxy thread because a peer was late.
+    const coccl::CommStatus st = comm.status();
+    std::printf("# fast path (rank 0): %llu of %llu operations, %llu more handed over\n",
+                static_cast<unsigned long long>(st.fast_ops),
+                static_cast<unsigned long long>(st.finished),
+                static_cast<unsigned long long>(st.fast_handed_over));
     if (const char* out = std::getenv("COCCL_PERF_RESULTS")) write_results(out, rows);
   }
   comm.destroy();

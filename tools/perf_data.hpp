@@ -28,6 +28,9 @@ struct Options {
   std::string plot_from;  // --plot-from RUN.json: draw a saved run instead of measuring
   bool graph = false;     // -G: time CUDA graph replays (device only)
   bool register_buffers = false;  // --register: register_buffer on both buffers (host only)
+  // --blocking: each rank's own thread times the blocking forms, as the MPI and Gloo baselines do
+  // (host only); otherwise a coroutine on the communicator's executor awaits the async forms.
+  bool blocking = false;
   int hosts = 0;  // --hosts: ranks started here act as this many hosts (COCCL_HOSTID, NCCL_HOSTID)
 };
 

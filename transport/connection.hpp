@@ -73,8 +73,28 @@ class Connection {
   /// Waits for the next chunk from the peer. Throws LinkError when the link has failed.
   virtual asio::awaitable<Chunk> wait() = 0;
 
-  /// Releases the oldest chunk returned by wait(); its slot goes back to the sender.
+  /// Releases the oldest chunk returned by wait() or take_peeked(); its slot goes back to the
+  /// sender.
   virtual void release() = 0;
+
+  // Without suspending, for operations that run to completion in one call when their peers are
+  // ready (collectives/fast_path.hpp). Links that cannot tell without waiting (their data comes
+  // through the io_context) keep these defaults and are never used that way. Called only while no
+  // coroutine is parked on the link, and never interleaved with put()/wait() of another operation.
+
+  /// True if this link implements the three calls below and has not failed.
+  virtual bool pollable() const noexcept { return false; }
+  /// put(), if a slot of the peer's ring is free now and the link is healthy: true once it is
+  /// published; false, with nothing sent, otherwise (no room yet, or the link failed: put() then
+  /// says why).
+  virtual bool try_put(const void* /*src*/, std::size_t /*n*/, std::uint32_t /*fingerprint*/) {
+    return false;
+  }
+  /// The next chunk, if it has arrived and the link is healthy, without taking it; nothing
+  /// otherwise (not yet, or the link failed: wait() then says why).
+  virtual std::optional<Chunk> peek() { return std::nullopt; }
+  /// Takes the chunk that peek() just returned, as wait() would have returned it.
+  virtual void take_peeked() {}
 
   /// Best effort: tells the peer why this communicator is failing (the peer fails with
   /// errc::remote_error and this text).

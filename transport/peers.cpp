@@ -383,6 +383,18 @@ void Peers::announce(int peer) {
   if (auto pending = std::exchange(at(peer).pending, nullptr)) pending->cancel();
 }
 
+Connection* Peers::ready(int peer, std::chrono::steady_clock::time_point now) noexcept {
+  if (peer < 0 || peer >= nranks_ || peer == rank_ || !by_peer_[peer]) return nullptr;
+  // An open link has its entry (add() made it); looked up, not made, since this cannot throw.
+  const auto it = peer_state_.find(peer);
+  if (it == peer_state_.end()) return nullptr;
+  PeerState& state = it->second;
+  if (state.closing && state.close_done) return nullptr;
+  state.last_used = now;
+  if (users_ > 0) state.held = period_;
+  return by_peer_[peer];
+}
+
 asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
   if (peer < 0 || peer >= nranks_ || peer == rank_)
     throw std::system_error(make_error_code(errc::internal), "no connection to self");

@@ -111,6 +111,10 @@ class Peers {
 
   /// The connection to `peer` if it is open, else null.
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// What get() returns without suspending: the open connection to `peer` (used at `now`, and held
+  /// by the running operation as get() holds it), or null when get() would have to wait (no link
+  /// yet, or a close of it is being agreed).
+  Connection* ready(int peer, std::chrono::steady_clock::time_point now) noexcept;
   /// The buffers the user registered (register_buffer); set at construction, usable from any
   /// thread.
   const std::shared_ptr<UserBuffers>& user_buffers() const noexcept { return user_buffers_; }

@@ -183,11 +183,7 @@ void ShmConnection::resume_inline(Waiter& w) {
   std::move(h)(boost::system::error_code{});
 }
 
-asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
-  if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  co_await park_for_credit();
-  if (departed_) fail_departed("was sending to it");
-  if (closed_) throw_failure();
+void ShmConnection::publish(const void* src, std::size_t n, std::uint32_t fp) {
   std::size_t slot = sent_ % slots_;
   auto* base = static_cast<std::byte*>(peer_->data()) + data_offset(slots_);
   if (n) std::memcpy(base + slot * slot_bytes_, src, n);
@@ -198,6 +194,22 @@ asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::ui
   send_ring_->head.store(sent_, std::memory_order_release);
 }
 
+Chunk ShmConnection::chunk_at(std::uint64_t i) const {
+  std::size_t slot = i % slots_;
+  auto* base = static_cast<std::byte*>(own_->data()) + data_offset(slots_);
+  return Chunk{base + slot * slot_bytes_,
+               meta(recv_ring_, 2 * slot).load(std::memory_order_relaxed),
+               meta(recv_ring_, 2 * slot + 1).load(std::memory_order_relaxed)};
+}
+
+asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
+  if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
+  co_await park_for_credit();
+  if (departed_) fail_departed("was sending to it");
+  if (closed_) throw_failure();
+  publish(src, n, fp);
+}
+
 asio::awaitable<Chunk> ShmConnection::wait() {
   co_await park_for_data();
   // Published chunks are delivered even after the peer left or the link closed (see tcp).
@@ -205,12 +217,18 @@ asio::awaitable<Chunk> ShmConnection::wait() {
     if (departed_) fail_departed("was waiting for data from it");
     throw_failure();
   }
-  std::size_t slot = consumed_ % slots_;
-  ++consumed_;
-  auto* base = static_cast<std::byte*>(own_->data()) + data_offset(slots_);
-  co_return Chunk{base + slot * slot_bytes_,
-                  meta(recv_ring_, 2 * slot).load(std::memory_order_relaxed),
-                  meta(recv_ring_, 2 * slot + 1).load(std::memory_order_relaxed)};
+  co_return chunk_at(consumed_++);
+}
+
+bool ShmConnection::try_put(const void* src, std::size_t n, std::uint32_t fp) {
+  if (closed_ || departed_ || n > slot_bytes_ || !can_put()) return false;
+  publish(src, n, fp);
+  return true;
+}
+
+std::optional<Chunk> ShmConnection::peek() {
+  if (closed_ || departed_ || !can_recv()) return std::nullopt;
+  return chunk_at(consumed_);
 }
 
 void ShmConnection::release() {

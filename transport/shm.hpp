@@ -62,6 +62,10 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   asio::awaitable<Chunk> wait() override;
   void release() override;
   bool settled() const noexcept override;
+  bool pollable() const noexcept override { return !closed_ && !departed_; }
+  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
+  std::optional<Chunk> peek() override;
+  void take_peeked() override { ++consumed_; }
 
   /// Called by the poller: resumes waiters whose condition holds; true if it resumed any.
   bool check() override;
@@ -74,6 +78,9 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   bool can_recv() const noexcept override;
   void before_park() override { poller_.activate(this); }
   void resume_inline(Waiter& w);
+  // Copies a chunk into the peer's next slot and publishes it (a slot is free).
+  void publish(const void* src, std::size_t n, std::uint32_t fingerprint);
+  Chunk chunk_at(std::uint64_t i) const;
 
   std::size_t slots_;
   std::size_t slot_bytes_;

@@ -3,13 +3,16 @@
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/append.hpp>
 #include <boost/asio/associated_allocator.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
+#include <boost/asio/recycling_allocator.hpp>
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <coccl/error.hpp>
@@ -23,6 +26,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 struct CUstream_st;
@@ -115,7 +119,7 @@ using OpHandler = boost::asio::any_completion_handler<void(boost::system::error_
 using CreateHandler =
     boost::asio::any_completion_handler<void(boost::system::error_code, Communicator)>;
 
-/// The one initiation point of host operations: validates nothing here, wires `handler`'s
+/// The one initiation point of queued host operations: validates nothing here, wires `handler`'s
 /// cancellation slot (if connected) and the deadline to the operation, and queues it (a single
 /// operation, or a group whose members are queued together and complete `handler` once, with the
 /// first error).
@@ -137,7 +141,11 @@ template <typename Handler>
 class Tracked {
  public:
   using executor_type = boost::asio::associated_executor_t<Handler>;
-  using allocator_type = boost::asio::associated_allocator_t<Handler>;
+  // A handler without an allocator of its own gets Asio's recycling one, as
+  // any_completion_handler would give it: the operation's state is then recycled per thread
+  // instead of taken from the heap each time.
+  using allocator_type =
+      boost::asio::associated_allocator_t<Handler, boost::asio::recycling_allocator<void>>;
   using cancellation_slot_type = boost::asio::associated_cancellation_slot_t<Handler>;
 
   explicit Tracked(Handler h)
@@ -149,7 +157,8 @@ class Tracked {
     return boost::asio::get_associated_executor(handler_);
   }
   allocator_type get_allocator() const noexcept {
-    return boost::asio::get_associated_allocator(handler_);
+    return boost::asio::get_associated_allocator(handler_,
+                                                 boost::asio::recycling_allocator<void>());
   }
   cancellation_slot_type get_cancellation_slot() const noexcept {
     return boost::asio::get_associated_cancellation_slot(handler_);
@@ -170,6 +179,58 @@ class Tracked {
       work_;
   Handler handler_;
 };
+
+/// What the fast path of small host operations (collectives/fast_path.hpp) did with an operation.
+enum class FastOutcome {
+  declined,     // nothing: initiate() it
+  done,         // finished in the call, `ec` its result: complete its handler later
+  handed_over,  // started; the handler the HandlerSource made completes when it is done
+};
+/// Makes the operation's handler, only when the fast path hands the operation over.
+struct HandlerSource {
+  OpHandler (*make)(void* context);
+  void* context;
+};
+/// Runs `args` on the fast path if it can, on the calling thread, before the handler is made.
+FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::error_code& ec,
+                     HandlerSource source);
+/// True on `impl`'s proxy thread when `ex` is the communicator's executor: a handler bound to it
+/// may simply be posted there.
+bool runs_here(const std::shared_ptr<CommImpl>& impl, const boost::asio::any_io_executor& ex);
+/// Completes, later and from the proxy thread, the handler of an operation the fast path finished
+/// inside its initiating call.
+void complete_done(const std::shared_ptr<CommImpl>& impl, OpHandler handler, std::error_code ec);
+
+/// Starts a host operation for an async form: the fast path first, with the handler kept as it is
+/// (no type erasure, no allocation) while it may finish there; else queued through initiate().
+template <typename Handler>
+void start(const std::shared_ptr<CommImpl>& impl, OpArgs args, Handler handler) {
+  std::error_code ec;
+  const HandlerSource source{
+      [](void* h) { return OpHandler(Tracked<Handler>(std::move(*static_cast<Handler*>(h)))); },
+      &handler};
+  switch (try_fast(impl, args, ec, source)) {
+    case FastOutcome::done:
+      // Never inside the initiating call. A coroutine on the communicator's executor gets its
+      // completion posted straight there (the thread posting is the one that runs it).
+      if constexpr (std::is_same_v<boost::asio::associated_executor_t<Handler>,
+                                   boost::asio::any_io_executor>) {
+        auto ex = boost::asio::get_associated_executor(handler);
+        if (runs_here(impl, ex)) {
+          boost::asio::post(ex,
+                            boost::asio::append(std::move(handler), boost::system::error_code(ec)));
+          return;
+        }
+      }
+      complete_done(impl, OpHandler(Tracked<Handler>(std::move(handler))), ec);
+      return;
+    case FastOutcome::handed_over:
+      return;
+    case FastOutcome::declined:
+      break;
+  }
+  initiate(impl, std::move(args), OpHandler(Tracked<Handler>(std::move(handler))));
+}
 
 /// Enqueues a device operation on `stream` from the calling thread; returns the error (nothing
 /// enqueued) or success.
@@ -243,11 +304,19 @@ class BufferRegistration {
 /// communicator run one after another in the order they were started, and every rank must start
 /// the same collectives in the same order (a mismatch is detected and fails with errc::mismatch).
 ///
+/// Small operations take a fast path: an all_reduce, all_gather, reduce_scatter or all_to_all whose
+/// message to each peer is at most COCCL_FAST_MAX_BYTES, started while the communicator is idle
+/// and its peers are on one host (shm), runs to completion inside the call that starts it, on the
+/// calling thread (which borrows the proxy thread's role while the proxy thread is idle), spinning
+/// at most COCCL_SPIN_US for its peers before the proxy thread takes the rest over.
+/// Everything above holds on either path; CommStatus::fast_ops counts the operations it finished.
+///
 /// Each operation has three forms:
 ///  - `async_x(..., token)`: an Asio asynchronous operation with completion signature
 ///    `void(boost::system::error_code)`, as Asio's own operations have. It never completes inside
-///    the initiating call, and it holds outstanding work on the handler's associated executor
-///    until the handler has run (so `io.run()` returns only after it). With
+///    the initiating call (on the fast path its data may already have moved when that call returns;
+///    the handler still runs later), and it holds outstanding work on the handler's associated
+///    executor until the handler has run (so `io.run()` returns only after it). With
 ///    `asio::use_awaitable`, `co_await` throws boost::system::system_error on failure;
 ///    `asio::as_tuple(asio::use_awaitable)` and `asio::redirect_error` give the code instead. The
 ///    buffers must stay valid until completion. The handler's cancellation slot is honoured: an
@@ -989,8 +1058,7 @@ class Communicator {
     args.deadline = deadline_;
     return boost::asio::async_initiate<Token, void(boost::system::error_code)>(
         [](auto handler, std::shared_ptr<detail::CommImpl> impl, detail::OpArgs args) {
-          detail::initiate(impl, std::move(args),
-                           detail::OpHandler(detail::Tracked(std::move(handler))));
+          detail::start(impl, std::move(args), std::move(handler));
         },
         token, impl_, std::move(args));
   }
@@ -1023,7 +1091,11 @@ class Communicator {
     std::error_code e;
     args.deadline = deadline_;
     detail::run_blocking(impl_, std::move(args), e);
-    ec = e;
+    // Converting a std::error_code costs Boost.System a dynamic_cast: success needs none.
+    if (e)
+      ec = e;
+    else
+      ec.clear();
   }
 
   std::shared_ptr<detail::CommImpl> impl_;

@@ -71,6 +71,11 @@ struct CommStatus {
   std::uint64_t waiting_us = 0;
   /// Host operations queued behind the running one.
   std::uint64_t queued = 0;
+  /// Host operations that took the fast path of small operations (COCCL_FAST_MAX_BYTES): finished
+  /// in the call that started them, on the calling thread; and those it started but handed to
+  /// the proxy thread to finish, because a peer was late (counted in neither form otherwise).
+  std::uint64_t fast_ops = 0;
+  std::uint64_t fast_handed_over = 0;
   /// Links to peers: open now; made so far (reopenings included); closed to stay under
   /// COCCL_MEM_BUDGET, and closed after COCCL_LINK_IDLE_S unused (both ends count an agreed
   /// close); the bytes of the open links' receive rings, and the budget they stay under (0: none).

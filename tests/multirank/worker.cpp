@@ -158,6 +158,8 @@ int main(int argc, char** argv) {
       {"grow", run_grow},
       {"ftar", run_ftar},
       {"links", run_links},
+      {"fast_path", run_fast_path},
+      {"fast_handover", run_fast_handover},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";

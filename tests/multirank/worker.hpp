@@ -75,6 +75,11 @@ int run_async(Worker& w);
 /// Links under COCCL_MEM_BUDGET and COCCL_LINK_IDLE_S (links.cpp); flags budget, idle or tiny.
 int run_links(Worker& w);
 
+/// The fast path of small operations (fast_path.cpp): "fast_path" (flag off: with it turned off)
+/// and "fast_handover".
+int run_fast_path(Worker& w);
+int run_fast_handover(Worker& w);
+
 /// Recovery scenarios (recovery.cpp): shrink after killed ranks, grow, the FTAR loop.
 int run_shrink(Worker& w);
 int run_shrink_mismatch(Worker& w);

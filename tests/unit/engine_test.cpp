@@ -22,6 +22,7 @@
 
 #include "runtime/deadline.hpp"
 #include "runtime/handoff.hpp"
+#include "tests/support/param_override.hpp"
 
 namespace coccl::runtime {
 namespace {
@@ -144,6 +145,76 @@ TEST(ProxyThread, StopsPromptlyWhileSleeping) {
   auto start = std::chrono::steady_clock::now();
   t.reset();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+// Never past its spin: the proxy thread stays awake, lending its role between idle rounds.
+constexpr const char* awake_forever = "60000000";
+
+TEST(ProxyThreadBorrow, AnAwakeIdleProxyThreadLendsItsRoleAndRunsNothingMeanwhile) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  std::atomic<bool> ran{false};
+  {
+    ProxyThread::Borrow borrowed(t, 10s);
+    ASSERT_TRUE(borrowed);
+    EXPECT_TRUE(t.owned_here());
+    asio::post(t.executor(), [&] { ran = true; });
+    // Posted work waits while the role is lent.
+    std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(ran.load());
+  }
+  EXPECT_FALSE(t.owned_here());
+  on_thread(t, [] {});
+  EXPECT_TRUE(ran.load());
+}
+
+TEST(ProxyThreadBorrow, AProxyThreadAsleepLendsNothing) {
+  test::ParamOverride spin(params::spin_us, "0");
+  ProxyThread t(0);
+  on_thread(t, [] {});
+  // With no spin the loop goes to sleep in the io_context right after that round.
+  std::this_thread::sleep_for(100ms);
+  ProxyThread::Borrow borrowed(t, 2s);
+  EXPECT_FALSE(borrowed);
+  EXPECT_FALSE(t.owned_here());
+}
+
+TEST(ProxyThreadBorrow, NeitherAProxyThreadNorAHolderBorrowsAgain) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread a(0), b(1);
+  bool lent = true, owns = false;
+  on_thread(a, [&] {
+    ProxyThread::Borrow borrowed(b, 1s);
+    lent = static_cast<bool>(borrowed);
+    owns = a.owned_here();
+  });
+  EXPECT_FALSE(lent);
+  EXPECT_TRUE(owns);
+  ProxyThread::Borrow outer(a, 10s);
+  ASSERT_TRUE(outer);
+  ProxyThread::Borrow inner(b, 1s);
+  EXPECT_FALSE(inner);
+}
+
+TEST(ProxyThreadBorrow, AHolderSeesAnotherThreadWantItAndHandsItOn) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  std::optional<ProxyThread::Borrow> first;
+  first.emplace(t, 10s);
+  ASSERT_TRUE(*first);
+  EXPECT_FALSE(t.wanted());
+  std::atomic<bool> second{false};
+  std::thread other([&] {
+    ProxyThread::Borrow borrowed(t, 60s);
+    second = static_cast<bool>(borrowed);
+  });
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!t.wanted() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  EXPECT_TRUE(t.wanted());
+  first.reset();
+  other.join();
+  EXPECT_TRUE(second.load());
+  EXPECT_FALSE(t.wanted());
 }
 
 // runtime::complete from another thread: the handler runs on its io_context's thread, and the

@@ -2,6 +2,9 @@
 // divides by 1), data movement copies, in place leaves the data as it was.
 #include <gtest/gtest.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 #include <coccl/coccl.hpp>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +13,8 @@
 
 namespace coccl {
 namespace {
+
+namespace asio = boost::asio;
 
 class SingleRank : public ::testing::Test {
  protected:
@@ -368,6 +373,36 @@ TEST_F(SingleRank, ManyOperationsInARowSucceed) {
     c().all_reduce(&in, &out, 1, DataType::int64, ReduceOp::sum);
     ASSERT_EQ(out, i);
   }
+}
+
+// A coroutine on the communicator's executor holds the proxy thread's role itself, so every small
+// operation it awaits takes the fast path (collectives/fast_path.hpp), finished in its call.
+TEST_F(SingleRank, SmallOperationsAwaitedOnItsExecutorTakeTheFastPath) {
+  const CommStatus before = c().status();
+  const auto in = iota_f(33, 5);
+  std::vector<float> reduced(33), gathered(33), scattered(33), exchanged(33);
+  asio::co_spawn(
+      c().executor(),
+      [&]() -> asio::awaitable<void> {
+        co_await c().async_all_reduce(in.data(), reduced.data(), 33, DataType::float32,
+                                      ReduceOp::max, asio::use_awaitable);
+        co_await c().async_all_gather(in.data(), gathered.data(), 33, DataType::float32,
+                                      asio::use_awaitable);
+        co_await c().async_reduce_scatter(in.data(), scattered.data(), 33, DataType::float32,
+                                          ReduceOp::avg, asio::use_awaitable);
+        co_await c().async_all_to_all(in.data(), exchanged.data(), 33, DataType::float32,
+                                      asio::use_awaitable);
+      },
+      asio::use_future)
+      .get();
+  EXPECT_EQ(reduced, in);
+  EXPECT_EQ(gathered, in);
+  EXPECT_EQ(scattered, in);
+  EXPECT_EQ(exchanged, in);
+  const CommStatus after = c().status();
+  EXPECT_EQ(after.fast_ops - before.fast_ops, 4u);
+  EXPECT_EQ(after.fast_handed_over, before.fast_handed_over);
+  for (const TraceEntry& e : last_ops(4)) EXPECT_EQ(e.state, TraceEntry::State::done) << e.op;
 }
 
 TEST(SingleRankLifetime, SplitOfOneRankGivesAOneRankCommunicator) {

@@ -1,0 +1,271 @@
+#include "collectives/fast_path.hpp"
+
+#include <sched.h>
+
+#include <cstring>
+#include <string_view>
+
+#include "collectives/algo/common.hpp"
+#include "collectives/algorithms.hpp"
+#include "collectives/comm.hpp"
+#include "collectives/reduce_cpu.hpp"
+
+namespace coccl::params {
+
+config::Param<std::int64_t> fast_max_bytes{
+    "COCCL_FAST_MAX_BYTES", 64 << 10,
+    "largest message (bytes a rank sends each peer) of a host all_reduce, all_gather, "
+    "reduce_scatter or all_to_all run on the fast path: at once, on the calling thread, when the "
+    "communicator is idle and its peers are on shm links; 0 turns the fast path off"};
+
+}  // namespace coccl::params
+
+namespace coccl::detail {
+
+namespace {
+
+using transport::Chunk;
+using transport::Connection;
+
+const std::byte* cbytes(const void* p) { return static_cast<const std::byte*>(p); }
+std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
+
+}  // namespace
+
+FastOp::FastOp(CommImpl& comm) : c_(comm) {}
+
+bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now) {
+  const int n = c_.size(), r = c_.rank();
+  const std::size_t e = size_of(a.type), block = a.count * e;
+  // A zero-count all_to_all sends its headers to the ring neighbours only; the fast path, which
+  // sends one to every peer, leaves empty operations to the slow path.
+  if (a.count == 0 || block > c_.fast_max_bytes()) return false;
+  const std::size_t total = static_cast<std::size_t>(n) * block;
+  switch (a.kind) {
+    case OpKind::all_reduce:
+      if (n > 1 && std::string_view(choose_all_reduce(c_, block)) != "oneshot") return false;
+      break;
+    case OpKind::reduce_scatter:
+      if (n > 1 && std::string_view(choose_reduce_scatter(c_, total)) != "direct") return false;
+      break;
+    case OpKind::all_gather:
+      if (n > 1 && std::string_view(choose_all_gather(c_, total)) != "direct") return false;
+      break;
+    case OpKind::all_to_all:
+      break;
+    default:
+      return false;
+  }
+  peers_.clear();
+  if (n == 1) return true;
+  // As run_op's Use: the links resolved here stay open until end().
+  use_.emplace(c_.peers());
+  for (int i = 1; i < n; ++i) {
+    const int p = (r + i) % n;
+    Connection* l = c_.peers().ready(p, now);
+    if (!l || !l->pollable() || block > l->slot_bytes()) {
+      use_.reset();
+      return false;
+    }
+    Peer peer;
+    peer.rank = p;
+    peer.link = l;
+    peer.send_bytes = block;
+    peer.recv_bytes = block;
+    peers_.push_back(peer);
+  }
+  return true;
+}
+
+OpArgs& FastOp::adopt(OpArgs&& a) noexcept {
+  args_ = std::move(a);
+  a_ = &args_;
+  return args_;
+}
+
+void FastOp::start(const OpArgs& a) {
+  a_ = &a;
+  const int n = c_.size(), r = c_.rank();
+  elt_ = size_of(a.type);
+  const std::size_t block = a.count * elt_;
+  fp_ = c_.fingerprint();
+  stuck_ = false;
+  reduces_ = a.kind == OpKind::all_reduce || a.kind == OpKind::reduce_scatter;
+  for (Peer& p : peers_) {
+    // Recorded as sent now, as the slow path's link() would; put by step() or finish().
+    p.header = *c_.checks().to_send(p.rank);
+    p.sent = p.got = 0;
+    switch (a.kind) {
+      case OpKind::all_reduce:
+        p.src = cbytes(a.send);
+        p.dst = nullptr;
+        break;
+      case OpKind::reduce_scatter:
+        p.src = cbytes(a.send) + p.rank * block;
+        p.dst = nullptr;
+        break;
+      case OpKind::all_gather:
+        p.src = bytes(a.recv) + r * block;
+        p.dst = bytes(a.recv) + p.rank * block;
+        break;
+      default:  // all_to_all
+        p.src = cbytes(a.send) + p.rank * block;
+        p.dst = bytes(a.recv) + p.rank * block;
+        break;
+    }
+  }
+  if (reduces_) srcs_.resize(static_cast<std::size_t>(n));
+  copy_own();
+}
+
+void FastOp::copy_own() {
+  const OpArgs& a = *a_;
+  const std::size_t block = a.count * elt_;
+  const int r = c_.rank();
+  switch (a.kind) {
+    case OpKind::all_gather:
+    case OpKind::all_to_all: {
+      // This rank's own block goes into place first; all_gather sends it from there.
+      std::byte* mine = bytes(a.recv) + r * block;
+      const std::byte* from = cbytes(a.send) + (a.kind == OpKind::all_to_all ? r * block : 0);
+      if (from != mine) std::memmove(mine, from, block);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+bool FastOp::step() {
+  bool complete = true;
+  for (Peer& p : peers_) {
+    if (p.sent == 0 && p.link->try_put(&p.header, sizeof p.header, op_header_fingerprint))
+      p.sent = 1;
+    if (p.sent == 1 && p.link->try_put(p.src, p.send_bytes, fp_)) p.sent = 2;
+    if (p.got == 0) {
+      if (std::optional<Chunk> ch = p.link->peek()) {
+        OpHeader theirs{};
+        if (ch->fingerprint != op_header_fingerprint || ch->size != sizeof theirs) {
+          stuck_ = true;
+          return false;
+        }
+        std::memcpy(&theirs, ch->data, sizeof theirs);
+        // A header that disagrees stays in the ring: finish() takes it and fails the operation
+        // with the full description.
+        if (!op_headers_agree(p.header, theirs)) {
+          stuck_ = true;
+          return false;
+        }
+        c_.checks().to_take(p.rank);
+        p.link->take_peeked();
+        p.link->release();
+        p.got = 1;
+      }
+    }
+    if (p.got == 1) {
+      if (std::optional<Chunk> ch = p.link->peek()) {
+        if (ch->fingerprint != fp_ || ch->size != p.recv_bytes) {
+          stuck_ = true;
+          return false;
+        }
+        p.link->take_peeked();
+        if (p.dst) {
+          std::memcpy(p.dst, ch->data, p.recv_bytes);
+          p.link->release();
+        } else {
+          p.chunk = *ch;
+        }
+        p.got = 2;
+      }
+    }
+    complete = complete && p.sent == 2 && p.got == 2;
+  }
+  if (!complete) return false;
+  combine();
+  return true;
+}
+
+void FastOp::combine() {
+  if (!reduces_) return;
+  const OpArgs& a = *a_;
+  const int n = c_.size(), r = c_.rank();
+  const std::size_t block = a.count * elt_;
+  const std::byte* own = cbytes(a.send) + (a.kind == OpKind::reduce_scatter ? r * block : 0);
+  std::byte* dst = bytes(a.recv);
+  if (n == 1) {
+    if (own != dst) std::memmove(dst, own, block);
+    return;
+  }
+  // reduce_n lets the result alias the first source only.
+  if (own == dst && r != 0) {
+    own_copy_.assign(own, own + block);
+    own = own_copy_.data();
+  }
+  srcs_[static_cast<std::size_t>(r)] = own;
+  for (const Peer& p : peers_) srcs_[static_cast<std::size_t>(p.rank)] = p.chunk.data;
+  const ReduceOp op = a.op == ReduceOp::avg ? ReduceOp::sum : a.op;
+  reduce_n(dst, srcs_.data(), n, a.count, a.type, op);
+  for (const Peer& p : peers_) p.link->release();
+  if (a.op == ReduceOp::avg) divide_by(dst, a.count, a.type, n);
+}
+
+bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread,
+                     bool yield) {
+  if (step()) return true;
+  if (stuck_) return false;
+  // The clock is read only once the spin has lasted (a read costs as much as a few polls).
+  std::optional<std::chrono::steady_clock::time_point> until;
+  for (unsigned i = 1;; ++i) {
+    if (yield)
+      ::sched_yield();
+    else
+      runtime::cpu_relax();
+    if (step()) return true;
+    if (stuck_) return false;
+    if ((i & 7) != 0) continue;
+    if (thread.wanted()) return false;
+    if ((i & 63) != 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (!until) until = now + budget;
+    if (now >= *until) return false;
+  }
+}
+
+boost::asio::awaitable<void> FastOp::finish() {
+  algo::Op op(c_, *a_);
+  for (Peer& p : peers_) {
+    // The header was recorded as sent by start(): link() sends nothing more.
+    Connection* l = co_await op.link(p.rank);
+    if (p.sent == 0) {
+      co_await l->put(&p.header, sizeof p.header, op_header_fingerprint);
+      p.sent = 1;
+    }
+    if (p.sent == 1) {
+      co_await l->put(p.src, p.send_bytes, fp_);
+      p.sent = 2;
+    }
+  }
+  for (Peer& p : peers_) {
+    if (p.got == 2) continue;
+    // Takes the header first if step() has not.
+    Chunk ch = co_await op.take(p.rank, p.recv_bytes);
+    if (p.dst) {
+      std::memcpy(p.dst, ch.data, p.recv_bytes);
+      op.release(p.rank);
+    } else {
+      p.chunk = ch;
+    }
+    p.got = 2;
+  }
+  combine();
+  co_await op.settle();
+}
+
+void FastOp::end() noexcept {
+  use_.reset();
+  peers_.clear();
+  if (a_ == &args_) args_ = OpArgs{};
+  a_ = nullptr;
+}
+
+}  // namespace coccl::detail

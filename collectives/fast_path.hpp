@@ -1,0 +1,102 @@
+// The fast path of small host operations: an operation whose peers are all on polled links (shm)
+// and whose message to each peer fits one ring slot runs to completion in the call that starts it,
+// on the thread that holds the proxy thread's role (the proxy thread itself for a coroutine on the
+// communicator's executor, or a caller that borrowed the role, runtime::ProxyThread::Borrow), with
+// no coroutine, no handler and no queue. It puts the operation's header and data into each peer's
+// ring, polls its own rings for theirs, and combines them, spinning at most COCCL_SPIN_US (as long
+// as the proxy thread's loop spins before it sleeps).
+//
+// The fast path sends exactly what the algorithm the slow path would choose sends on each link
+// (the header of op_check.hpp, then one data chunk), so a peer may run the same operation on either
+// path. When its peers are late, or anything is out of the ordinary (a chunk that does not match,
+// a link that failed), it stops where it is and the rest of the operation runs on the proxy thread
+// through the ordinary coroutine waits (finish()), which also report the errors.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <coccl/communicator.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "collectives/op_check.hpp"
+#include "runtime/config.hpp"
+#include "runtime/engine.hpp"
+#include "transport/connection.hpp"
+#include "transport/peers.hpp"
+
+namespace coccl::detail {
+
+class CommImpl;
+
+/// One communicator's fast-path operation (at most one at a time: the fast path runs only when no
+/// other operation of the communicator is queued or running). Used by the holder of the proxy
+/// thread's role only.
+class FastOp {
+ public:
+  explicit FastOp(CommImpl& comm);
+
+  /// Whether `a` (valid) can take the fast path now, every link it needs open and pollable; when
+  /// true the links are resolved (used at `now`) for start(). Nothing is sent either way.
+  bool prepare(const OpArgs& a, std::chrono::steady_clock::time_point now);
+  /// Starts the prepared operation `a`, which the communicator has begun (sequence number,
+  /// checks). `a` stays where it is until the operation ends or is adopted.
+  void start(const OpArgs& a);
+  /// Progress without waiting, within `budget` of spinning; true once the operation is complete
+  /// (the receive buffer final, every chunk taken released). False: it stopped early (budget spent,
+  /// another thread wants the role, or something only finish() can handle). `yield`: give the core
+  /// away between polls (ranks outnumber cores); otherwise spin on it, as the peers have cores of
+  /// their own.
+  bool run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
+  /// Keeps the arguments of an operation run_for() did not complete, for finish(): moved here,
+  /// where they stay until end().
+  OpArgs& adopt(OpArgs&& a) noexcept;
+  /// The rest of an adopted operation, with the ordinary waits; on the proxy thread (the drain).
+  /// Throws as run_op() does.
+  boost::asio::awaitable<void> finish();
+  /// The adopted operation's arguments.
+  OpArgs& args() noexcept { return args_; }
+  /// Ends the operation (done or failed): the links are no longer held by it, and its arguments
+  /// are dropped.
+  void end() noexcept;
+
+ private:
+  struct Peer {
+    int rank = 0;
+    transport::Connection* link = nullptr;
+    OpHeader header{};
+    const std::byte* src = nullptr;  // this rank's chunk for the peer
+    std::size_t send_bytes = 0;      // 0: the header only
+    std::byte* dst = nullptr;        // where the peer's chunk is copied; null: reduced later
+    std::size_t recv_bytes = 0;      // 0: the header only
+    std::uint8_t sent = 0;           // 0 nothing, 1 the header, 2 everything
+    std::uint8_t got = 0;            // 0 nothing, 1 the header, 2 everything
+    transport::Chunk chunk{};        // a chunk held for the reduction
+  };
+  bool step();
+  void combine();
+  // Local copies that precede the exchange (own block into place).
+  void copy_own();
+
+  CommImpl& c_;
+  const OpArgs* a_ = nullptr;        // the running operation's arguments: the caller's, or args_
+  OpArgs args_{};                    // adopted
+  std::vector<Peer> peers_;          // in the order the slow path sends to them
+  std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
+  std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
+  std::uint32_t fp_ = 0;
+  std::size_t elt_ = 0;
+  bool reduces_ = false;
+  bool stuck_ = false;  // a chunk finish() has to judge
+  std::optional<transport::Peers::Use> use_;
+};
+
+}  // namespace coccl::detail
+
+namespace coccl::params {
+
+extern config::Param<std::int64_t> fast_max_bytes;  // COCCL_FAST_MAX_BYTES
+
+}  // namespace coccl::params

@@ -1,0 +1,318 @@
+// Scenarios of the fast path of small host operations (collectives/fast_path.hpp).
+//
+// "fast_path" runs with the proxy thread never asleep and no limit on the fast path's wait
+// (COCCL_SPIN_US large, set by the test), so that every eligible operation
+// takes it: the counters of CommStatus must count each one, and every result must match the
+// reference, from a blocking caller, from a coroutine on the proxy thread, and from several threads
+// with communicators of their own at once.
+//
+// "fast_handover" runs with COCCL_SPIN_US=0: an operation whose peers are late is handed to
+// the proxy thread at once. Operations started behind it wait for it (ordering), one cancelled
+// while it waits is removed, and a small operation queued behind a large one waits its turn.
+#include <algorithm>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "tests/multirank/worker.hpp"
+
+namespace coccl::test {
+namespace {
+
+namespace asio = boost::asio;
+
+std::uint64_t next_salt() {
+  static std::uint64_t salt = 1000;
+  return ++salt;
+}
+
+// Counts the fast path's operations on `c` between two points.
+struct FastCount {
+  explicit FastCount(Communicator& c) : c_(c), first_(c.status()) {}
+  std::uint64_t taken() const {
+    const CommStatus now = c_.status();
+    return now.fast_ops + now.fast_handed_over - first_.fast_ops - first_.fast_handed_over;
+  }
+  std::uint64_t handed() const { return c_.status().fast_handed_over - first_.fast_handed_over; }
+
+ private:
+  Communicator& c_;
+  CommStatus first_;
+};
+
+// `salt` names the inputs; every rank must pass the same one (by default the next in this
+// thread's sequence of calls, which is the same on every rank).
+void all_reduce_case(Worker& w, Communicator& c, DataType t, ReduceOp op, std::size_t count,
+                     bool in_place, std::uint64_t salt = next_salt()) {
+  const std::size_t bytes = count * size_of(t);
+  Bytes send(bytes), recv(bytes, std::byte{0xcd});
+  fill_reduce(t, op, c.rank(), salt, send.data(), 0, count);
+  if (in_place) {
+    recv = send;
+    c.all_reduce(recv.data(), recv.data(), count, t, op);
+  } else {
+    c.all_reduce(send.data(), recv.data(), count, t, op);
+  }
+  const Bytes want = reduce_reference(t, op, c.size(), salt, 0, count);
+  w.expect_equal(describe("all_reduce", t, op, count, in_place ? "in_place" : "out_of_place"), t,
+                 recv.data(), want.data(), count);
+}
+
+void all_gather_case(Worker& w, DataType t, std::size_t count, bool in_place) {
+  const std::uint64_t salt = next_salt();
+  const std::size_t bytes = count * size_of(t);
+  Bytes mine(bytes), recv(bytes * w.n, std::byte{0xcd});
+  fill_copy(w.rank, salt, mine.data(), 0, bytes);
+  if (in_place) {
+    std::memcpy(recv.data() + w.rank * bytes, mine.data(), bytes);
+    w.comm.all_gather(recv.data() + w.rank * bytes, recv.data(), count, t);
+  } else {
+    w.comm.all_gather(mine.data(), recv.data(), count, t);
+  }
+  for (int r = 0; r < w.n; ++r) {
+    Bytes want(bytes);
+    fill_copy(r, salt, want.data(), 0, bytes);
+    w.expect_equal(describe("all_gather", t, ReduceOp::sum, count, "from=" + std::to_string(r)), t,
+                   recv.data() + r * bytes, want.data(), count);
+  }
+}
+
+void reduce_scatter_case(Worker& w, DataType t, ReduceOp op, std::size_t count, bool in_place) {
+  const std::uint64_t salt = next_salt();
+  const std::size_t bytes = count * size_of(t);
+  Bytes send(bytes * w.n), recv(bytes, std::byte{0xcd});
+  fill_reduce(t, op, w.rank, salt, send.data(), 0, count * w.n);
+  std::byte* out = in_place ? send.data() + w.rank * bytes : recv.data();
+  w.comm.reduce_scatter(send.data(), out, count, t, op);
+  const Bytes want = reduce_reference(t, op, w.n, salt, w.rank * count, count);
+  w.expect_equal(describe("reduce_scatter", t, op, count, in_place ? "in_place" : ""), t, out,
+                 want.data(), count);
+}
+
+void all_to_all_case(Worker& w, DataType t, std::size_t count) {
+  const std::uint64_t salt = next_salt();
+  const std::size_t bytes = count * size_of(t);
+  Bytes send(bytes * w.n), recv(bytes * w.n, std::byte{0xcd});
+  // Block p of rank r's input is bytes [p * bytes, (p + 1) * bytes) of its copy input.
+  fill_copy(w.rank, salt, send.data(), 0, bytes * w.n);
+  w.comm.all_to_all(send.data(), recv.data(), count, t);
+  for (int r = 0; r < w.n; ++r) {
+    Bytes want(bytes);
+    fill_copy(r, salt, want.data(), w.rank * bytes, bytes);
+    w.expect_equal(describe("all_to_all", t, ReduceOp::sum, count, "from=" + std::to_string(r)), t,
+                   recv.data() + r * bytes, want.data(), count);
+  }
+}
+
+// Flag "off": the test turned the fast path off (COCCL_FAST_MAX_BYTES=0), so nothing takes it.
+void expect_taken(Worker& w, const std::string& what, std::uint64_t got, std::uint64_t want) {
+  if (w.has("off")) want = 0;
+  if (got != want)
+    w.fail(what, std::to_string(got) + " operations took the fast path, expected " +
+                     std::to_string(want));
+}
+
+// Blocking callers: every eligible size and kind, checked; one operation above
+// COCCL_FAST_MAX_BYTES does not count.
+void blocking_calls(Worker& w) {
+  FastCount count(w.comm);
+  std::uint64_t eligible = 0;
+  const std::pair<DataType, ReduceOp> reductions[] = {{DataType::float32, ReduceOp::sum},
+                                                      {DataType::int32, ReduceOp::max},
+                                                      {DataType::bfloat16, ReduceOp::avg},
+                                                      {DataType::float64, ReduceOp::prod},
+                                                      {DataType::int8, ReduceOp::min}};
+  for (auto [t, op] : reductions)
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1023}})
+      for (bool in_place : {false, true}) {
+        all_reduce_case(w, w.comm, t, op, n, in_place);
+        ++eligible;
+      }
+  // Exactly COCCL_FAST_MAX_BYTES (64 KiB): still the fast path.
+  all_reduce_case(w, w.comm, DataType::float32, ReduceOp::sum, 16384, false);
+  ++eligible;
+  for (DataType t : {DataType::uint8, DataType::float64})
+    for (std::size_t n : {std::size_t{1}, std::size_t{13}, std::size_t{1023}})
+      for (bool in_place : {false, true}) {
+        all_gather_case(w, t, n, in_place);
+        reduce_scatter_case(w, t, t == DataType::uint8 ? ReduceOp::max : ReduceOp::sum, n,
+                            in_place);
+        eligible += 2;
+      }
+  for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{999}}) {
+    all_to_all_case(w, DataType::int32, n);
+    ++eligible;
+  }
+  expect_taken(w, "blocking operations", count.taken(), eligible);
+  if (count.handed() != 0)
+    w.fail("blocking operations",
+           std::to_string(count.handed()) + " handed over with no limit on the fast path's wait");
+  // One byte more than the limit: the slow path.
+  FastCount big(w.comm);
+  all_reduce_case(w, w.comm, DataType::uint8, ReduceOp::sum, 65537, false);
+  expect_taken(w, "all_reduce above COCCL_FAST_MAX_BYTES", big.taken(), 0);
+}
+
+asio::awaitable<void> awaited_all_reduces(Worker& w, int k) {
+  for (int i = 0; i < k; ++i) {
+    std::int64_t mine[5], sum[5];
+    for (int j = 0; j < 5; ++j) mine[j] = (w.rank + 1) * (i + j + 1);
+    co_await w.comm.async_all_reduce(mine, sum, 5, DataType::int64, ReduceOp::sum,
+                                     asio::use_awaitable);
+    for (int j = 0; j < 5; ++j) {
+      const std::int64_t want = static_cast<std::int64_t>(w.n) * (w.n + 1) / 2 * (i + j + 1);
+      if (sum[j] != want)
+        w.fail("awaited all_reduce " + std::to_string(i),
+               "element " + std::to_string(j) + ": " + std::to_string(sum[j]));
+    }
+  }
+}
+
+// A coroutine on the communicator's executor holds the proxy thread's role itself.
+void awaited_calls(Worker& w) {
+  FastCount count(w.comm);
+  const int k = 50;
+  asio::co_spawn(w.comm.executor(), awaited_all_reduces(w, k), asio::use_future).get();
+  expect_taken(w, "awaited operations", count.taken(), k);
+}
+
+// Three threads, each with a communicator of its own over the same ranks, all on the one proxy
+// thread, calling at once: they borrow its role in turn.
+void threads_and_communicators(Worker& w) {
+  std::vector<Communicator> comms;
+  comms.push_back(w.comm);
+  comms.push_back(w.comm.split(0, w.rank));
+  comms.push_back(w.comm.split(0, w.rank));
+  // A new communicator's first operation makes its links: the slow path.
+  for (std::size_t i = 1; i < comms.size(); ++i)
+    all_reduce_case(w, comms[i], DataType::int32, ReduceOp::sum, 1, false);
+  std::vector<FastCount> counts;
+  for (Communicator& c : comms) counts.emplace_back(c);
+  const int k = 40;
+  std::mutex m;
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < comms.size(); ++i)
+    threads.emplace_back([&, i] {
+      for (int j = 0; j < k; ++j) {
+        Worker local;
+        local.scenario = w.scenario;
+        local.rank = w.rank;
+        local.n = w.n;
+        all_reduce_case(local, comms[i], DataType::int32, ReduceOp::sum, 1 + 3 * i + j, j % 2,
+                        100000 + 1000 * i + static_cast<std::uint64_t>(j));
+        std::lock_guard lock(m);
+        w.failures += local.failures;
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::uint64_t taken = 0;
+  for (const FastCount& c : counts) taken += c.taken();
+  expect_taken(w, "operations of three threads", taken, comms.size() * k);
+  comms[1].destroy();
+  comms[2].destroy();
+}
+
+}  // namespace
+
+int run_fast_path(Worker& w) {
+  blocking_calls(w);
+  awaited_calls(w);
+  threads_and_communicators(w);
+  return exit_ok;
+}
+
+int run_fast_handover(Worker& w) {
+  const std::int64_t want = static_cast<std::int64_t>(w.n) * (w.n + 1) / 2;
+  std::int64_t one = w.rank + 1;
+  // 1. Rank 0 starts A from a coroutine on the proxy thread while the others are still asleep:
+  //    A is handed over at once. B and C, started behind it, are queued; B is cancelled there.
+  if (w.rank == 0) {
+    std::mutex m;
+    std::vector<std::string> order;
+    std::error_code a_ec = make_error_code(errc::internal), b_ec, c_ec = a_ec;
+    std::int64_t a = 0, b_in = 5, b_out = 0, c = 0;
+    std::promise<void> done;
+    int left = 3;
+    auto record = [&](const char* name, std::error_code* slot) {
+      return [&, name, slot](boost::system::error_code ec) {
+        std::lock_guard lock(m);
+        *slot = ec;
+        order.push_back(name);
+        if (--left == 0) done.set_value();
+      };
+    };
+    asio::cancellation_signal sig;
+    FastCount count(w.comm);
+    asio::post(w.comm.executor(), [&] {
+      w.comm.async_all_reduce(&one, &a, 1, DataType::int64, ReduceOp::sum, record("A", &a_ec));
+      w.comm.async_all_reduce(&b_in, &b_out, 1, DataType::int64, ReduceOp::sum,
+                              asio::bind_cancellation_slot(sig.slot(), record("B", &b_ec)));
+      sig.emit(asio::cancellation_type::partial);
+      w.comm.async_all_reduce(&one, &c, 1, DataType::int64, ReduceOp::sum, record("C", &c_ec));
+    });
+    done.get_future().wait();
+    if (a_ec || a != want) w.fail("A (handed over)", a_ec.message() + ", " + std::to_string(a));
+    if (c_ec || c != want) w.fail("C (behind A)", c_ec.message() + ", " + std::to_string(c));
+    if (b_ec != std::errc::operation_canceled || b_out != 0)
+      w.fail("B (cancelled behind A)", b_ec.message() + ", " + std::to_string(b_out));
+    const auto at = [&](const char* name) {
+      return std::find(order.begin(), order.end(), name) - order.begin();
+    };
+    if (at("A") > at("C")) w.fail("completion order", "C completed before A");
+    expect_taken(w, "A, B and C", count.taken(), 1);
+    if (count.handed() != 1)
+      w.fail("A", std::to_string(count.handed()) + " operations handed over, expected 1");
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::int64_t a = 0, c = 0;
+    w.comm.all_reduce(&one, &a, 1, DataType::int64, ReduceOp::sum);
+    w.comm.all_reduce(&one, &c, 1, DataType::int64, ReduceOp::sum);
+    if (a != want || c != want) w.fail("A and C", std::to_string(a) + ", " + std::to_string(c));
+  }
+
+  // 2. A small operation started behind a large one (above COCCL_FAST_MAX_BYTES) on the proxy
+  //    thread waits for it: it is queued, and completes after it.
+  const std::size_t large = 1 << 18;
+  std::vector<float> big(large, static_cast<float>(w.rank + 1)), big_sum(large);
+  std::int64_t small = 0;
+  std::mutex m;
+  std::vector<int> order;
+  std::promise<void> done;
+  int left = 2;
+  auto record = [&](int which) {
+    return [&, which](boost::system::error_code ec) {
+      if (ec) w.fail("large then small", ec.message());
+      std::lock_guard lock(m);
+      order.push_back(which);
+      if (--left == 0) done.set_value();
+    };
+  };
+  FastCount count(w.comm);
+  asio::post(w.comm.executor(), [&] {
+    w.comm.async_all_reduce(big.data(), big_sum.data(), large, DataType::float32, ReduceOp::sum,
+                            record(0));
+    w.comm.async_all_reduce(&one, &small, 1, DataType::int64, ReduceOp::sum, record(1));
+  });
+  done.get_future().wait();
+  if (order != std::vector<int>{0, 1}) w.fail("large then small", "completed out of order");
+  if (small != want) w.fail("small behind large", std::to_string(small));
+  if (big_sum[0] != static_cast<float>(want) || big_sum[large - 1] != static_cast<float>(want))
+    w.fail("large", std::to_string(big_sum[0]));
+  expect_taken(w, "small behind large", count.taken(), 0);
+
+  // 3. And the communicator is still in step: a blocking operation afterwards.
+  std::int64_t after = 0;
+  w.comm.all_reduce(&one, &after, 1, DataType::int64, ReduceOp::sum);
+  if (after != want) w.fail("after", std::to_string(after));
+  return exit_ok;
+}
+
+}  // namespace coccl::test
