@@ -35,8 +35,14 @@ Task broadcast_tree(Op& op) {
   for (std::size_t off = 0; off < a.count; off += k) {
     const std::size_t len = std::min(k, a.count - off) * e;
     std::byte* dst = bytes(a.recv) + off * e;
-    const std::byte* src = cbytes(a.send) + off * e;
-    if (t.parent >= 0) src = (co_await op.take(t.parent, len)).data;
+    // Only the root reads the send buffer: elsewhere it may be null (as NCCL allows), and an
+    // offset from null is undefined.
+    const std::byte* src = nullptr;
+    if (t.parent >= 0) {
+      src = (co_await op.take(t.parent, len)).data;
+    } else {
+      src = cbytes(a.send) + off * e;
+    }
     for (int c : t.children) co_await op.put(c, src, len);
     if (src != dst) std::memcpy(dst, src, len);
     if (t.parent >= 0) op.release(t.parent);

@@ -85,10 +85,9 @@ struct FakeStore::Impl {
             std::lock_guard lock(mu);
             v = data.at(k);
           }
-          std::vector<std::uint8_t> out(8 + v.size());
           const std::uint64_t n = v.size();
-          std::memcpy(out.data(), &n, 8);
-          std::memcpy(out.data() + 8, v.data(), v.size());
+          std::string out(reinterpret_cast<const char*>(&n), sizeof n);
+          out += v;
           co_await asio::async_write(s, asio::buffer(out), asio::use_awaitable);
         } else if (q == 4) {  // ADD
           std::string k = co_await text(s);
