@@ -23,13 +23,7 @@ const std::vector<std::string> always = {"COCCL_TIMEOUT=60", "COCCL_TRANSPORT=sh
 
 LaunchResult run(const std::string& scenario, int nranks, std::vector<std::string> env,
                  std::vector<std::string> args = {}) {
-  LaunchOptions o;
-  o.scenario = scenario;
-  o.nranks = nranks;
-  o.env = std::move(env);
-  o.args = std::move(args);
-  o.deadline = std::chrono::seconds(120);
-  return launch(o);
+  return launch(scenario, nranks, std::move(env), std::move(args), std::chrono::seconds(120));
 }
 
 class FastPath : public ::testing::TestWithParam<int> {};

@@ -226,4 +226,15 @@ LaunchResult launch(const LaunchOptions& o) {
   return result;
 }
 
+LaunchResult launch(const std::string& scenario, int nranks, std::vector<std::string> env,
+                    std::vector<std::string> args, std::chrono::seconds deadline) {
+  LaunchOptions o;
+  o.scenario = scenario;
+  o.nranks = nranks;
+  o.env = std::move(env);
+  o.args = std::move(args);
+  o.deadline = deadline;
+  return launch(o);
+}
+
 }  // namespace coccl::test

@@ -77,5 +77,9 @@ struct LaunchResult {
 /// Creates a UniqueId in this process (unless `id_text` is given) and runs the scenario on
 /// `nranks` worker processes.
 LaunchResult launch(const LaunchOptions& options);
+/// launch() of `scenario` on `nranks` workers with only the environment, arguments and deadline
+/// set.
+LaunchResult launch(const std::string& scenario, int nranks, std::vector<std::string> env,
+                    std::vector<std::string> args, std::chrono::seconds deadline);
 
 }  // namespace coccl::test

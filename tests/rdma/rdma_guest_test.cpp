@@ -24,15 +24,9 @@ const std::string timeout = "COCCL_TIMEOUT=120";
 
 LaunchResult run(const std::string& scenario, int nranks, std::vector<std::string> env,
                  std::vector<std::string> args = {}) {
-  LaunchOptions o;
-  o.scenario = scenario;
-  o.nranks = nranks;
-  o.env = std::move(env);
-  o.env.push_back(ib);
-  o.env.push_back(timeout);
-  o.args = std::move(args);
-  o.deadline = seconds(300);
-  return launch(o);
+  env.push_back(ib);
+  env.push_back(timeout);
+  return launch(scenario, nranks, std::move(env), std::move(args), seconds(300));
 }
 
 bool every_link_is_ib(const LaunchResult& r) {
