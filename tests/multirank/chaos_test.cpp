@@ -3,14 +3,19 @@
 // middle of a collective. Every trial is classified; the test fails on any crash, wrong result,
 // hang beyond COCCL_TIMEOUT, or survivor that does not name the victim. COCCL_CHAOS_TRIALS sets the
 // number of trials of each kind: 50 by default, as in docs/reliability.md (the sanitizer stage of
-// CI runs fewer).
+// CI runs fewer). COCCL_CHAOS_PARALLEL jobs run side by side (4 by default): a stopped rank's
+// survivors spend most of a trial idle until COCCL_TIMEOUT, so one at a time left the cores idle
+// for most of three minutes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <coccl/error.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "harness.hpp"
 #include "tests/multirank/worker.hpp"
@@ -23,10 +28,10 @@ constexpr double timeout_s = 3;
 // Scheduling slack on a loaded 2-core machine (the sanitizer build runs beside other tests).
 constexpr double slack_s = 6;
 
-int trials() {
-  const char* t = std::getenv("COCCL_CHAOS_TRIALS");
-  const int n = t ? std::atoi(t) : 50;
-  return n > 0 ? n : 50;
+int env_count(const char* name, int fallback) {
+  const char* t = std::getenv(name);
+  const int n = t ? std::atoi(t) : fallback;
+  return n > 0 ? n : fallback;
 }
 
 std::string last_error(const RankResult& r) {
@@ -64,35 +69,60 @@ std::string judge(const LaunchResult& r, int victim, int signal) {
   return {};
 }
 
+struct Trial {
+  int victim = 0;
+  int delay_ms = 0;
+};
+
+std::string run_trial(const Trial& t, int signal, std::string& report) {
+  LaunchOptions o;
+  o.scenario = "chaos";
+  o.nranks = ranks;
+  o.args = {"cold"};
+  o.env = {"COCCL_TIMEOUT=3"};
+  o.signals = {{t.victim, signal, "", std::chrono::milliseconds(t.delay_ms)}};
+  if (signal == SIGSTOP) o.reap = {t.victim};
+  o.deadline = std::chrono::seconds(60);
+  const LaunchResult r = launch(o);
+  std::string verdict = judge(r, t.victim, signal);
+  if (!verdict.empty()) report = r.describe();
+  return verdict;
+}
+
 void run_trials(int signal) {
-  const int n = trials();
+  const int n = env_count("COCCL_CHAOS_TRIALS", 50);
+  const int jobs = env_count("COCCL_CHAOS_PARALLEL", 4);
+  // The trials are drawn up front, so a seed gives the same victims and moments however many
+  // run side by side.
   std::mt19937 rng(static_cast<unsigned>(signal) * 7919u + static_cast<unsigned>(n));
-  int bad = 0;
+  std::vector<Trial> plan(n);
   for (int t = 0; t < n; ++t) {
-    const int victim = static_cast<int>(rng() % ranks);
+    plan[t].victim = static_cast<int>(rng() % ranks);
     // 0-600 ms after launch: process start and bootstrap take ~50-150 ms here, links are made by
     // the first operations, and the loop runs after that.
     // Every third trial lands in the first 150 ms: process start and bootstrap.
-    const int delay_ms = static_cast<int>(rng() % (t % 3 == 0 ? 150 : 600));
-    LaunchOptions o;
-    o.scenario = "chaos";
-    o.nranks = ranks;
-    o.args = {"cold"};
-    o.env = {"COCCL_TIMEOUT=3"};
-    o.signals = {{victim, signal, "", std::chrono::milliseconds(delay_ms)}};
-    if (signal == SIGSTOP) o.reap = {victim};
-    o.deadline = std::chrono::seconds(60);
-    const LaunchResult r = launch(o);
-    const std::string verdict = judge(r, victim, signal);
-    std::printf("trial %2d: %s rank %d at %3d ms: %s\n", t,
-                signal == SIGKILL ? "SIGKILL" : "SIGSTOP", victim, delay_ms,
-                verdict.empty() ? "survivors failed naming it" : verdict.c_str());
-    if (!verdict.empty()) {
-      ++bad;
-      ADD_FAILURE() << "trial " << t << ": " << verdict << "\n" << r.describe();
+    plan[t].delay_ms = static_cast<int>(rng() % (t % 3 == 0 ? 150 : 600));
+  }
+  int bad = 0;
+  for (int first = 0; first < n; first += jobs) {
+    const int last = std::min(n, first + jobs);
+    std::vector<std::string> reports(last - first);
+    std::vector<std::future<std::string>> verdicts;
+    for (int t = first; t < last; ++t)
+      verdicts.push_back(std::async(std::launch::async, run_trial, std::cref(plan[t]), signal,
+                                    std::ref(reports[t - first])));
+    for (int t = first; t < last; ++t) {
+      const std::string verdict = verdicts[t - first].get();
+      std::printf("trial %2d: %s rank %d at %3d ms: %s\n", t,
+                  signal == SIGKILL ? "SIGKILL" : "SIGSTOP", plan[t].victim, plan[t].delay_ms,
+                  verdict.empty() ? "survivors failed naming it" : verdict.c_str());
+      if (!verdict.empty()) {
+        ++bad;
+        ADD_FAILURE() << "trial " << t << ": " << verdict << "\n" << reports[t - first];
+      }
     }
   }
-  std::printf("%d trials, %d broke a rule\n", n, bad);
+  std::printf("%d trials (%d side by side), %d broke a rule\n", n, jobs, bad);
 }
 
 TEST(Chaos, ARankKilledAtARandomMomentIsNamedByEverySurvivor) { run_trials(SIGKILL); }
