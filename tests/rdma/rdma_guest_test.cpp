@@ -48,7 +48,12 @@ TEST_P(EveryCollectiveOverIb, MatchesTheReference) {
   EXPECT_TRUE(every_link_is_ib(r)) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, EveryCollectiveOverIb, ::testing::Values(2, 3, 4),
+// Two and three ranks: every link-level path of ib (one peer, and several peers on one completion
+// queue, with a rank count that is not a power of two). Four ranks of every collective run in
+// AutoTransport below (ib between two hosts); the four-rank algorithms run over shm and tcp in
+// the multi-rank tests. Under the guest's emulation the four-rank run took 41 s of the test's
+// 188 s.
+INSTANTIATE_TEST_SUITE_P(Ranks, EveryCollectiveOverIb, ::testing::Values(2, 3),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 // Two hosts of two ranks (COCCL_HOSTID) with COCCL_TRANSPORT=auto: ib between the hosts (the
@@ -115,7 +120,7 @@ TEST_P(RegisteredBuffersOverIb, MoveZeroCopyOnlyWhenBothSidesRegistered) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, RegisteredBuffersOverIb,
                          ::testing::Values(RegCase{"both", 2}, RegCase{"both", 3},
-                                           RegCase{"both", 4}, RegCase{"send", 3},
+                                           RegCase{"send", 3},
                                            RegCase{"recv", 3}, RegCase{"none", 2}),
                          [](const auto& info) {
                            return std::string(info.param.mode) + "_" +
