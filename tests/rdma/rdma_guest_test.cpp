@@ -120,8 +120,8 @@ TEST_P(RegisteredBuffersOverIb, MoveZeroCopyOnlyWhenBothSidesRegistered) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, RegisteredBuffersOverIb,
                          ::testing::Values(RegCase{"both", 2}, RegCase{"both", 3},
-                                           RegCase{"send", 3},
-                                           RegCase{"recv", 3}, RegCase{"none", 2}),
+                                           RegCase{"send", 3}, RegCase{"recv", 3},
+                                           RegCase{"none", 2}),
                          [](const auto& info) {
                            return std::string(info.param.mode) + "_" +
                                   std::to_string(info.param.nranks) + "ranks";
