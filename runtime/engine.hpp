@@ -14,6 +14,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -58,10 +59,12 @@ inline void cpu_relax() noexcept {
 /// the role whenever it runs handlers or pollers, and lets go of it only between the rounds of its
 /// loop (to a thread asking for it, or while it yields its core in an idle round within
 /// COCCL_SPIN_US of its last work). A borrower that gets it runs with the proxy thread stopped at
-/// that point; the proxy thread waits (yielding) until the borrower gives it back. Nothing is lent
-/// while the proxy thread is busy or asleep. The role is handed over with acquire/release atomics,
-/// so everything the borrower did is visible to the proxy thread afterwards, and the other way
-/// round.
+/// that point; the proxy thread waits until the borrower gives it back, asleep on a futex (at most
+/// 100 us at a time) so that it leaves the core to the borrowers: it is woken early when it is owed
+/// a round (owe()) or when a borrower gives back the role while the loop's pollers wait. Nothing is
+/// lent while the proxy thread is busy or asleep. The role is handed over with acquire/release
+/// atomics, so everything the borrower did is visible to the proxy thread afterwards, and the other
+/// way round.
 class ProxyThread {
  public:
   explicit ProxyThread(int index);
@@ -102,7 +105,7 @@ class ProxyThread {
   /// Any thread, after handing this proxy thread work that another thread waits for (posted, or
   /// queued while holding its role): the proxy thread is owed a round of its loop, so a holder
   /// gives the role back soon and none is lent again before that round has run.
-  void owe() noexcept { owed_.store(true, std::memory_order_relaxed); }
+  void owe() noexcept;
 
   /// Adds or removes a poller; call on this proxy thread.
   void add_poller(Poller* p);
@@ -126,11 +129,15 @@ class ProxyThread {
   void hold_role() noexcept;
   void lend_if_asked() noexcept;
   void release_role() noexcept { holder_.store(free_role, std::memory_order_release); }
+  // The proxy thread naps in hold_role() while a borrower holds the role; wake_nap() ends the nap.
+  void wake_nap() noexcept;
   std::atomic<int> holder_{proxy_role};
   std::atomic<bool> asleep_{false};
   std::atomic<int> asking_{0};
   std::atomic<bool> lent_{false};
   std::atomic<bool> owed_{false};
+  std::atomic<bool> napping_{false};
+  std::atomic<std::uint32_t> nap_word_{0};  // the futex: bumped by every wake_nap()
 
   int index_;
   asio::io_context ctx_;
