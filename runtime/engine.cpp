@@ -55,8 +55,7 @@ bool ProxyThread::wanted() const noexcept {
   // Work handed to the loop waits until the holder returns; on the proxy thread itself (a handler
   // of the loop) it runs right after, whatever the flag says.
   if (!in_thread() && owed_.load(std::memory_order_relaxed)) return true;
-  return std::any_of(pollers_.begin(), pollers_.end(),
-                     [](const Poller* p) { return p->waiting(); });
+  return pollers_waiting();
 }
 
 void ProxyThread::owe() noexcept {
@@ -145,8 +144,7 @@ ProxyThread::Borrow::~Borrow() {
   // Coroutines parked on the loop's pollers wait for it: a napping proxy thread is woken now
   // rather than at the end of its nap. Read while the role is still held (the pollers are the
   // loop's state).
-  const bool pollers_wait = std::any_of(t_.pollers_.begin(), t_.pollers_.end(),
-                                        [](const Poller* p) { return p->waiting(); });
+  const bool pollers_wait = t_.pollers_waiting();
   role_held = nullptr;
   t_.lent_.store(true, std::memory_order_relaxed);
   // Sequentially consistent, paired with hold_role()'s napping_ store and holder_ load: either the
@@ -178,6 +176,11 @@ void ProxyThread::remove_idle_poller(Poller* p) {
                       idle_pollers_.end());
 }
 
+bool ProxyThread::pollers_waiting() const noexcept {
+  return std::any_of(pollers_.begin(), pollers_.end(),
+                     [](const Poller* p) { return p->waiting(); });
+}
+
 bool ProxyThread::poll_pollers() {
   bool progress = false;
   // Index loop: a poller may complete a handler that registers or removes pollers.
@@ -200,8 +203,7 @@ void ProxyThread::run() {
     lend_if_asked();
     const bool lent = lent_.exchange(false, std::memory_order_relaxed);
     bool progress = poll_pollers();
-    bool waiting =
-        std::any_of(pollers_.begin(), pollers_.end(), [](const Poller* p) { return p->waiting(); });
+    bool waiting = pollers_waiting();
     // ctx.poll() enters the reactor (an epoll_wait syscall) when nothing is queued. While a
     // poller waits for a peer and only pollers make progress, visit it every fourth round; when
     // nothing waits on a poller, work is most likely queued there, so visit it every round,

@@ -119,6 +119,9 @@ class ProxyThread {
  private:
   void run();
   bool poll_pollers();
+  // Whether a coroutine is parked on one of the pollers (only the loop resumes it). Read by the
+  // holder of the role.
+  bool pollers_waiting() const noexcept;
 
   // The role: who holds it (free, the proxy thread, a borrower), whether the proxy thread is asleep
   // in the io_context (holding it: a borrower then gives up at once), threads trying to borrow it,

@@ -74,7 +74,13 @@ struct Trial {
   int delay_ms = 0;
 };
 
-std::string run_trial(const Trial& t, int signal, std::string& report) {
+// The broken rule ("" when none) and, if one broke, the launch's report.
+struct Outcome {
+  std::string verdict;
+  std::string report;
+};
+
+Outcome run_trial(const Trial& t, int signal) {
   LaunchOptions o;
   o.scenario = "chaos";
   o.nranks = ranks;
@@ -84,9 +90,9 @@ std::string run_trial(const Trial& t, int signal, std::string& report) {
   if (signal == SIGSTOP) o.reap = {t.victim};
   o.deadline = std::chrono::seconds(60);
   const LaunchResult r = launch(o);
-  std::string verdict = judge(r, t.victim, signal);
-  if (!verdict.empty()) report = r.describe();
-  return verdict;
+  Outcome out{judge(r, t.victim, signal), {}};
+  if (!out.verdict.empty()) out.report = r.describe();
+  return out;
 }
 
 void run_trials(int signal) {
@@ -106,19 +112,18 @@ void run_trials(int signal) {
   int bad = 0;
   for (int first = 0; first < n; first += jobs) {
     const int last = std::min(n, first + jobs);
-    std::vector<std::string> reports(last - first);
-    std::vector<std::future<std::string>> verdicts;
+    std::vector<std::future<Outcome>> outcomes;
     for (int t = first; t < last; ++t)
-      verdicts.push_back(std::async(std::launch::async, run_trial, std::cref(plan[t]), signal,
-                                    std::ref(reports[t - first])));
+      outcomes.push_back(std::async(std::launch::async, run_trial, std::cref(plan[t]), signal));
     for (int t = first; t < last; ++t) {
-      const std::string verdict = verdicts[t - first].get();
+      const Outcome o = outcomes[t - first].get();
+      const std::string& verdict = o.verdict;
       std::printf("trial %2d: %s rank %d at %3d ms: %s\n", t,
                   signal == SIGKILL ? "SIGKILL" : "SIGSTOP", plan[t].victim, plan[t].delay_ms,
                   verdict.empty() ? "survivors failed naming it" : verdict.c_str());
       if (!verdict.empty()) {
         ++bad;
-        ADD_FAILURE() << "trial " << t << ": " << verdict << "\n" << reports[t - first];
+        ADD_FAILURE() << "trial " << t << ": " << verdict << "\n" << o.report;
       }
     }
   }
