@@ -133,7 +133,7 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
   peers_->set_status_source([w = weak_from_this()]() -> std::vector<std::uint8_t> {
     auto self = w.lock();
     // Nothing until the table is here: the asker reads that as "has not formed".
-    if (!self || self->peers().table().empty()) return {};
+    if (!self || !self->peers().formed()) return {};
     return encode_status(self->status());
   });
   peers_->set_status_reader([](std::span<const std::uint8_t> bytes) -> std::string {
@@ -158,12 +158,8 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
 }
 
 void CommImpl::learn_topology() {
-  const auto& t = peers_->table();
-  one_host_ =
-      std::all_of(t.begin(), t.end(), [&](const auto& p) { return p.host_hash == t[0].host_hash; });
-  const auto mine = t[static_cast<std::size_t>(rank_)].host_hash;
-  const auto local =
-      std::count_if(t.begin(), t.end(), [&](const auto& p) { return p.host_hash == mine; });
+  one_host_ = peers_->hosts() == 1;
+  const int local = peers_->host_ranks();
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int usable = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;

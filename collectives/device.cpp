@@ -239,17 +239,16 @@ std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, 
 
 // With hosts of equally many ranks (more than one), the sub-communicators of the hierarchical
 // algorithms (collective over `self`).
-std::error_code make_hierarchy(CommImpl& c, const std::shared_ptr<CommImpl>& self,
-                               DeviceState& st) {
-  const auto& table = c.peers().table();
+std::error_code make_hierarchy(CommImpl& c, const std::shared_ptr<CommImpl>& self, DeviceState& st,
+                               const std::vector<std::uint64_t>& host_of_rank) {
   const int n = c.size();
   std::vector<std::uint64_t> hosts;  // in order of first rank
   std::vector<int> host_of(n), local_of(n), per_host;
   for (int r = 0; r < n; ++r) {
-    auto it = std::find(hosts.begin(), hosts.end(), table[r].host_hash);
+    auto it = std::find(hosts.begin(), hosts.end(), host_of_rank[r]);
     const int h = static_cast<int>(it - hosts.begin());
     if (it == hosts.end()) {
-      hosts.push_back(table[r].host_hash);
+      hosts.push_back(host_of_rank[r]);
       per_host.push_back(0);
     }
     host_of[r] = h;
@@ -317,8 +316,8 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   if (auto e = cudaDeviceSynchronize()) return cuda_error(c, e, "cudaDeviceSynchronize");
   Advert mine{};
   if (across_hosts)
-    mine.memory.host = c.peers().table()[me].host_hash;
-  else if (auto e = transport::advertise(st->workspace, st->device, c.peers().table()[me].host_hash,
+    mine.memory.host = c.peers().self_info().host_hash;
+  else if (auto e = transport::advertise(st->workspace, st->device, c.peers().self_info().host_hash,
                                          mine.memory))
     return cuda_error(c, e, "cudaIpcGetMemHandle");
   mine.oneshot_max = oneshot_max;
@@ -388,7 +387,10 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   });
   if (across_hosts) {
     if (auto ec = make_net_device(self, st->status, st->net)) return ec;
-    if (auto ec = make_hierarchy(c, self, *st)) return ec;
+    std::vector<std::uint64_t> host_of_rank;
+    host_of_rank.reserve(all.size());
+    for (const Advert& a : all) host_of_rank.push_back(a.memory.host);
+    if (auto ec = make_hierarchy(c, self, *st, host_of_rank)) return ec;
     COCCL_INFO(p2p, me,
                "device operations across hosts through the proxy on GPU %d, at most %d "
                "blocks a kernel",

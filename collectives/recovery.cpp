@@ -106,6 +106,19 @@ asio::awaitable<bool> answers(asio::any_io_executor ex, transport::PeerInfo wher
   }
 }
 
+// A rank whose address cannot be found (every rank on the way is gone) counts as lost too.
+asio::awaitable<bool> locate_and_probe(std::shared_ptr<CommImpl> impl, int peer) {
+  Peers& peers = impl->peers();
+  std::optional<transport::PeerInfo> where;
+  try {
+    where =
+        co_await peers.locate(peer, std::chrono::steady_clock::now() + runtime::default_timeout());
+  } catch (const std::exception&) {
+  }
+  if (!where) co_return false;
+  co_return co_await answers(impl->executor(), *where, peers.secret(), impl->rank(), peer);
+}
+
 struct Gather {
   explicit Gather(asio::any_io_executor ex, int n) : alive(n, 0), done(ex) {}
   std::vector<char> alive;
@@ -114,7 +127,6 @@ struct Gather {
 };
 
 asio::awaitable<std::vector<int>> probe_all(std::shared_ptr<CommImpl> impl) {
-  Peers& peers = impl->peers();
   const int n = impl->size(), me = impl->rank();
   auto ex = impl->executor();
   auto g = std::make_shared<Gather>(ex, n);
@@ -123,11 +135,10 @@ asio::awaitable<std::vector<int>> probe_all(std::shared_ptr<CommImpl> impl) {
   g->done.expires_after(2 * runtime::default_timeout());
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    asio::co_spawn(ex, answers(ex, peers.table()[r], peers.secret(), me, r),
-                   [g, r](std::exception_ptr, bool ok) {
-                     g->alive[r] = ok ? 1 : 0;
-                     if (--g->left == 0) g->done.cancel();
-                   });
+    asio::co_spawn(ex, locate_and_probe(impl, r), [g, r](std::exception_ptr, bool ok) {
+      g->alive[r] = ok ? 1 : 0;
+      if (--g->left == 0) g->done.cancel();
+    });
   }
   if (g->left > 0) {
     boost::system::error_code ignored;
@@ -261,8 +272,9 @@ asio::awaitable<ShrinkPlan> ask(std::shared_ptr<CommImpl> impl, std::vector<int>
   const auto limit = runtime::default_timeout();
   std::shared_ptr<transport::Stream> sock;
   try {
-    sock = co_await transport::dial(impl->executor(), peers.table()[leader],
-                                    std::chrono::steady_clock::now() + limit);
+    const auto until = std::chrono::steady_clock::now() + limit;
+    const transport::PeerInfo where = co_await peers.locate(leader, until);
+    sock = co_await transport::dial(impl->executor(), where, until);
   } catch (const std::system_error& e) {
     throw std::system_error(make_error_code(errc::timed_out),
                             "shrink: cannot reach rank " + std::to_string(leader) +

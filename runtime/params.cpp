@@ -36,6 +36,7 @@ std::span<const config::ParamBase* const> library() {
     &slots,
     &mem_budget,
     &link_idle_s,
+    &directory_full,
     &memory_stream_bytes,
     &oneshot_max,
     &direct_max_ranks,

@@ -13,9 +13,11 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 #include "runtime/log.hpp"
 #include "transport/admission.hpp"
+#include "transport/directory.hpp"
 #include "transport/hmac.hpp"
 #include "transport/peers.hpp"
 #include "transport/tcp.hpp"
@@ -91,12 +93,27 @@ struct Root : std::enable_shared_from_this<Root> {
   }
 };
 
+// Every rank's entry, with the count of ranks on its host, for rank 0 to pass down the tree.
+std::vector<std::uint8_t> encode_whole_table(const std::vector<PeerInfo>& table) {
+  std::unordered_map<std::uint64_t, std::uint32_t> on_host;
+  for (const PeerInfo& p : table) ++on_host[p.host_hash];
+  DirectoryHeader h;
+  h.nranks = static_cast<std::uint32_t>(table.size());
+  h.hosts = static_cast<std::uint32_t>(on_host.size());
+  h.full = static_cast<std::int64_t>(table.size()) <= params::directory_full.get() ? 1 : 0;
+  std::vector<DirectoryEntry> entries;
+  entries.reserve(table.size());
+  for (std::size_t r = 0; r < table.size(); ++r)
+    entries.push_back({static_cast<std::int32_t>(r), table[r], on_host[table[r].host_hash]});
+  return encode_directory(h, entries);
+}
+
 asio::awaitable<bool> root_distribute(std::shared_ptr<Root> root) {
   // Root 0 sends the whole table to rank 0; another root sends its share to its first rank,
   // which passes it on to root 0.
   std::vector<std::uint8_t> payload;
   if (root->index == 0) {
-    payload = encode_table(root->table);
+    payload = encode_whole_table(root->table);
   } else {
     Share share{
         root->nranks,
@@ -546,7 +563,9 @@ void serve(std::shared_ptr<Root> root, runtime::ProxyThread& thread) {
 
 asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
   auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  auto sock = co_await transport::dial(ex_, table_[child], until, true, traffic_);
+  const PeerInfo* where = directory_.find(child);
+  if (!where) bad_message("no entry for tree child " + std::to_string(child));
+  auto sock = co_await transport::dial(ex_, *where, until, true, traffic_);
   runtime::CloseAfter guard(*sock, runtime::default_timeout());
   Channel channel = co_await Channel::initiate(*sock, secret_);
   co_await write_frame(*sock, channel, FrameType::table, payload);
@@ -671,7 +690,9 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
                                   " got no address table within COCCL_TIMEOUT: " + why);
     }
   }
-  table_ = decode_table(payload, nranks_);
+  DirectoryFrame frame = decode_directory(payload, nranks_);
+  payload = {};
+  directory_.assign(frame, rank_);
   table_ready_.cancel();
   // Both children get the table even when one cannot: a dead child's subtree then names it, and
   // the rest of the job forms and finds the dead rank in its first operation.
@@ -683,7 +704,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
     if (child >= nranks_) continue;
     ++*pending;
     forwarding_.push_back(child);
-    asio::co_spawn(ex_, forward_table(child, payload),
+    asio::co_spawn(ex_, forward_table(child, directory_for_child(frame, child)),
                    [this, pass = gate_.enter(), child, unreachable_ptr, pending,
                     forwarded](std::exception_ptr ep) {
                      if (pass.open()) std::erase(forwarding_, child);
@@ -837,7 +858,7 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
     co_return "rank 0 reached the bootstrap root but could not take the address table from it "
               "(it has gone)";
   if (rank_ == 0) co_return "every rank reached the bootstrap root, which sent no table";
-  const std::string parent_says = co_await ancestors_say(rank_, view->table);
+  const std::string parent_says = co_await ancestors_say(rank_, &view->table);
   const std::string left = view->rank0_left ? "; rank 0 took it from the root, then its connection "
                                               "to the root ended without a goodbye (its process "
                                               "may be gone)"
@@ -846,7 +867,7 @@ asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
       parent_says + ")" + left;
 }
 
-asio::awaitable<std::string> Peers::ancestors_say(int target, const std::vector<PeerInfo>& table) {
+asio::awaitable<std::string> Peers::ancestors_say(int target, const std::vector<PeerInfo>* table) {
   if (target <= 0) co_return std::string();
   // The table comes down the tree from rank 0: the first ancestor that does not answer holds it.
   std::vector<int> ancestors;
@@ -856,8 +877,8 @@ asio::awaitable<std::string> Peers::ancestors_say(int target, const std::vector<
   }
   std::string said;
   for (int a : ancestors) {
-    if (a >= static_cast<int>(table.size())) break;
-    said = co_await ask_about(a, table[a]);
+    if (table && a >= static_cast<int>(table->size())) break;
+    said = co_await ask_about(a, table ? std::optional<PeerInfo>((*table)[a]) : std::nullopt);
     if (said.find("does not answer") != std::string::npos) break;
   }
   co_return said;

@@ -119,27 +119,10 @@ Share decode_share(std::span<const std::uint8_t> payload) {
   return s;
 }
 
-std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table) {
-  Writer w;
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(table.size()));
-  for (const PeerInfo& p : table) w.put(p);
-  return std::move(w.bytes());
-}
-
-std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks) {
-  Reader r(payload);
-  auto n = r.get<std::uint32_t>();
-  if (static_cast<int>(n) != nranks) bad_message("address table has the wrong size");
-  std::vector<PeerInfo> t(n);
-  for (auto& p : t) p = r.get<PeerInfo>();
-  if (!r.done()) bad_message("trailing bytes after the address table");
-  return t;
-}
-
 std::vector<std::uint8_t> encode_link_request(const LinkRequest& q) {
   Writer w;
   w.put(q.from).put(q.to).put(q.kind).put(q.slots).put(q.slot_bytes);
-  w.put_bytes(q.address).put(q.sockets);
+  w.put_bytes(q.address).put(q.sockets).put(q.info);
   return std::move(w.bytes());
 }
 
@@ -160,6 +143,7 @@ LinkRequest decode_link_request(std::span<const std::uint8_t> payload) {
   q.slot_bytes = r.get<std::uint64_t>();
   q.address = r.get_bytes();
   q.sockets = r.get<std::uint32_t>();
+  q.info = r.get<PeerInfo>();
   if (!r.done()) bad_message("trailing bytes after a link request");
   return q;
 }

@@ -84,10 +84,6 @@ std::vector<std::uint8_t> encode_share(const Share& s);
 /// Also checks that the share is the one `index` of `roots` names (first rank and count).
 Share decode_share(std::span<const std::uint8_t> payload);
 
-/// The address table, one entry per rank; decoding checks it has `nranks` entries.
-std::vector<std::uint8_t> encode_table(const std::vector<PeerInfo>& table);
-std::vector<PeerInfo> decode_table(std::span<const std::uint8_t> payload, int nranks);
-
 /// Lower rank -> higher rank: open a link of `kind` with these settings. `address` is the
 /// dialler's end as its transport describes it (LinkSetup::offer: a shared segment's name, an RDMA
 /// address, nothing for tcp), `sockets` the number of sockets the dialler would use.
@@ -99,6 +95,7 @@ struct LinkRequest {
   std::uint64_t slot_bytes;
   std::vector<std::uint8_t> address;
   std::uint32_t sockets = 1;
+  PeerInfo info{};  // the dialler's listener: the answerer may not hold its entry
 };
 std::vector<std::uint8_t> encode_link_request(const LinkRequest& r);
 /// The ranks of a request (from, to), read first: they decide whether it is answered at all.

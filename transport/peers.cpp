@@ -60,7 +60,6 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       accept_retry_(ex_),
       table_box_(ex_),
       table_ready_(ex_, runtime::default_timeout()),
-      by_peer_(nranks, nullptr),
       recovery_box_(ex_),
       budget_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::mem_budget.get()))),
       idle_timer_(ex_) {
@@ -206,6 +205,10 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s, Admissio
     co_await serve_close(s, channel, std::move(f));
     co_return;
   }
+  if (f.type == FrameType::whois) {
+    co_await serve_whois(s, channel, std::move(f));
+    co_return;
+  }
   if (f.type == FrameType::table) {
     // The one table this rank needs; an extra one (a confused or hostile peer holding the
     // secret) is not queued.
@@ -317,12 +320,16 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
   // Bounded: small jobs hear it from this rank; in large ones the ranks in this rank's tree
   // neighbourhood do, and the rest time out on their own.
   std::vector<int> whom;
+  // Only ranks whose address this rank holds: asking the way to others could take longer than
+  // the second this has.
+  auto add = [&](int r) {
+    if (r >= 0 && r < nranks_ && r != rank_ && !by_peer_[r] && directory_.find(r))
+      whom.push_back(r);
+  };
   if (nranks_ <= 64) {
-    for (int r = 0; r < nranks_; ++r)
-      if (r != rank_ && !by_peer_[r]) whom.push_back(r);
+    for (int r = 0; r < nranks_; ++r) add(r);
   } else {
-    for (int r : {(rank_ - 1) / 2, 2 * rank_ + 1, 2 * rank_ + 2})
-      if (r >= 0 && r < nranks_ && r != rank_ && !by_peer_[r]) whom.push_back(r);
+    for (int r : {(rank_ - 1) / 2, 2 * rank_ + 1, 2 * rank_ + 2}) add(r);
   }
   auto payload = std::make_shared<std::vector<std::uint8_t>>(encode_notice(rank_, why));
   auto left = std::make_shared<int>(static_cast<int>(whom.size()));
@@ -339,7 +346,7 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
           runtime::CloseAfter guard(*sock, std::chrono::seconds(1));
           Channel channel = co_await Channel::initiate(*sock, secret);
           co_await write_frame(*sock, channel, FrameType::notice, *bytes);
-        }(ex_, table_[r], secret_, payload, traffic_),
+        }(ex_, *directory_.find(r), secret_, payload, traffic_),
         [left, all_told](std::exception_ptr) {
           if (--*left == 0) all_told->cancel();
         });
@@ -350,11 +357,20 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
   }
 }
 
-asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
+asio::awaitable<std::string> Peers::ask_about(int peer, std::optional<PeerInfo> where) {
   std::vector<std::uint8_t> bytes;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  std::string lost;
+  if (!where) {
+    try {
+      where = co_await locate(peer, until);
+    } catch (const std::exception& e) {
+      lost = e.what();
+    }
+  }
+  if (!where) co_return "rank " + std::to_string(peer) + " cannot be found (" + lost + ")";
   try {
-    bytes = co_await query_rank(ex_, where, secret_,
-                                std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+    bytes = co_await query_rank(ex_, *where, secret_, until);
   } catch (const std::exception&) {
     co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
   }
@@ -363,17 +379,99 @@ asio::awaitable<std::string> Peers::ask_about(int peer, PeerInfo where) {
       " reports: " + (status_reader_ ? status_reader_(bytes) : std::string("a status"));
 }
 
+asio::awaitable<PeerInfo> Peers::locate(int peer, std::chrono::steady_clock::time_point until) {
+  if (const PeerInfo* known = directory_.find(peer)) co_return *known;
+  if (peer < 0 || peer >= nranks_ || !directory_.formed())
+    throw std::system_error(make_error_code(errc::internal),
+                            "no address of rank " + std::to_string(peer) + " to look up");
+  // Each round asks one rank on the way; its answer is the target's entry, or the next ranks on
+  // the way, one bit closer (directory.hpp). A rank that does not answer is passed over for the
+  // next candidate of the same round.
+  std::vector<int> candidates = next_hops(rank_, peer);
+  std::string silent;
+  for (int round = 0; round <= 32; ++round) {
+    std::optional<std::vector<Located>> answer;
+    for (int hop : candidates) {
+      const PeerInfo* at_hop = directory_.find(hop);
+      if (!at_hop) continue;
+      try {
+        const auto question = encode_whois(peer);
+        auto sock = co_await transport::dial(ex_, *at_hop, until, true, traffic_);
+        runtime::CloseAfter guard(*sock, std::max<std::chrono::steady_clock::duration>(
+                                             until - std::chrono::steady_clock::now(), {}));
+        Channel channel = co_await Channel::initiate(*sock, secret_);
+        co_await write_frame(*sock, channel, FrameType::whois, question);
+        Frame f = co_await read_frame(*sock, channel, max_small_frame);
+        if (f.type != FrameType::whois) bad_message("expected an address answer");
+        answer = decode_whois_answer(f.payload, nranks_);
+      } catch (const std::exception& e) {
+        if (!silent.empty()) silent += "; ";
+        silent += "rank ";
+        silent += std::to_string(hop);
+        silent += ": ";
+        silent += e.what();
+        if (std::chrono::steady_clock::now() >= until) break;
+        continue;
+      }
+      break;
+    }
+    if (!answer) break;
+    candidates.clear();
+    for (const auto& [rank, info] : *answer) {
+      directory_.learn(rank, info);
+      candidates.push_back(rank);
+    }
+    if (const PeerInfo* found = directory_.find(peer)) co_return *found;
+  }
+  throw std::system_error(make_error_code(errc::peer_lost),
+                          "cannot find where rank " + std::to_string(peer) +
+                              " listens: no rank on the way answered (" + silent + ")");
+}
+
+asio::awaitable<void> Peers::serve_whois(std::shared_ptr<Stream> s,
+                                         std::shared_ptr<Channel> channel, Frame f) {
+  auto pass = gate_.enter();
+  try {
+    const int target = decode_whois(f.payload, nranks_);
+    if (!directory_.formed()) {
+      // Asked by a rank that got its entries earlier: answer once this rank has its own.
+      boost::system::error_code ignored;
+      co_await table_ready_.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+      if (!pass.open()) co_return;
+      if (!directory_.formed()) bad_message("asked for an address before this rank formed");
+    }
+    std::vector<Located> answer;
+    if (const PeerInfo* known = directory_.find(target)) {
+      answer.emplace_back(target, *known);
+    } else {
+      for (int hop : next_hops(rank_, target))
+        if (const PeerInfo* at_hop = directory_.find(hop)) answer.emplace_back(hop, *at_hop);
+    }
+    if (answer.empty()) bad_message("no way toward rank " + std::to_string(target));
+    runtime::CloseAfter guard(*s, auth_timeout());
+    const auto bytes = encode_whois_answer(answer);
+    co_await write_frame(*s, *channel, FrameType::whois, bytes);
+  } catch (const std::exception& e) {
+    if (pass.open() && !shut_) drops_.dropped(drop_reason(e));
+  }
+}
+
 LinkKind Peers::kind_for(int peer) const {
   // On the in-memory network the stream is the wire: every rank is in this process, so shm and
   // ib would only measure this host.
   if (options_.memory) return LinkKind::tcp;
   if (options_.transport == "ib") return LinkKind::ib;
   if (options_.transport == "tcp") return LinkKind::tcp;
-  const bool same_host = table_[peer].host_hash == table_[rank_].host_hash;
+  // Both ends hold each other's entry here: the dialler located the peer, and the link request
+  // carries the dialler's.
+  const PeerInfo* theirs = directory_.find(peer);
+  const PeerInfo* mine = directory_.find(rank_);
+  if (!theirs || !mine) bad_message("no address entry for rank " + std::to_string(peer));
+  const bool same_host = theirs->host_hash == mine->host_hash;
   // auto: across hosts ib when both ends offer it; within a host shm, which beats a loop through
   // the NIC.
   if (options_.transport == "auto" && !same_host &&
-      (table_[peer].caps & table_[rank_].caps & PeerInfo::cap_ib) != 0)
+      (theirs->caps & mine->caps & PeerInfo::cap_ib) != 0)
     return LinkKind::ib;
   if (params::shm_disable.get()) return LinkKind::tcp;
   return same_host ? LinkKind::shm : LinkKind::tcp;
@@ -437,9 +535,9 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
       if (because.empty()) {
         // A peer that has no address table yet closes a link request when its wait for the table
         // ends: name what holds the table up (the rank that died on the way), not the peer.
-        const std::string peer_says = co_await ask_about(peer, table_[peer]);
+        const std::string peer_says = co_await ask_about(peer);
         if (peer_says.find(not_formed) != std::string::npos) {
-          const std::string above = co_await ancestors_say(peer, table_);
+          const std::string above = co_await ancestors_say(peer, nullptr);
           because = "; " + peer_says + ": the address table did not reach it (" + above + ")";
         }
       }
@@ -468,7 +566,7 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
   if (!ec) {
     at(peer).pending.reset();
     // Whatever holds the peer up is what to name: ask it.
-    const std::string about = co_await ask_about(peer, table_[peer]);
+    const std::string about = co_await ask_about(peer);
     throw LinkError(
         make_error_code(errc::timed_out),
         "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " + about);
@@ -479,13 +577,14 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
 
 asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   auto limit = runtime::default_timeout();
+  const PeerInfo where = co_await locate(peer, std::chrono::steady_clock::now() + limit);
   const LinkKind kind = kind_for(peer);
   // A ring never larger than the whole budget (the budget's own check names one too small for
   // the smallest ring).
   if (budget_ > 0) slots = std::max<std::size_t>(2, std::min(slots, budget_ / options_.slot_bytes));
   Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
-  auto sock = co_await transport::dial(ex_, table_[peer], std::chrono::steady_clock::now() + limit,
-                                       true, traffic_);
+  auto sock = co_await transport::dial(ex_, where, std::chrono::steady_clock::now() + limit, true,
+                                       traffic_);
   std::unique_ptr<LinkSetup> setup = make_link_setup(kind, env_, peer, slots);
   const std::uint32_t want = setup->sockets();
   std::vector<Stream> further;
@@ -493,7 +592,7 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
     runtime::CloseAfter guard(*sock, limit);
     const std::vector<std::uint8_t> request =
         encode_link_request({rank_, peer, static_cast<std::uint8_t>(kind), slots,
-                             options_.slot_bytes, setup->offer(), want});
+                             options_.slot_bytes, setup->offer(), want, self_info()});
     Channel channel = co_await Channel::initiate(*sock, secret_);
     co_await write_frame(*sock, channel, FrameType::connect, request);
     Frame f = co_await read_frame(*sock, channel, max_small_frame);
@@ -506,8 +605,8 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
                   std::to_string(reply.sockets) + " sockets");
     // The link's further sockets, each authenticated like the first.
     for (std::uint32_t index = 1; index < reply.sockets; ++index) {
-      auto extra = co_await transport::dial(
-          ex_, table_[peer], std::chrono::steady_clock::now() + limit, false, traffic_);
+      auto extra = co_await transport::dial(ex_, where, std::chrono::steady_clock::now() + limit,
+                                            false, traffic_);
       runtime::CloseAfter extra_guard(*extra, limit);
       Writer sw;
       sw.put<std::int32_t>(rank_).put<std::int32_t>(peer).put<std::uint32_t>(index);
@@ -530,7 +629,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
                                     std::vector<std::uint8_t> payload) {
   auto limit = runtime::default_timeout();
   auto pass = gate_.enter();
-  if (table_.empty()) {
+  if (!directory_.formed()) {
     try {
       co_await table_ready_.async_wait(asio::use_awaitable);
     } catch (const boost::system::system_error&) {
@@ -545,17 +644,19 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
       co_await write_frame(*sock, *channel, FrameType::notice, notice);
       co_return;
     }
-    if (table_.empty())
+    if (!directory_.formed())
       bad_message("rank " + std::to_string(peer) +
                   " connected before this rank had the address table");
   }
-  const LinkKind kind = kind_for(peer);
   std::unique_ptr<LinkSetup> setup;
   std::vector<Stream> further;
   std::size_t slots = 0;
   {
     runtime::CloseAfter guard(*sock, limit);
     LinkRequest request = decode_link_request(payload);
+    // The dialler's entry, which this rank may not hold (directory.hpp); an entry it holds stays.
+    directory_.learn(peer, request.info);
+    const LinkKind kind = kind_for(peer);
     // The dialler sizes the ring (fewer slots for a small operation), up to this rank's
     // COCCL_SLOTS.
     if (request.kind != static_cast<std::uint8_t>(kind) || request.slots < 2 ||
@@ -628,7 +729,7 @@ void Peers::add_made(int peer, std::unique_ptr<Connection> c, std::size_t slots)
 void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes) {
   COCCL_INFO(net, rank_, "connected to rank %d over %s (receive ring %zu bytes)", peer, c->kind(),
              ring_bytes);
-  by_peer_[peer] = c.get();
+  by_peer_.set(peer, c.get());
   conns_.push_back(std::move(c));
   at(peer).ring_of = ring_bytes;
   ring_bytes_ += ring_bytes;
@@ -639,8 +740,7 @@ void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes)
 
 Peers::LinkStats Peers::link_stats() const noexcept {
   LinkStats s = stats_;
-  s.open = static_cast<int>(std::count_if(by_peer_.begin(), by_peer_.end(),
-                                          [](const Connection* c) { return c != nullptr; }));
+  s.open = static_cast<int>(by_peer_.size());
   s.ring_bytes = ring_bytes_;
   return s;
 }
@@ -672,10 +772,9 @@ asio::awaitable<Peers::Reservation> Peers::make_room(int peer, std::size_t bytes
     if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
     // Links the running operation does not hold, least recently used first.
     std::vector<int> idle;
-    for (int p = 0; p < nranks_; ++p)
-      if (p != peer && by_peer_[p] && !held(p) && !at(p).closing) idle.push_back(p);
-    const auto open = std::count_if(by_peer_.begin(), by_peer_.end(),
-                                    [](const Connection* c) { return c != nullptr; });
+    for (int p : by_peer_.peers())
+      if (p != peer && !held(p) && !at(p).closing) idle.push_back(p);
+    const auto open = by_peer_.size();
     const std::string holding =
         std::to_string(open) + " open links hold " + text(ring_bytes_) + " of receive rings";
     if (idle.empty() && reserved_ == 0)
@@ -739,8 +838,10 @@ asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
   bool agreed = false;
   try {
     const auto limit = auth_timeout();
-    auto sock = co_await transport::dial(ex_, table_[peer],
-                                         std::chrono::steady_clock::now() + limit, true, traffic_);
+    const PeerInfo* where = directory_.find(peer);
+    if (!where) bad_message("no address entry for linked rank " + std::to_string(peer));
+    auto sock = co_await transport::dial(ex_, *where, std::chrono::steady_clock::now() + limit,
+                                         true, traffic_);
     runtime::CloseAfter guard(*sock, limit);
     Channel channel = co_await Channel::initiate(*sock, secret_);
     Writer w;
@@ -804,7 +905,7 @@ asio::awaitable<void> Peers::serve_close(std::shared_ptr<Stream> s,
 void Peers::retire(int peer, CloseReason why) {
   Connection* c = by_peer_[peer];
   if (!c) return;
-  by_peer_[peer] = nullptr;
+  by_peer_.set(peer, nullptr);
   ++at(peer).link_gen;
   ring_bytes_ -= at(peer).ring_of;
   at(peer).ring_of = 0;
@@ -832,7 +933,7 @@ void Peers::arm_idle_timer() {
   idle_timer_.async_wait([this, pass = gate_.enter()](boost::system::error_code ec) {
     if (ec || !pass.open() || shut_) return;
     const auto now = std::chrono::steady_clock::now();
-    for (int p = 0; p < nranks_; ++p) {
+    for (int p : by_peer_.peers()) {
       Connection* c = by_peer_[p];
       if (!c || at(p).closing || held(p) || now - at(p).last_used < idle_ || !c->settled())
         continue;
@@ -849,7 +950,7 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   shut_ec_ = ec;
   // Peers without a link may be waiting for this rank to make one: tell them too (the linked
   // ones get the abort notice below).
-  if (notify && !table_.empty()) {
+  if (notify && directory_.formed()) {
     ++*telling_;
     asio::co_spawn(ex_, tell_everyone(why),
                    [telling = telling_](std::exception_ptr) { --*telling; });

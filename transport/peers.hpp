@@ -3,6 +3,7 @@
 // table is in bootstrap.cpp, with the root it talks to.
 #pragma once
 
+#include <algorithm>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "transport/bootstrap.hpp"
 #include "transport/bootstrap_messages.hpp"
 #include "transport/connection.hpp"
+#include "transport/directory.hpp"
 #include "transport/link_poller.hpp"
 #include "transport/link_setup.hpp"
 #include "transport/net.hpp"
@@ -54,7 +56,15 @@ class Peers {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return nranks_; }
   const Secret& secret() const noexcept { return secret_; }
-  const std::vector<PeerInfo>& table() const noexcept { return table_; }
+  /// The rendezvous is over: this rank holds its entries of the address table.
+  bool formed() const noexcept { return directory_.formed(); }
+  /// Distinct hosts among the ranks, and ranks on this rank's host (0 before formed()).
+  int hosts() const noexcept { return static_cast<int>(directory_.header().hosts); }
+  int host_ranks() const noexcept { return static_cast<int>(directory_.host_ranks()); }
+  /// Where `peer` listens: from the entries this rank holds, else asked of the ranks on the way
+  /// (directory.hpp), before `until`. Throws std::system_error (errc::peer_lost) naming the ranks
+  /// that did not answer.
+  asio::awaitable<PeerInfo> locate(int peer, std::chrono::steady_clock::time_point until);
   /// This rank's entry (its listener).
   PeerInfo self_info() const;
   /// On the in-memory network, what this rank's streams sent and received (transport/traffic.hpp);
@@ -111,6 +121,8 @@ class Peers {
 
   /// The connection to `peer` if it is open, else null.
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// Addresses this rank holds now (its own entries of the table and those it learned).
+  std::size_t addresses_known() const noexcept { return directory_.known(); }
   /// What get() returns without suspending: the open connection to `peer` (used at `now`, and held
   /// by the running operation as get() holds it), or null when get() would have to wait (no link
   /// yet, or a close of it is being agreed).
@@ -241,12 +253,16 @@ class Peers {
   /// Why the address table has not reached `target` (from the ranks of `table`): the first of
   /// its ancestors in the tree that does not answer, else what its parent reports; empty for
   /// rank 0.
-  asio::awaitable<std::string> ancestors_say(int target, const std::vector<PeerInfo>& table);
+  /// `table` is the root's (every rank's entry); null: locate the ancestors.
+  asio::awaitable<std::string> ancestors_say(int target, const std::vector<PeerInfo>* table);
   // Best effort, within a second: a notice frame with `why` to the ranks that may wait for this
   // one (every rank up to 64, else the tree neighbours).
   asio::awaitable<void> tell_everyone(std::string why);
   // "rank P reports: ..." from P's status answer, or "rank P does not answer ...", within 0.5 s.
-  asio::awaitable<std::string> ask_about(int peer, PeerInfo where);
+  asio::awaitable<std::string> ask_about(int peer, std::optional<PeerInfo> where = std::nullopt);
+  // A lookup's question from another rank: answered from the entries this rank holds.
+  asio::awaitable<void> serve_whois(std::shared_ptr<Stream> s, std::shared_ptr<Channel> channel,
+                                    Frame f);
   // Within a second, best effort: tells the root why this rank's set-up failed.
   asio::awaitable<void> tell_root(std::string why);
   // Rank 0: says goodbye on its connection to the root and lets it go (no-op elsewhere, or when
@@ -272,7 +288,7 @@ class Peers {
   DropLog drops_;
   asio::steady_timer accept_retry_;  // pause after an accept error
   bool table_received_ = false;      // only the first table frame counts
-  std::vector<PeerInfo> table_;
+  Directory directory_;
   std::vector<int> forwarding_;  // children still being passed the table (forwarding_table_to)
   runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
   // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
@@ -285,7 +301,47 @@ class Peers {
   LinkEnv env_;                                       // what every link's set-up shares
   std::vector<std::unique_ptr<Connection>> conns_;    // in creation order
   std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
-  std::vector<Connection*> by_peer_;                  // nranks entries
+  // Open links by peer, sorted: a rank links to O(log N) of its N peers, so a flat vector
+  // searched by halves beats N pointers.
+  class LinkIndex {
+   public:
+    Connection* operator[](int peer) const noexcept {
+      auto it = lower(peer);
+      return it != links_.end() && it->first == peer ? it->second : nullptr;
+    }
+    void set(int peer, Connection* c) {
+      auto it = lower(peer);
+      const bool there = it != links_.end() && it->first == peer;
+      if (c == nullptr) {
+        if (there) links_.erase(it);
+      } else if (there) {
+        it->second = c;
+      } else {
+        links_.insert(it, {peer, c});
+      }
+    }
+    std::size_t size() const noexcept { return links_.size(); }
+    /// The peers with an open link, in order (a copy: closing one changes the index).
+    std::vector<int> peers() const {
+      std::vector<int> out;
+      out.reserve(links_.size());
+      for (const auto& [p, c] : links_) out.push_back(p);
+      return out;
+    }
+
+   private:
+    using Entry = std::pair<int, Connection*>;
+    std::vector<Entry>::const_iterator lower(int peer) const noexcept {
+      return std::lower_bound(links_.begin(), links_.end(), peer,
+                              [](const Entry& e, int p) { return e.first < p; });
+    }
+    std::vector<Entry>::iterator lower(int peer) noexcept {
+      return std::lower_bound(links_.begin(), links_.end(), peer,
+                              [](const Entry& e, int p) { return e.first < p; });
+    }
+    std::vector<Entry> links_;
+  };
+  LinkIndex by_peer_;
   using Stripe = std::pair<std::uint32_t, std::shared_ptr<Stream>>;
   // What this rank keeps of a peer it has linked, or tried or been asked to link: only such peers
   // have an entry (at 4096 ranks a rank touches about 30), so a rank's memory does not grow by

@@ -1,9 +1,11 @@
-// Fuzz target: the payloads of bootstrap and link-setup frames (transport/bootstrap_messages) and
+// Fuzz target: the payloads of bootstrap and link-setup frames (transport/bootstrap_messages, the
+// address table and lookups of transport/directory) and
 // the abort notices of established links (transport/socket_connection), and, where the ib
 // transport is built, the RDMA address a peer sends. The first byte picks the decoder; the rest
 // is the payload. Bad input must be errc::bad_message; what decodes must encode to the same bytes.
 #include "tests/fuzz/fuzz_input.hpp"
 #include "transport/bootstrap_messages.hpp"
+#include "transport/directory.hpp"
 #include "transport/socket_connection.hpp"
 #if COCCL_HAVE_IB
 #include "transport/ib_link.hpp"
@@ -31,7 +33,7 @@ bool same_info(const PeerInfo& a, const PeerInfo& b) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::Input in(data, size);
   const auto which = in.get<std::uint8_t>();
-  switch (which % 8) {
+  switch (which % 10) {
     case 0: {
       auto payload = in.rest();
       fuzz::rejects(errc::bad_message, [&] {
@@ -48,11 +50,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const int nranks = in.get<std::uint8_t>();
       auto payload = in.rest();
       fuzz::rejects(errc::bad_message, [&] {
-        auto table = decode_table(payload, nranks);
-        if (static_cast<int>(table.size()) != nranks) fuzz::violated("table of the wrong size");
-        auto again = decode_table(encode_table(table), nranks);
-        for (std::size_t i = 0; i < table.size(); ++i)
-          if (!same_info(again[i], table[i])) fuzz::violated("a table changed in encoding");
+        DirectoryFrame table = decode_directory(payload, nranks);
+        if (table.header.full && static_cast<int>(table.entries.size()) != nranks)
+          fuzz::violated("a full table of the wrong size");
+        for (const DirectoryEntry& e : table.entries)
+          if (e.rank < 0 || e.rank >= nranks) fuzz::violated("a table entry out of range");
+        same(encode_directory(table.header, table.entries), payload);
       });
       break;
     }
@@ -89,6 +92,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       });
 #endif
       (void)payload;
+      break;
+    }
+    case 8: {
+      const int nranks = in.get<std::uint16_t>();
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] {
+        const int target = decode_whois(payload, nranks);
+        if (target < 0 || target >= nranks) fuzz::violated("a lookup of a rank out of range");
+        same(encode_whois(target), payload);
+      });
+      break;
+    }
+    case 9: {
+      const int nranks = in.get<std::uint16_t>();
+      auto payload = in.rest();
+      fuzz::rejects(errc::bad_message, [&] {
+        auto answer = decode_whois_answer(payload, nranks);
+        for (const auto& [rank, info] : answer)
+          if (rank < 0 || rank >= nranks) fuzz::violated("an answer naming a rank out of range");
+        same(encode_whois_answer(answer), payload);
+      });
       break;
     }
     case 7: {

@@ -12,6 +12,7 @@
 #include "tests/fuzz/wire_fixture.hpp"
 #include "transport/bootstrap.hpp"
 #include "transport/bootstrap_messages.hpp"
+#include "transport/directory.hpp"
 #include "transport/socket_connection.hpp"
 
 using namespace coccl;
@@ -72,7 +73,8 @@ void wire_seeds() {
   seed("wire", "dialler_frames", stream);
   // The table from the listener's side.
   Bytes back{2};
-  append(back, p.listener.seal(FrameType::table, encode_table({info(4000), info(4001)})));
+  const std::vector<DirectoryEntry> two{{0, info(4000), 2}, {1, info(4001), 2}};
+  append(back, p.listener.seal(FrameType::table, encode_directory({2, 1, 1}, two)));
   seed("wire", "listener_frames", back);
   seed("wire", "round_trip", Bytes{3, 0, 1, 3, 'a', 'b', 'c', 0, 0, 5, 0, 0x10, 0x80});
 }
@@ -84,9 +86,24 @@ void bootstrap_seeds() {
   };
   seed("bootstrap", "hello", with(0, encode_hello({2, 3, info(5000), 2, 0x1234})));
   seed("bootstrap", "share", with(7, encode_share({5, 2, 1, 0x1234, 3, {info(5003), info(5004)}})));
-  Bytes table = encode_table({info(5000), info(5001), info(5002)});
+  const std::vector<DirectoryEntry> three{
+      {0, info(5000), 3}, {1, info(5001), 3}, {2, info(5002), 3}};
+  Bytes table = encode_directory({3, 1, 1}, three);
   table.insert(table.begin(), 3);
   seed("bootstrap", "table", with(1, table));
+  // A sparse table (rank 1 of 5 holds 0, 1, 3 and 4 of them, as its needs say).
+  const std::vector<DirectoryEntry> sparse{
+      {0, info(5000), 1}, {1, info(5001), 1}, {3, info(5003), 1}, {4, info(5004), 1}};
+  Bytes part = encode_directory({5, 5, 0}, sparse);
+  part.insert(part.begin(), 5);
+  seed("bootstrap", "table_sparse", with(1, part));
+  Bytes whois = encode_whois(4);
+  whois.insert(whois.begin(), {5, 0});
+  seed("bootstrap", "whois", with(8, whois));
+  const std::vector<Located> hops{{2, info(5002)}, {1, info(5001)}};
+  Bytes answer = encode_whois_answer(hops);
+  answer.insert(answer.begin(), {5, 0});
+  seed("bootstrap", "whois_answer", with(9, answer));
   seed("bootstrap", "link_request",
        with(2, encode_link_request({0, 2, 1, 8, 1 << 20, Bytes{'/', 'c', 'o', 'c'}})));
   seed("bootstrap", "link_reply", with(3, encode_link_reply({Bytes(40, 7), 2})));

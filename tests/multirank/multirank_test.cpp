@@ -254,6 +254,23 @@ TEST(Topology, TwoHostsOfTwoRanksMixShmInsideAndTcpAcross) {
   EXPECT_EQ(links_over(r, "tcp"), 4 * 2) << r.describe();
 }
 
+// Without the whole address table (COCCL_DIRECTORY_FULL=0): a rank of 8 holds 6 of the 8 entries
+// and finds the rest by asking, and still links over shm inside a host and tcp across, since the
+// entries it learns carry the host identity.
+TEST(Topology, TwoHostsOfFourRanksWithoutTheWholeAddressTable) {
+  LaunchOptions o;
+  o.scenario = "every_collective";
+  o.nranks = 8;
+  o.env = {generous_timeout, "COCCL_TRANSPORT=auto", "COCCL_DIRECTORY_FULL=0", "COCCL_DEBUG=INFO",
+           "COCCL_DEBUG_SUBSYS=net"};
+  for (int r = 0; r < 8; ++r) o.rank_env.push_back({r < 4 ? "COCCL_HOSTID=a" : "COCCL_HOSTID=b"});
+  const LaunchResult r = launch(o);
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+  // every_collective links every pair (all_to_all): 3 peers inside each rank's host, 4 across.
+  EXPECT_EQ(links_over(r, "shm"), 8 * 3) << r.describe();
+  EXPECT_EQ(links_over(r, "tcp"), 8 * 4) << r.describe();
+}
+
 // ---- Registered buffers (register_buffer) ----------------------------------------------------
 
 // Without the ib transport a registration is recorded and changes nothing: every transfer is
