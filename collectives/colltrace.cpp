@@ -6,15 +6,20 @@ namespace coccl::detail {
 
 CollTrace::Entry& CollTrace::begin(std::uint64_t seq, const char* op, std::size_t count, int type,
                                    int root, std::chrono::steady_clock::time_point now) {
-  Entry& e = ring_[recorded_++ % ring_.size()];
-  e = Entry{seq, op, count, type, root, State::started, now, {}};
+  const Entry made{seq, op, count, type, root, State::started, now, {}};
+  if (ring_.size() < capacity_) {
+    ++recorded_;
+    return ring_.emplace_back(made);
+  }
+  Entry& e = ring_[recorded_++ % capacity_];
+  e = made;
   return e;
 }
 
 void CollTrace::end(std::uint64_t seq, bool ok) {
   // Operations end in the order they begin, so the newest entry is the one to close.
   if (recorded_ == 0) return;
-  Entry& e = ring_[(recorded_ - 1) % ring_.size()];
+  Entry& e = ring_[(recorded_ - 1) % capacity_];
   if (e.seq != seq || e.state != State::started) return;
   e.state = ok ? State::done : State::failed;
   e.ended = std::chrono::steady_clock::now();
@@ -23,10 +28,10 @@ void CollTrace::end(std::uint64_t seq, bool ok) {
 std::string CollTrace::json(int rank) const {
   static const char* names[] = {"enqueued", "started", "done", "failed"};
   std::string out = "{\"rank\":" + std::to_string(rank) + ",\"ops\":[";
-  std::size_t n = recorded_ < ring_.size() ? recorded_ : ring_.size();
+  std::size_t n = recorded_ < capacity_ ? recorded_ : capacity_;
   auto now = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < n; ++i) {
-    const Entry& e = ring_[(recorded_ - n + i) % ring_.size()];
+    const Entry& e = ring_[(recorded_ - n + i) % capacity_];
     auto end = e.state == State::started ? now : e.ended;
     long long us = std::chrono::duration_cast<std::chrono::microseconds>(end - e.started).count();
     char buf[256];
@@ -42,11 +47,11 @@ std::string CollTrace::json(int rank) const {
 
 std::vector<TraceEntry> CollTrace::entries() const {
   std::vector<TraceEntry> out;
-  const std::size_t n = recorded_ < ring_.size() ? recorded_ : ring_.size();
+  const std::size_t n = recorded_ < capacity_ ? recorded_ : capacity_;
   out.reserve(n);
   const auto now = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < n; ++i) {
-    const Entry& e = ring_[(recorded_ - n + i) % ring_.size()];
+    const Entry& e = ring_[(recorded_ - n + i) % capacity_];
     TraceEntry t;
     t.seq = e.seq;
     t.op = e.op;

@@ -23,7 +23,9 @@ class CollTrace {
     std::chrono::steady_clock::time_point started{}, ended{};
   };
 
-  explicit CollTrace(std::size_t capacity) : ring_(capacity ? capacity : 1) {}
+  // The ring grows to `capacity` as operations are recorded: a communicator that runs few
+  // operations (thousands of them per process in coccl-sim) holds only those.
+  explicit CollTrace(std::size_t capacity) : capacity_(capacity ? capacity : 1) {}
 
   Entry& begin(std::uint64_t seq, const char* op, std::size_t count, int type, int root,
                std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
@@ -34,7 +36,8 @@ class CollTrace {
   std::vector<TraceEntry> entries() const;
 
  private:
-  std::vector<Entry> ring_;
+  std::size_t capacity_;
+  std::vector<Entry> ring_;  // entry i of the record at i % capacity_
   std::uint64_t recorded_ = 0;
 };
 

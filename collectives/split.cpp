@@ -134,22 +134,27 @@ asio::awaitable<Communicator> split_by_members(std::shared_ptr<CommImpl> impl,
   const int m = static_cast<int>(members.size());
   const std::uint64_t h = fingerprint_of(members);
   // members[0] makes the id; it travels down a binary tree of the members over the parent's
-  // point-to-point links, so a member links to at most three others.
+  // point-to-point links, so a member links to at most three others. Only those are kept while
+  // the split goes on: the list itself is let go (12,288 members are 48 KiB a rank).
+  const int first = members.front();
+  const int parent = mine > 0 ? members[(mine - 1) / 2] : -1;
+  std::vector<int> children;
+  for (int c : {2 * mine + 1, 2 * mine + 2})
+    if (c < m) children.push_back(members[c]);
+  members = {};
   std::array<std::uint8_t, sizeof(UniqueId::bytes) + sizeof h> msg{};
   if (mine == 0) {
     const UniqueId id = new_id(*impl);
     std::memcpy(msg.data(), id.bytes.data(), id.bytes.size());
     std::memcpy(msg.data() + id.bytes.size(), &h, sizeof h);
   } else {
-    std::vector<Transfer> take{
-        Transfer::recv(msg.data(), msg.size(), DataType::uint8, members[(mine - 1) / 2])};
+    std::vector<Transfer> take{Transfer::recv(msg.data(), msg.size(), DataType::uint8, parent)};
     OpArgs receive = transfers(std::move(take));
     co_await run(impl, std::move(receive), "split_members");
   }
   std::vector<Transfer> forward;
-  for (int c : {2 * mine + 1, 2 * mine + 2})
-    if (c < m)
-      forward.push_back(Transfer::send(msg.data(), msg.size(), DataType::uint8, members[c]));
+  for (int c : children)
+    forward.push_back(Transfer::send(msg.data(), msg.size(), DataType::uint8, c));
   if (!forward.empty()) {
     OpArgs sends = transfers(std::move(forward));
     co_await run(impl, std::move(sends), "split_members");
@@ -159,9 +164,9 @@ asio::awaitable<Communicator> split_by_members(std::shared_ptr<CommImpl> impl,
   std::uint64_t theirs = 0;
   std::memcpy(&theirs, msg.data() + id.bytes.size(), sizeof theirs);
   if (theirs != h)
-    throw std::system_error(make_error_code(errc::mismatch),
-                            "split_members: this rank's member list differs from rank " +
-                                std::to_string(members[0]) + "'s");
+    throw std::system_error(
+        make_error_code(errc::mismatch),
+        "split_members: this rank's member list differs from rank " + std::to_string(first) + "'s");
   const CommunicatorOptions defaults;
   co_return co_await join(impl, id, mine, m, defaults);
 }

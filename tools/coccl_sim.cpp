@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "collectives/comm.hpp"
+#include "collectives/comm_params.hpp"
 #include "runtime/engine.hpp"
 #include "sim_costs.hpp"
 #include "sim_report.hpp"
@@ -478,7 +479,11 @@ int main(int argc, char** argv) {
       "%zu int32; split by %s into groups of",
       n, sim.opt.count, sim.opt.split == "color" ? "split(color, key)" : "split_members");
   for (int g : sim.opt.groups) std::printf(" %d", g);
-  std::printf("\n");
+  // The settings that size what a rank holds (the library's parameters, as the environment
+  // sets them).
+  std::printf("; COCCL_SLOT_BYTES=%lld, COCCL_DIRECTORY_FULL=%lld\n",
+              static_cast<long long>(coccl::params::slot_bytes.get()),
+              static_cast<long long>(coccl::params::directory_full.get()));
   // The engine (and its proxy thread) exists before the baseline.
   coccl::runtime::ProxyThread& proxy = coccl::detail::process_engine().thread(0);
   sim.ranks.resize(n);

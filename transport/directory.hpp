@@ -47,7 +47,7 @@ void directory_needs(int rank, int nranks, std::vector<int>& out);
 std::vector<int> subtree_needs(int child, int nranks);
 /// The next hops from `from` toward `to` (from != to), each a hypercube partner of `from` below
 /// max(from, to) + 1: first the ranks with one bit that `to` lacks cleared, else those with one
-/// bit of `to` set. Every hop lowers the Hamming distance to `to` by one.
+/// bit of `to` set, lowest bit first. Every hop lowers the Hamming distance to `to` by one.
 std::vector<int> next_hops(int from, int to);
 
 /// The bootstrap's table frame: the header and entries sorted by rank. Decoding checks the
