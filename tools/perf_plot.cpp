@@ -43,7 +43,9 @@ std::string script(const std::string& dir, const std::string& path, const std::s
   s << "set output " << quoted(path) << "\n"
     << "set multiplot layout 1," << panels << " title " << quoted(title) << "\n"
     << "set logscale xy\n"
-    << (axes.x_in_bytes ? "set format x '%.0b %BB'\nset xtics 16\n" : "set xtics 2\n")
+    // Byte marks at powers of 16 counted from 1 B: a bare 'set xtics 16' leaves gnuplot free to
+    // place them at powers of 10 on a short range (256 MiB to 1 GiB was marked "95 MiB").
+    << (axes.x_in_bytes ? "set format x '%.0b %BB'\nset xtics 1,16\n" : "set xtics 2\n")
     << "set grid\nset key top left\nset xlabel " << quoted(axes.x_label) << "\n";
   // Column 2 is the time, column 3 the bandwidth.
   for (int panel = 2 - panels; panel < 2; ++panel) {

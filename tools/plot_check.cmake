@@ -84,3 +84,32 @@ if(NOT rc EQUAL 0 OR NOT EXISTS ${again})
 endif()
 expect_series(${again} "${titles}")
 message("${svg} holds the series ${titles}")
+
+# Size marks sit at powers of 16 from 1 B, also on a short range (256 MiB to 1 GiB once showed
+# "95 MiB", a power of 10).
+set(short ${OUT}/plot_check_short.json)
+set(row "\"coll\":\"allreduce\",\"time_us_inplace\":0,\"wrong\":0")
+file(WRITE ${short} "{\"ranks\":2,\"device\":\"cuda\",\"type\":\"float32\",\"op\":\"sum\",\"results\":[\
+{${row},\"bytes\":268435456,\"count\":67108864,\"time_us\":1000,\"busbw\":268},\
+{${row},\"bytes\":1073741824,\"count\":268435456,\"time_us\":4000,\"busbw\":268}]}")
+set(marks ${OUT}/plot_check_short.svg)
+file(REMOVE ${marks})
+execute_process(COMMAND ${PERF} --plot-from ${short} --plot ${marks} RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${marks})
+  message(FATAL_ERROR "--plot-from ${short} exited with ${rc}, no plot: ${out}${err}")
+endif()
+file(READ ${marks} text)
+string(REGEX MATCHALL ">[0-9.]+ [kMG]iB<" labels "${text}")
+set(powers_of_16 ">4 kiB<" ">64 kiB<" ">1 MiB<" ">16 MiB<" ">256 MiB<" ">4 GiB<")
+list(FIND labels ">256 MiB<" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "${marks}: no mark at 256 MiB (marks: ${labels})")
+endif()
+foreach(l IN LISTS labels)
+  list(FIND powers_of_16 "${l}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${marks}: a size mark that is no power of 16: ${l} (marks: ${labels})")
+  endif()
+endforeach()
+message("${marks} marks sizes at ${labels}")
