@@ -4,10 +4,11 @@
 // rank's messages, bytes, links and rounds are counted (transport/traffic.hpp). It prints one
 // line per phase and one for the whole run, and a modelled wall time on a stated network.
 //
-//   coccl-sim [--ranks N] [--groups G1,G2,...] [--count C] [--split members|color]
+//   coccl-sim [--ranks N] [--roots K] [--groups G1,G2,...] [--count C] [--split members|color]
 //             [--latency-us L] [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--json PATH]
 //
-// Phases: init (N ranks bootstrap one communicator), a first all_reduce of C int32 on it, then
+// Phases: init (N ranks bootstrap one communicator, their hellos spread over K roots as
+// ncclCommInitRankScalable spreads them over its ids), a first all_reduce of C int32 on it, then
 // for each group size G a split into groups of G ranks (contiguous blocks when G*G <= N, else
 // strided like rails: rank r in group r mod ceil(N/G)) and a first all_reduce on every group,
 // and finally the destruction of everything. Every all_reduce is checked against a reference
@@ -50,6 +51,7 @@ using coccl::transport::Traffic;
 
 struct Options {
   int ranks = 4096;
+  int roots = 1;            // bootstrap roots of the world communicator
   std::vector<int> groups;  // empty: 8 and N/8
   std::size_t count = 1024;
   std::string split = "members";
@@ -63,10 +65,12 @@ struct Options {
   std::fprintf(
       stderr,
       "coccl-sim: %s\n"
-      "usage: coccl-sim [--ranks N] [--groups G1,G2,...] [--count C]\n"
+      "usage: coccl-sim [--ranks N] [--roots K] [--groups G1,G2,...] [--count C]\n"
       "                 [--split members|color] [--latency-us L] [--bandwidth-gbps B]\n"
       "                 [--costs M_US,B_NS,K_US] [--json PATH]\n"
       "  --ranks N           ranks in this process (default 4096)\n"
+      "  --roots K           bootstrap roots of the first communicator, each taking the\n"
+      "                      hellos of N/K ranks (default 1)\n"
       "  --groups G,...      split group sizes (default 8 and N/8)\n"
       "  --count C           int32 elements of each first all_reduce (default 1024)\n"
       "  --split HOW         members: split_members (default); color: split(color, key)\n"
@@ -103,6 +107,8 @@ Options parse(int argc, char** argv) {
     const char* v = argv[++i];
     if (a == "--ranks") {
       o.ranks = static_cast<int>(number_arg(v, "--ranks"));
+    } else if (a == "--roots") {
+      o.roots = static_cast<int>(number_arg(v, "--roots"));
     } else if (a == "--groups") {
       for (double g : list_arg(v, "--groups")) o.groups.push_back(static_cast<int>(g));
     } else if (a == "--count") {
@@ -126,6 +132,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.ranks < 1) usage("--ranks must be at least 1");
+  if (o.roots < 1 || o.roots > o.ranks) usage("--roots must be between 1 and --ranks");
   if (o.net.bandwidth_bytes_s <= 0) usage("--bandwidth-gbps must be positive");
   if (o.groups.empty()) o.groups = {8, std::max(1, o.ranks / 8)};
   for (int g : o.groups)
@@ -197,7 +204,7 @@ struct Rank {
 struct Sim {
   Options opt;
   std::vector<Rank> ranks;
-  std::shared_ptr<Traffic> world_root = std::make_shared<Traffic>();
+  std::vector<std::shared_ptr<Traffic>> world_roots;  // the first communicator's roots
   coccl::sim::Costs costs;
   std::string costs_origin;
   double baseline_rss = 0;
@@ -211,12 +218,13 @@ struct Sim {
     s.ranks.resize(n);
     s.links.resize(n);
     for (int r = 0; r < n; ++r) s.links[r] = ranks[r].links_gone;
-    s.roots.push_back(world_root->counts());
+    // The world's roots, then each rank's split roots, at the same places in every snapshot.
+    s.roots.resize(world_roots.size() + n);
+    for (std::size_t k = 0; k < world_roots.size(); ++k) s.roots[k] = world_roots[k]->counts();
     for (int r = 0; r < n; ++r) {
       if (ranks[r].traffic) s.ranks[r] = ranks[r].traffic->counts();
-      if (ranks[r].roots) s.roots.push_back(ranks[r].roots->counts());
+      if (ranks[r].roots) s.roots[world_roots.size() + r] = ranks[r].roots->counts();
     }
-    if (s.roots.size() < static_cast<std::size_t>(n) + 1) s.roots.resize(n + 1);
     // Link counts belong to the proxy thread; every communicator of the sim lives on the first.
     on_proxy([&] {
       for (int r = 0; r < n; ++r)
@@ -310,7 +318,9 @@ Layout layout(int n, int g) {
 
 void run_init(Sim& sim) {
   const int n = sim.opt.ranks;
-  const coccl::UniqueId id = coccl::detail::memory_unique_id(sim.world_root);
+  std::vector<coccl::UniqueId> ids;
+  for (std::shared_ptr<Traffic>& root : sim.world_roots)
+    ids.push_back(coccl::detail::memory_unique_id(root));
   sim.phase(
       "init",
       [&](auto done) {
@@ -318,8 +328,9 @@ void run_init(Sim& sim) {
         // would be a round trip to it).
         on_proxy([&] {
           for (int r = 0; r < n; ++r)
-            Communicator::async_create(
-                id, r, n, [&sim, done, r](boost::system::error_code ec, Communicator c) {
+            coccl::detail::initiate_create(
+                ids, r, n, coccl::CommunicatorOptions{},
+                [&sim, done, r](boost::system::error_code ec, Communicator c) {
                   if (!ec) sim.ranks[r].comms.push_back(std::move(c));
                   done(r, ec);
                 });
@@ -476,8 +487,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "coccl-sim: %d ranks in one process on the in-memory network; first all_reduce of "
-      "%zu int32; split by %s into groups of",
-      n, sim.opt.count, sim.opt.split == "color" ? "split(color, key)" : "split_members");
+      "%zu int32; %d bootstrap root(s); split by %s into groups of",
+      n, sim.opt.count, sim.opt.roots,
+      sim.opt.split == "color" ? "split(color, key)" : "split_members");
   for (int g : sim.opt.groups) std::printf(" %d", g);
   // The settings that size what a rank holds (the library's parameters, as the environment
   // sets them).
@@ -487,6 +499,7 @@ int main(int argc, char** argv) {
   // The engine (and its proxy thread) exists before the baseline.
   coccl::runtime::ProxyThread& proxy = coccl::detail::process_engine().thread(0);
   sim.ranks.resize(n);
+  for (int k = 0; k < sim.opt.roots; ++k) sim.world_roots.push_back(std::make_shared<Traffic>());
   // Every message takes one round of virtual time: ranks run side by side as on a network with
   // latency, and the rounds count hops (transport/memory.hpp).
   std::unique_ptr<coccl::transport::memory::VirtualTime> virtual_time;
