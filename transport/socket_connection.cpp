@@ -102,41 +102,49 @@ void SocketConnection::enqueue(LinkHeader h, const void* data, std::size_t n, Re
 }
 
 void SocketConnection::write_next() {
-  if (queue_.empty() || closed_) {
+  if (head_ == queue_.size() || closed_) {
     writing_ = false;
     return;
   }
   writing_ = true;
-  Pending& p = queue_.front();
-  std::array<asio::const_buffer, 2> bufs{asio::buffer(&p.header, sizeof p.header),
+  const Pending& p = queue_[head_];
+  in_flight_ = p.header;
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(&in_flight_, sizeof in_flight_),
                                          asio::buffer(p.data, p.size)};
-  asio::async_write(socket_, bufs,
-                    [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
-                      if (!pass.open()) return;
-                      writing_ = false;
-                      if (closed_) {
-                        // close() waited for this frame to finish so that the abort notice
-                        // lands whole.
-                        queue_.clear();
-                        finish_close();
-                        return;
-                      }
-                      Pending done = std::move(queue_.front());
-                      queue_.pop_front();
-                      if (done.done) resume_now(done.done, ec);
-                      if (ec) {
-                        queue_broken(ec);
-                        return;
-                      }
-                      write_next();
-                    });
+  asio::async_write(
+      socket_, bufs, [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
+        if (!pass.open()) return;
+        writing_ = false;
+        if (closed_) {
+          // close() waited for this frame to finish so that the abort notice
+          // lands whole.
+          clear_queue();
+          finish_close();
+          return;
+        }
+        Pending done = std::move(queue_[head_++]);
+        if (head_ == queue_.size()) {
+          clear_queue();
+        } else if (head_ >= 32 && 2 * head_ >= queue_.size()) {
+          // A queue that never drains (a long pipelined operation) drops what it
+          // has written rather than grow.
+          queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(head_));
+          head_ = 0;
+        }
+        if (done.done) resume_now(done.done, ec);
+        if (ec) {
+          queue_broken(ec);
+          return;
+        }
+        write_next();
+      });
 }
 
 void SocketConnection::queue_broken(boost::system::error_code ec) {
   // A peer that said goodbye may be gone before our last credits reach it; that is not a
   // failure.
   if (departed_) {
-    queue_.clear();
+    clear_queue();
     fail_waiters_soft();
     return;
   }
@@ -199,19 +207,19 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
   error_ = ec;
   error_text_ = why;
   COCCL_INFO(net, self_, "connection to rank %d closed: %s", peer_, why.c_str());
-  for (auto& p : queue_)
-    if (p.done) resume_now(p.done, asio::error::operation_aborted);
+  for (std::size_t i = head_; i < queue_.size(); ++i)
+    if (queue_[i].done) resume_now(queue_[i].done, asio::error::operation_aborted);
   fail_waiters();
   if (writing_ && !notice_.empty()) {
-    // Let the frame in flight finish (its header lives in queue_.front()) so the abort notice
-    // follows it whole; a peer that never drains its socket cannot hold this past a second.
-    while (queue_.size() > 1) queue_.pop_back();
+    // Let the frame in flight finish (queue_[head_]) so the abort notice follows it whole; a peer
+    // that never drains its socket cannot hold this past a second.
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(head_) + 1, queue_.end());
     linger_.expires_after(std::chrono::seconds(1));
     linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
       if (!e && pass.open()) finish_close();
     });
   } else {
-    queue_.clear();
+    clear_queue();
     notice_.clear();
     finish_close();
   }
