@@ -24,7 +24,6 @@ TcpConnection::TcpConnection(int self, int peer, Stream socket, std::size_t slot
     : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
       slots_(slots),
       slot_bytes_(slot_bytes),
-      ring_(new std::byte[slots * slot_bytes]),
       sizes_(slots),
       fingerprints_(slots) {}
 
@@ -71,6 +70,10 @@ asio::awaitable<Chunk> TcpConnection::wait() {
 
 void TcpConnection::release() {
   ++released_;
+  // A small ring comes from the heap again at no cost, so an idle link gives it back: a rank of a
+  // large job holds dozens of links, most of them idle (coccl-sim). A large one stays, since
+  // faulting its pages in again would cost every operation.
+  if (released_ == filled_ && !reading_ && slots_ * slot_bytes_ <= kept_ring_max) ring_.reset();
   if (closed_ || departed_) return;
   enqueue(LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0, {});
 }
@@ -81,6 +84,13 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h) {
   if (h.length > slot_bytes_ || filled_ - released_ >= slots_)
     throw std::system_error(make_error_code(errc::bad_message), "put without credit");
   std::size_t slot = filled_ % slots_;
+  if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
+  // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
+  reading_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{reading_};
   co_await asio::async_read(socket_, asio::buffer(ring_.get() + slot * slot_bytes_, h.length),
                             asio::use_awaitable);
   sizes_[slot] = static_cast<std::uint32_t>(h.length);

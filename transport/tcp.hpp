@@ -32,9 +32,13 @@ class TcpConnection final : public SocketConnection {
   bool can_put() const noexcept override { return sent_ - acked_ < slots_; }
   bool can_recv() const noexcept override { return filled_ != consumed_; }
 
+  // Rings up to this size are allocated when a chunk arrives and freed when every chunk is
+  // released; larger ones live as long as the link.
+  static constexpr std::size_t kept_ring_max = 64 << 10;
   std::size_t slots_;
   std::size_t slot_bytes_;
-  std::unique_ptr<std::byte[]> ring_;
+  std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
+  bool reading_ = false;               // a chunk is being read into ring_
   std::vector<std::uint32_t> sizes_;
   std::vector<std::uint32_t> fingerprints_;
   // Receive side: chunks fully read, handed to wait(), released.
