@@ -133,14 +133,20 @@ asio::awaitable<Communicator> split_by_members(std::shared_ptr<CommImpl> impl,
                                                std::vector<int> members, int mine) {
   const int m = static_cast<int>(members.size());
   const std::uint64_t h = fingerprint_of(members);
-  // members[0] makes the id; it travels down a binary tree of the members over the parent's
-  // point-to-point links, so a member links to at most three others. Only those are kept while
-  // the split goes on: the list itself is let go (12,288 members are 48 KiB a rank).
+  // members[0] makes the id; it travels down a binomial tree of the members over the parent's
+  // point-to-point links: member i takes it from i with its lowest set bit cleared and passes it
+  // to i + 2^j for each 2^j below that bit (farthest first), so it reaches every member in
+  // ceil(log2 m) steps and a member links to at most log2 m + 1 others. Members listed in rank
+  // order whose ranks are a block of 2^k ranks, or every 2^s-th rank (a host's GPUs, a rail),
+  // then pass it only between partners in the parent's hypercube, whose addresses every rank
+  // holds (transport/directory.hpp): no address is looked up. Only the tree neighbours are kept
+  // while the split goes on: the list itself is let go (12,288 members are 48 KiB a rank).
   const int first = members.front();
-  const int parent = mine > 0 ? members[(mine - 1) / 2] : -1;
+  const int parent = mine > 0 ? members[mine & (mine - 1)] : -1;
   std::vector<int> children;
-  for (int c : {2 * mine + 1, 2 * mine + 2})
-    if (c < m) children.push_back(members[c]);
+  const int below = mine > 0 ? (mine & -mine) : 1 << 30;
+  for (int step = 1 << 30; step > 0; step >>= 1)
+    if (step < below && mine + step < m) children.push_back(members[mine + step]);
   members = {};
   std::array<std::uint8_t, sizeof(UniqueId::bytes) + sizeof h> msg{};
   if (mine == 0) {

@@ -932,11 +932,12 @@ class Communicator {
   /// Makes a communicator of the ranks `members` of this one, new rank i being members[i]. Every
   /// member passes the same list; the other ranks do not call it (collective over the members
   /// only, and no exchange with the whole communicator: members[0] starts the new root and its id
-  /// travels down a binary tree of the members over this communicator's point-to-point links, so
-  /// a member links to at most three others). Throws std::system_error: errc::invalid_argument
-  /// (nothing sent) for an empty list, a rank out of range or repeated, or a list without this
-  /// rank; errc::mismatch when the members' lists differ (found when the id arrives: members
-  /// whose list differs from members[0]'s throw, and the others' setup then times out).
+  /// travels down a binomial tree of the members over this communicator's point-to-point links,
+  /// so a member links to at most log2(members) + 1 others). Throws std::system_error:
+  /// errc::invalid_argument (nothing sent) for an empty list, a rank out of range or repeated, or a
+  /// list without this rank; errc::mismatch when the members' lists differ (found when the id
+  /// arrives: members whose list differs from members[0]'s throw, and the others' setup then times
+  /// out).
   Communicator split_members(const std::vector<int>& members);
 
   /// Asynchronous split_members; completion signature `void(boost::system::error_code,
