@@ -6,6 +6,8 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
+#include <new>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -58,6 +60,9 @@ struct Clock {
   std::atomic<bool> on{false};
   std::atomic<std::uint64_t> now{0};
   std::vector<std::weak_ptr<Shared>> pending;
+  // The round VirtualTime::poll serves (its thread's alone). It and `pending` trade places each
+  // round and are emptied, never freed, so neither regrows from nothing every round.
+  std::vector<std::weak_ptr<Shared>> due;
 };
 
 Clock& clock() {
@@ -66,113 +71,135 @@ Clock& clock() {
   return *c;
 }
 
+// One write's bytes, queued until read, with its place in the stream, the writer's round then,
+// whether it starts a message, and when it becomes readable. A stream allocates for the bytes in
+// flight only, so a drained link end holds none: in coccl-sim most of the tens of link ends a
+// rank has are idle most of the time, and a buffer kept for each cost kilobytes per end.
+struct Chunk {
+  Chunk* next;
+  std::uint64_t begin, end, stamp, ready;
+  bool first;
+
+  std::uint8_t* bytes() noexcept { return reinterpret_cast<std::uint8_t*>(this + 1); }
+
+  // The header and `n` bytes in one allocation.
+  static Chunk* make(std::size_t n) { return new (::operator new(sizeof(Chunk) + n)) Chunk{}; }
+  static void free(Chunk* c) noexcept { ::operator delete(static_cast<void*>(c)); }
+};
+static_assert(std::is_trivially_destructible_v<Chunk>);  // freed without its destructor
+
 // One direction of a stream: bytes written by one end and not yet read by the other.
 struct Direction {
-  std::vector<std::uint8_t> bytes;
-  std::size_t head = 0;      // bytes[head..] are unread
-  bool writer_gone = false;  // the writing end closed: reads drain what is queued, then eof
-  bool reader_gone = false;  // the reading end closed: writes fail with broken_pipe
-  std::optional<Parked<Stream::MutableBuffers>> read;  // the reading end's, while none readable
-  std::optional<Parked<Stream::ConstBuffers>> write;   // the writing end's, while full
-
+  Chunk* head = nullptr;  // the oldest write still (partly) unread
+  Chunk* tail = nullptr;
+  std::uint64_t written = 0, consumed = 0;  // bytes since the stream opened
   // Counting, when either end has a Traffic (owned by Shared, which outlives this).
   Traffic* writer = nullptr;
   Traffic* reader = nullptr;
+  bool writer_gone = false;  // the writing end closed: reads drain what is queued, then eof
+  bool reader_gone = false;  // the reading end closed: writes fail with broken_pipe
   // Made under VirtualTime: what is written at time t becomes readable at t + 1.
   bool timed = false;
-  // A write still (partly) unread: its bytes' place in the stream, the writer's round then,
-  // whether it starts a message, and when it becomes readable.
-  struct Mark {
-    std::uint64_t begin, end, stamp;
-    bool first;
-    std::uint64_t ready;
-  };
-  std::deque<Mark> marks;
-  std::uint64_t written = 0, consumed = 0;  // bytes since the stream opened
   // The last write was partial: a composed write (asio::async_write) carries on with the rest,
   // which is the same message.
   bool continuing = false;
+  std::optional<Parked<Stream::MutableBuffers>> read;  // the reading end's, while none readable
+  // The writing end's, while full. Apart, because a writer rarely waits while an idle link's
+  // reader always does.
+  std::unique_ptr<Parked<Stream::ConstBuffers>> write;
 
-  std::size_t unread() const noexcept { return bytes.size() - head; }
-  bool marking() const noexcept { return writer || reader || timed; }
+  Direction() = default;
+  Direction(const Direction&) = delete;
+  Direction& operator=(const Direction&) = delete;
+  ~Direction() { discard(); }
+
+  std::size_t unread() const noexcept { return static_cast<std::size_t>(written - consumed); }
 
   // What a read may take now.
   std::size_t readable() const noexcept {
     if (!timed || !clock().on.load(std::memory_order_relaxed)) return unread();
     const std::uint64_t now = clock().now.load(std::memory_order_relaxed);
     std::uint64_t end = consumed;
-    for (const Mark& m : marks) {
-      if (m.ready > now) break;
-      end = m.end;
-    }
+    for (const Chunk* c = head; c && c->ready <= now; c = c->next) end = c->end;
     return static_cast<std::size_t>(end - consumed);
   }
   bool delayed() const noexcept { return readable() < unread(); }
 
-  void mark_write(std::size_t n, std::size_t asked) {
-    const bool first = !continuing;
-    continuing = n < asked;
-    const std::uint64_t stamp = writer ? writer->stamp() : Traffic::first_stamp();
-    const std::uint64_t ready = timed ? clock().now.load(std::memory_order_relaxed) + 1 : 0;
-    marks.push_back(Mark{written, written + n, stamp, first, ready});
-    written += n;
-    if (writer) writer->sent(n, first);
-  }
-
-  void mark_read(std::size_t n) {
-    const std::uint64_t from = consumed, to = consumed + n;
-    std::uint64_t messages = 0;
-    for (const Mark& m : marks) {
-      if (m.begin >= to) break;
-      if (m.first && m.begin >= from) ++messages;
-      if (reader) reader->heard(m.stamp);
-    }
-    while (!marks.empty() && marks.front().end <= to) marks.pop_front();
-    consumed = to;
-    if (reader) reader->received(n, messages);
-  }
-
   std::size_t put(const Stream::ConstBuffers& from, std::size_t most) {
-    // Compacts before growing, so that a queue in steady use stays near its capacity.
-    if (head > 0 && head >= bytes.size() / 2) {
-      bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(head));
-      head = 0;
+    const std::size_t asked = from.size();
+    const std::size_t n = std::min(asked, most);
+    if (n == 0) return 0;
+    Chunk* c = Chunk::make(n);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < from.count && at < n; ++i) {
+      const std::size_t give = std::min(from.at[i].size(), n - at);
+      std::memcpy(c->bytes() + at, from.at[i].data(), give);
+      at += give;
     }
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < from.count && n < most; ++i) {
-      const std::size_t take = std::min(from.at[i].size(), most - n);
-      const auto* p = static_cast<const std::uint8_t*>(from.at[i].data());
-      bytes.insert(bytes.end(), p, p + take);
-      n += take;
-    }
-    if (n > 0 && marking()) mark_write(n, from.size());
+    c->begin = written;
+    c->end = written + n;
+    c->stamp = writer ? writer->stamp() : Traffic::first_stamp();
+    c->ready = timed ? clock().now.load(std::memory_order_relaxed) + 1 : 0;
+    c->first = !continuing;
+    continuing = n < asked;
+    (tail ? tail->next : head) = c;
+    tail = c;
+    written += n;
+    if (writer) writer->sent(n, c->first);
     return n;
   }
 
   std::size_t take(const Stream::MutableBuffers& into) {
     const std::size_t most = readable();
     std::size_t n = 0;
+    Chunk* c = head;
+    std::size_t offset = c ? static_cast<std::size_t>(consumed - c->begin) : 0;
     for (std::size_t i = 0; i < into.count && n < most; ++i) {
-      const std::size_t give = std::min(into.at[i].size(), most - n);
-      std::memcpy(into.at[i].data(), bytes.data() + head, give);
-      head += give;
-      n += give;
+      auto* out = static_cast<std::uint8_t*>(into.at[i].data());
+      std::size_t room = std::min(into.at[i].size(), most - n);
+      while (room > 0) {
+        const std::size_t give =
+            std::min(room, static_cast<std::size_t>(c->end - c->begin) - offset);
+        std::memcpy(out, c->bytes() + offset, give);
+        out += give;
+        room -= give;
+        n += give;
+        offset += give;
+        if (c->begin + offset == c->end) {
+          c = c->next;
+          offset = 0;
+        }
+      }
     }
-    if (n > 0 && marking()) mark_read(n);
-    if (unread() == 0) {
-      bytes.clear();
-      head = 0;
-      // A burst (a large frame) need not hold its memory for the life of the stream.
-      if (bytes.capacity() > (64u << 10)) bytes.shrink_to_fit();
-    }
+    if (n > 0) consume(n);
     return n;
   }
 
-  void discard() {
-    bytes.clear();
-    bytes.shrink_to_fit();
-    head = 0;
-    marks.clear();
+  // The reader took the next `n` bytes: counts them and frees the writes it finished.
+  void consume(std::size_t n) {
+    const std::uint64_t from = consumed, to = consumed + n;
+    if (reader) {
+      std::uint64_t messages = 0;
+      for (const Chunk* c = head; c && c->begin < to; c = c->next) {
+        if (c->first && c->begin >= from) ++messages;
+        reader->heard(c->stamp);
+      }
+      reader->received(n, messages);
+    }
+    while (head && head->end <= to) pop();
+    consumed = to;
+  }
+
+  void pop() noexcept {
+    Chunk* c = head;
+    head = c->next;
+    if (!head) tail = nullptr;
+    Chunk::free(c);
+  }
+
+  void discard() noexcept {
+    while (head) pop();
+    consumed = written;
   }
 };
 
@@ -195,26 +222,34 @@ void keep_pending(const std::shared_ptr<Shared>& s) {
   c.pending.push_back(s);
 }
 
-// Completions gathered under the lock and posted after it is released.
+// Completions gathered under the lock and posted after it is released. Held inline: one call
+// completes at most the four operations a stream can have parked (a read and a write each way),
+// and most calls one, so a heap list would cost an allocation per message.
 class Completions {
  public:
+  Completions() = default;
+  Completions(const Completions&) = delete;
+  Completions& operator=(const Completions&) = delete;
+
   void add(asio::any_io_executor ex, Stream::Handler handler, error_code ec, std::size_t n) {
-    list_.push_back(Finish{std::move(handler), ec, n, std::move(ex)});
+    // Emplaced, never assigned (Boost 1.81's any_completion_handler move assignment).
+    list_.at(count_++).emplace(Finish{std::move(handler), ec, n, std::move(ex)});
   }
   ~Completions() {
-    for (auto& f : list_) {
-      auto ex = f.ex;
-      asio::post(ex, std::move(f));
+    for (std::size_t i = 0; i < count_; ++i) {
+      auto ex = list_[i]->ex;
+      asio::post(ex, std::move(*list_[i]));
     }
   }
 
  private:
-  std::vector<Finish> list_;
+  std::array<std::optional<Finish>, 4> list_;
+  std::size_t count_ = 0;
 };
 
-template <typename Op>
-void finish(std::optional<Op>& op, asio::any_io_executor ex, error_code ec, std::size_t n,
-            Completions& done) {
+// `op` is the optional or unique_ptr that parks an operation.
+template <typename Slot>
+void finish(Slot& op, asio::any_io_executor ex, error_code ec, std::size_t n, Completions& done) {
   done.add(std::move(ex), std::move(op->handler), ec, n);
   op.reset();
 }
@@ -281,7 +316,8 @@ class End final : public Stream::Impl {
     }
     const std::uint64_t ticket = ++s_->tickets;
     arm_cancel(handler, side_, false, ticket);
-    d.write.emplace(Parked<Stream::ConstBuffers>{buffers, std::move(handler), ticket});
+    d.write = std::make_unique<Parked<Stream::ConstBuffers>>(
+        Parked<Stream::ConstBuffers>{buffers, std::move(handler), ticket});
   }
 
   std::size_t write_some_now(asio::const_buffer buffer, error_code& ec) override {
@@ -405,13 +441,16 @@ void Listener::async_accept(Acceptor::AcceptHandler handler) {
   std::optional<Stream> ready;
   {
     std::lock_guard lock(mutex_);
-    if (open_ && backlog_.empty()) {
+    if (open_ && taken_ == backlog_.size()) {
       waiter_.emplace(std::move(handler));
       return;
     }
     if (open_) {
-      ready.emplace(std::move(backlog_.front()));
-      backlog_.pop_front();
+      ready.emplace(std::move(backlog_[taken_++]));
+      if (taken_ == backlog_.size()) {
+        std::vector<Stream>().swap(backlog_);
+        taken_ = 0;
+      }
     }
   }
   const error_code ec = ready ? error_code() : error_code(asio::error::operation_aborted);
@@ -419,13 +458,14 @@ void Listener::async_accept(Acceptor::AcceptHandler handler) {
 }
 
 void Listener::close() {
-  std::deque<Stream> dropped;
+  std::vector<Stream> dropped;
   std::optional<Acceptor::AcceptHandler> waiter;
   {
     std::lock_guard lock(mutex_);
     if (!open_) return;
     open_ = false;
     dropped.swap(backlog_);
+    taken_ = 0;
     if (waiter_) {
       waiter.emplace(std::move(*waiter_));
       waiter_.reset();
@@ -495,14 +535,13 @@ std::uint64_t VirtualTime::now() noexcept { return clock().now.load(std::memory_
 
 bool VirtualTime::poll() {
   Clock& c = clock();
-  std::vector<std::weak_ptr<Shared>> due;
   {
     std::lock_guard lock(c.mutex);
     if (c.pending.empty()) return false;
-    due.swap(c.pending);
+    c.due.swap(c.pending);
     c.now.fetch_add(1, std::memory_order_relaxed);
   }
-  for (const auto& weak : due) {
+  for (const auto& weak : c.due) {
     auto s = weak.lock();
     if (!s) continue;
     Completions done;
@@ -515,6 +554,8 @@ bool VirtualTime::poll() {
     // Written meanwhile (from another thread), or by the parked writer just served.
     keep_pending(s);
   }
+  // A weak_ptr keeps a destroyed stream's block (make_shared) allocated.
+  c.due.clear();
   return true;
 }
 

@@ -22,11 +22,11 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "runtime/config.hpp"
 #include "runtime/engine.hpp"
@@ -106,7 +106,10 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::shared_ptr<Traffic> traffic_;
   mutable std::mutex mutex_;
   bool open_ = true;
-  std::deque<Stream> backlog_;  // dialled, not yet accepted
+  // backlog_[taken_..] were dialled and not yet accepted. Not a deque, which allocates a block
+  // on construction: every rank of coccl-sim has a listener, mostly with nothing dialled.
+  std::vector<Stream> backlog_;
+  std::size_t taken_ = 0;
   // Never assigned: Boost 1.81's any_completion_handler move assignment recurses without end.
   std::optional<Acceptor::AcceptHandler> waiter_;
 };

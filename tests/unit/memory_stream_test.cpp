@@ -4,6 +4,7 @@
 // refused.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -78,6 +79,32 @@ TEST(MemoryStream, DeliversBytesInOrderAcrossWritesAndPartialReads) {
   got.insert(got.end(), rest.begin(), rest.end());
   std::vector<std::uint8_t> want = first;
   want.insert(want.end(), second.begin(), second.end());
+  EXPECT_EQ(got, want);
+}
+
+TEST(MemoryStream, AReadIntoSeveralBuffersCrossesTheBoundariesOfWrites) {
+  asio::io_context io;
+  auto [a, b] = transport::memory::make_pair(io.get_executor(), io.get_executor(), 64);
+  const auto first = bytes(5, 1), second = bytes(1, 50), third = bytes(6, 90);
+  error_code ec;
+  for (const auto* w : {&first, &second, &third})
+    ASSERT_EQ(a.write_some_now(asio::buffer(*w), ec), w->size());
+  // 3 + 4 + 5 bytes: the buffers and the writes are cut in different places.
+  std::array<std::uint8_t, 3> x{};
+  std::array<std::uint8_t, 4> y{};
+  std::array<std::uint8_t, 5> z{};
+  const std::array<asio::mutable_buffer, 3> into{asio::buffer(x), asio::buffer(y), asio::buffer(z)};
+  Result r;
+  b.async_read_some(into, record(r));
+  io.run();
+  ASSERT_EQ(r.ec, error_code());
+  ASSERT_EQ(r.n, 12u);
+  std::vector<std::uint8_t> got(x.begin(), x.end());
+  got.insert(got.end(), y.begin(), y.end());
+  got.insert(got.end(), z.begin(), z.end());
+  std::vector<std::uint8_t> want = first;
+  want.insert(want.end(), second.begin(), second.end());
+  want.insert(want.end(), third.begin(), third.end());
   EXPECT_EQ(got, want);
 }
 
@@ -282,6 +309,43 @@ TEST(MemoryNetwork, AListenerAcceptsWhatIsDialled) {
   io.run_for(5s);
   EXPECT_EQ(r.ec, error_code());
   EXPECT_EQ(in[2], 3);
+}
+
+TEST(MemoryNetwork, DialsWaitingForAnAcceptAreAcceptedInTheOrderDialled) {
+  asio::io_context io;
+  auto listener = transport::memory::Listener::open(io.get_executor());
+  // Three dials before any accept, then one after the first three were accepted.
+  std::vector<Stream> dialled;
+  const auto dial = [&](std::uint8_t tag) {
+    auto s = transport::memory::Listener::connect(listener->number(), io.get_executor());
+    ASSERT_TRUE(s);
+    error_code ec;
+    ASSERT_EQ(s->write_some_now(asio::buffer(&tag, 1), ec), 1u);
+    dialled.push_back(std::move(*s));
+  };
+  std::vector<std::uint8_t> tags;
+  const auto accept = [&] {
+    std::optional<Stream> accepted;
+    listener->async_accept([&](error_code ec, Stream s) {
+      EXPECT_FALSE(ec);
+      accepted.emplace(std::move(s));
+    });
+    io.run();
+    io.restart();
+    ASSERT_TRUE(accepted);
+    std::uint8_t tag = 0;
+    Result r;
+    asio::async_read(*accepted, asio::buffer(&tag, 1), record(r));
+    io.run();
+    io.restart();
+    ASSERT_EQ(r.ec, error_code());
+    tags.push_back(tag);
+  };
+  for (std::uint8_t tag : {1, 2, 3}) dial(tag);
+  for (int i = 0; i < 3; ++i) accept();
+  dial(4);
+  accept();
+  EXPECT_EQ(tags, (std::vector<std::uint8_t>{1, 2, 3, 4}));
 }
 
 TEST(MemoryNetwork, ADialWhereNobodyListensIsRefused) {
