@@ -154,7 +154,6 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
   });
   co_await peers_->rendezvous(std::move(roots));
   learn_topology();
-  arm_watchdog();
 }
 
 void CommImpl::learn_topology() {
@@ -166,13 +165,25 @@ void CommImpl::learn_topology() {
   crowded_ = local > usable;
 }
 
+bool CommImpl::watched() const noexcept {
+  return draining_ || device_status_.load(std::memory_order_relaxed) != nullptr;
+}
+
 void CommImpl::arm_watchdog() {
+  // A drain starting while the last tick is still pending keeps that tick: its check is as good
+  // as a new one, and the drain costs no timer.
+  if (watchdog_armed_) return;
+  watchdog_armed_ = true;
   auto period = std::clamp<std::chrono::steady_clock::duration>(
       timeout_ / 8, std::chrono::milliseconds(10), std::chrono::seconds(1));
   watchdog_.expires_after(period);
   watchdog_.async_wait([w = weak_from_this()](boost::system::error_code ec) {
     auto self = w.lock();
-    if (ec || !self || self->error() || !self->peers_) return;
+    if (!self) return;
+    // Cancelled only once the communicator has failed or is being destroyed, when nothing needs
+    // watching any more: a drain that found the flag still set meanwhile loses nothing.
+    self->watchdog_armed_ = false;
+    if (ec || self->error() || !self->peers_) return;
     auto now = std::chrono::steady_clock::now();
     for (const auto& c : self->peers_->connections()) {
       auto since = c->blocked_since();
@@ -186,7 +197,9 @@ void CommImpl::arm_watchdog() {
         return;
       }
     }
-    self->arm_watchdog();
+    // Idle, the communicator lets the watchdog lapse (with hundreds of thousands of them on one
+    // proxy thread, ticks of idle ones would be most of its work); the next drain arms it again.
+    if (self->watched()) self->arm_watchdog();
   });
 }
 
@@ -439,6 +452,7 @@ void CommImpl::complete(OpHandler& h, std::error_code ec) {
 
 asio::awaitable<void> CommImpl::drain() {
   auto self = shared_from_this();
+  arm_watchdog();
   for (;;) {
     if (queue_.empty()) {
       // A coroutine awaiting on this thread starts its next operation only after this one's
@@ -530,6 +544,11 @@ void CommImpl::set_device_status(device::Status* status,
   device_status_.store(status, std::memory_order_release);
   // Failed before the kernels could be told: they must not wait for peers that are gone.
   if (error()) std::atomic_ref<std::uint32_t>(status->abort).store(1, std::memory_order_release);
+  // Kernels may now give up a wait while no host operation runs; the watchdog's error() takes
+  // that failure in and tells the peers (whose kernels then return), so it ticks from now on.
+  asio::post(ex_, [w = weak_from_this()] {
+    if (auto self = w.lock()) self->arm_watchdog();
+  });
 }
 
 void CommImpl::take_device_failure() {

@@ -194,7 +194,12 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
                 std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   void end_op(bool ok);
   asio::awaitable<void> drain();
+  // The watchdog fails the communicator when a link has been blocked for longer than
+  // COCCL_TIMEOUT. Links block only inside operations, so it ticks only while watched(): an
+  // operation drains, or kernels run that may fail without one (the device workspace exists).
+  // Proxy thread.
   void arm_watchdog();
+  bool watched() const noexcept;
   // Any thread: records the communicator's first failure; its text, or nothing if it had
   // failed already.
   std::optional<std::string> record_failure(std::error_code ec, const std::string& why);
@@ -233,6 +238,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   const char* op_name_ = "";
   OpChecks checks_;
   asio::steady_timer watchdog_;
+  bool watchdog_armed_ = false;  // a tick is pending
   CollTrace trace_;
   std::string algo_;
   std::size_t oneshot_max_;

@@ -163,10 +163,38 @@ ProxyThread::~ProxyThread() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ProxyThread::add_poller(Poller* p) { pollers_.push_back(p); }
+void Poller::set_dormant(bool dormant) {
+  if (dormant == dormant_) return;
+  dormant_ = dormant;
+  if (!thread_) return;
+  if (dormant)
+    thread_->unlist(this);
+  else
+    thread_->list(this);
+}
+
+void ProxyThread::list(Poller* p) {
+  p->slot_ = pollers_.size();
+  pollers_.push_back(p);
+}
+
+void ProxyThread::unlist(Poller* p) {
+  Poller* last = pollers_.back();
+  pollers_[p->slot_] = last;
+  last->slot_ = p->slot_;
+  pollers_.pop_back();
+  p->slot_ = Poller::unlisted;
+}
+
+void ProxyThread::add_poller(Poller* p) {
+  p->thread_ = this;
+  if (!p->dormant_) list(p);
+}
 
 void ProxyThread::remove_poller(Poller* p) {
-  pollers_.erase(std::remove(pollers_.begin(), pollers_.end(), p), pollers_.end());
+  if (p->thread_ != this) return;
+  if (p->slot_ != Poller::unlisted) unlist(p);
+  p->thread_ = nullptr;
 }
 
 void ProxyThread::add_idle_poller(Poller* p) { idle_pollers_.push_back(p); }
@@ -183,8 +211,12 @@ bool ProxyThread::pollers_waiting() const noexcept {
 
 bool ProxyThread::poll_pollers() {
   bool progress = false;
-  // Index loop: a poller may complete a handler that registers or removes pollers.
-  for (std::size_t i = 0; i < pollers_.size(); ++i) progress |= pollers_[i]->poll();
+  // A poller may resume coroutines that register, remove, wake or put to sleep pollers, itself
+  // included. Taking one out moves the last into its place, so walk from the end: what moves
+  // down was visited already (a poller that leaves makes none of the others be skipped); one
+  // that comes in is visited next round; when several left, indices past the end are passed by.
+  for (std::size_t i = pollers_.size(); i-- > 0;)
+    if (i < pollers_.size()) progress |= pollers_[i]->poll();
   return progress;
 }
 

@@ -14,6 +14,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <thread>
@@ -25,22 +26,42 @@ namespace coccl::runtime {
 
 namespace asio = boost::asio;
 
+class ProxyThread;
+
 /// Something the driver loop polls: a source of completions that has no file descriptor to sleep
 /// on (or one that is cheaper to poll while busy). Registered and called on its proxy thread only.
 class Poller {
  public:
+  Poller() = default;
+  Poller(const Poller&) = delete;
+  Poller& operator=(const Poller&) = delete;
   virtual ~Poller() = default;
   /// Processes what is ready; returns true if anything progressed.
   virtual bool poll() = 0;
   /// True while someone waits on this poller, so the loop must keep visiting it.
   virtual bool waiting() const = 0;
+
+ protected:
+  /// A poller that can tell when it has nothing to do says so: while dormant, the loop neither
+  /// polls it nor asks whether it waits, so that a registered poller without work costs the loop
+  /// nothing (a proxy thread may carry hundreds of thousands of communicators, each with its
+  /// pollers). A dormant poller's poll() must return false and its waiting() false, so the loop
+  /// behaves as if it visited it. Pollers start awake. Call with the proxy thread's role held
+  /// (owned_here()), registered or not.
+  void set_dormant(bool dormant);
+
+ private:
+  friend class ProxyThread;
+  static constexpr std::size_t unlisted = static_cast<std::size_t>(-1);
+  ProxyThread* thread_ = nullptr;  // where it is registered
+  std::size_t slot_ = unlisted;    // its index in the thread's list of awake pollers
+  bool dormant_ = false;
 };
 
 /// True when called from any proxy thread of this process: a blocking call there would stall the
 /// loop that has to complete it.
 bool on_proxy_thread() noexcept;
 
-class ProxyThread;
 /// The proxy thread this is called from, or null.
 ProxyThread* current_proxy_thread() noexcept;
 
@@ -107,7 +128,8 @@ class ProxyThread {
   /// gives the role back soon and none is lent again before that round has run.
   void owe() noexcept;
 
-  /// Adds or removes a poller; call on this proxy thread.
+  /// Adds or removes a poller (removing one that is not registered does nothing); call on this
+  /// proxy thread. Constant time: only awake pollers are listed (Poller::set_dormant).
   void add_poller(Poller* p);
   void remove_poller(Poller* p);
   /// Adds or removes a poller visited only when the loop found nothing else to do (no handler
@@ -117,8 +139,13 @@ class ProxyThread {
   void remove_idle_poller(Poller* p);
 
  private:
+  friend class Poller;
   void run();
   bool poll_pollers();
+  // Puts an awake registered poller into pollers_ or takes it out (swapping the last into its
+  // place).
+  void list(Poller* p);
+  void unlist(Poller* p);
   // Whether a coroutine is parked on one of the pollers (only the loop resumes it). Read by the
   // holder of the role.
   bool pollers_waiting() const noexcept;
@@ -145,7 +172,7 @@ class ProxyThread {
   int index_;
   asio::io_context ctx_;
   asio::executor_work_guard<asio::io_context::executor_type> guard_;
-  std::vector<Poller*> pollers_;
+  std::vector<Poller*> pollers_;  // registered and awake, in no particular order
   std::vector<Poller*> idle_pollers_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

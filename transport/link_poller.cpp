@@ -19,6 +19,7 @@ bool LinkPoller::poll() {
       l->idle();
   }
   scan_.clear();
+  set_dormant(active_.empty());
   return progress;
 }
 
@@ -28,12 +29,16 @@ bool LinkPoller::waiting() const {
 }
 
 void LinkPoller::activate(PolledLink* l) {
-  if (std::find(active_.begin(), active_.end(), l) == active_.end()) active_.push_back(l);
+  if (std::find(active_.begin(), active_.end(), l) != active_.end()) return;
+  active_.push_back(l);
+  set_dormant(false);
 }
 
 void LinkPoller::forget(PolledLink* l) {
   active_.erase(std::remove(active_.begin(), active_.end(), l), active_.end());
   scan_.erase(std::remove(scan_.begin(), scan_.end(), l), scan_.end());
+  // Inside poll() the list is empty until the scan re-activates links; poll() decides then.
+  if (active_.empty() && scan_.empty()) set_dormant(true);
 }
 
 }  // namespace coccl::transport

@@ -29,8 +29,10 @@ class PolledLink {
 
 /// Polls the links of one communicator that have a waiter. Lives on its proxy thread; a link
 /// joins through activate() before its coroutine parks and must forget() itself when destroyed.
+/// Without such links it is dormant: the proxy thread's loop passes it by.
 class LinkPoller final : public runtime::Poller {
  public:
+  LinkPoller() { set_dormant(true); }
   bool poll() override;
   bool waiting() const override;
   void activate(PolledLink* l);

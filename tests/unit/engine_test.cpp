@@ -42,6 +42,7 @@ class FakePoller : public Poller {
   }
   bool waiting() const override { return waiting_.load(std::memory_order_relaxed); }
   void set_waiting(bool w) { waiting_.store(w, std::memory_order_relaxed); }
+  using Poller::set_dormant;
   int polls() const { return polls_.load(std::memory_order_relaxed); }
   std::future<std::thread::id> progressed() { return progressed_.get_future(); }
 
@@ -139,6 +140,104 @@ TEST(ProxyThread, WakesFromSleepForPostedWork) {
   EXPECT_GT(p.polls(), before);
 }
 
+TEST(ProxyThread, PassesByADormantPollerUntilItWakes) {
+  ProxyThread t(0);
+  FakePoller p(/*progress_at=*/1, /*waiting=*/true);
+  auto progressed = p.progressed();
+  on_thread(t, [&] {
+    p.set_dormant(true);
+    t.add_poller(&p);
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(p.polls(), 0);
+  on_thread(t, [&] { p.set_dormant(false); });
+  ASSERT_EQ(progressed.wait_for(10s), std::future_status::ready);
+  on_thread(t, [&] { t.remove_poller(&p); });
+}
+
+TEST(ProxyThread, StopsVisitingAPollerThatFallsDormant) {
+  ProxyThread t(0);
+  FakePoller p(-1, /*waiting=*/true);
+  on_thread(t, [&] { t.add_poller(&p); });
+  std::this_thread::sleep_for(20ms);
+  on_thread(t, [&] { p.set_dormant(true); });
+  const int before = p.polls();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(p.polls(), before);
+  on_thread(t, [&] { t.remove_poller(&p); });
+}
+
+TEST(ProxyThread, KeepsVisitingTheOthersOnceAPollerIsRemoved) {
+  ProxyThread t(0);
+  FakePoller a(-1, true), b(-1, true), c(-1, true);
+  on_thread(t, [&] {
+    t.add_poller(&a);
+    t.add_poller(&b);
+    t.add_poller(&c);
+  });
+  std::this_thread::sleep_for(20ms);
+  int a_left = 0;
+  on_thread(t, [&] {
+    t.remove_poller(&a);
+    a_left = a.polls();
+  });
+  std::this_thread::sleep_for(50ms);
+  // Read between two rounds of the loop: every round visits each listed poller once.
+  int b_polls = 0, c_polls = 0;
+  on_thread(t, [&] {
+    b_polls = b.polls();
+    c_polls = c.polls();
+  });
+  EXPECT_EQ(a.polls(), a_left);
+  EXPECT_GT(b_polls, a_left);
+  EXPECT_EQ(b_polls, c_polls);
+  on_thread(t, [&] {
+    t.remove_poller(&b);
+    t.remove_poller(&c);
+    t.remove_poller(&a);  // not registered any more: nothing happens
+  });
+}
+
+// Falls dormant in its first poll, as a LinkPoller does when its last link's waiter resumes.
+class OneShotPoller : public Poller {
+ public:
+  bool poll() override {
+    ++polls_;
+    set_dormant(true);
+    return false;
+  }
+  bool waiting() const override { return true; }
+  int polls() const { return polls_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int> polls_{0};
+};
+
+TEST(ProxyThread, APollerFallingDormantInItsPollMakesTheLoopSkipNoOther) {
+  ProxyThread t(0);
+  FakePoller first(-1, true), last(-1, true);
+  OneShotPoller middle;
+  on_thread(t, [&] {
+    t.add_poller(&first);
+    t.add_poller(&middle);
+    t.add_poller(&last);
+  });
+  std::this_thread::sleep_for(20ms);
+  int first_polls = 0, last_polls = 0;
+  on_thread(t, [&] {
+    first_polls = first.polls();
+    last_polls = last.polls();
+  });
+  EXPECT_EQ(middle.polls(), 1);
+  EXPECT_GT(first_polls, 1);
+  EXPECT_EQ(first_polls, last_polls);
+  on_thread(t, [&] {
+    t.remove_poller(&first);
+    t.remove_poller(&middle);
+    t.remove_poller(&last);
+  });
+}
+
 TEST(ProxyThread, StopsPromptlyWhileSleeping) {
   auto t = std::make_unique<ProxyThread>(0);
   std::this_thread::sleep_for(50ms);
@@ -215,6 +314,24 @@ TEST(ProxyThreadBorrow, AHolderSeesAnotherThreadWantItAndHandsItOn) {
   other.join();
   EXPECT_TRUE(second.load());
   EXPECT_FALSE(t.wanted());
+}
+
+TEST(ProxyThreadBorrow, OnlyAnAwakePollerThatWaitsMakesTheRoleWanted) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  FakePoller p(-1, /*waiting=*/true);
+  on_thread(t, [&] {
+    p.set_dormant(true);
+    t.add_poller(&p);
+  });
+  {
+    ProxyThread::Borrow borrowed(t, 10s);
+    ASSERT_TRUE(borrowed);
+    EXPECT_FALSE(t.wanted());
+    p.set_dormant(false);  // the role is held: the loop's state may be changed here
+    EXPECT_TRUE(t.wanted());
+  }
+  on_thread(t, [&] { t.remove_poller(&p); });
 }
 
 // runtime::complete from another thread: the handler runs on its io_context's thread, and the

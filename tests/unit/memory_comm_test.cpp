@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/post.hpp>
+#include <chrono>
 #include <coccl/communicator.hpp>
 #include <cstdint>
 #include <future>
@@ -142,6 +143,54 @@ TEST(MemoryCommunicator, HellosAllAtOnceBeyondTheRootsPendingCapAllJoin) {
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) EXPECT_EQ(out[r], n * (n + 1) / 2) << "rank " << r;
+}
+
+// The watchdog ticks only while an operation drains, and lapses while the communicator is idle:
+// an operation started long after the last one still fails on a peer that never joins it, within
+// its timeout and a watchdog period.
+TEST(MemoryCommunicator, AnOperationAfterAnIdleSpellStillTimesOutOnASilentPeer) {
+  constexpr int n = 2;
+  const UniqueId id = detail::memory_unique_id();
+  Communicator::Options options;
+  options.timeout = std::chrono::milliseconds(1000);
+  std::vector<std::string> errors(n);
+  std::error_code silent_code;
+  std::string silent_what;
+  double silent_s = 0;
+  std::latch warmed(n), failed(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator c = Communicator::create(id, r, n, options);
+        std::int32_t in = r + 1, out = 0;
+        c.all_reduce(&in, &out, 1, DataType::int32, ReduceOp::sum);
+        warmed.arrive_and_wait();
+        if (r == 0) {
+          // Many watchdog periods (timeout / 8) with nothing queued.
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            c.all_reduce(&in, &out, 1, DataType::int32, ReduceOp::sum);
+          } catch (const std::system_error& e) {
+            silent_code = e.code();
+            silent_what = e.what();
+          }
+          silent_s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        }
+        failed.arrive_and_wait();
+        c.destroy();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_EQ(silent_code, make_error_code(errc::timed_out)) << silent_what;
+  EXPECT_NE(silent_what.find("no progress from rank 1"), std::string::npos) << silent_what;
+  EXPECT_GE(silent_s, 1.0);
+  EXPECT_LT(silent_s, 10.0);
 }
 
 }  // namespace
