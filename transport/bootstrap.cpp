@@ -305,6 +305,10 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
     }
     root->arrived += static_cast<int>(share.entries.size());
   }
+  // Decided now, not after the answer below: a hello or share that arrives while it is written
+  // may complete the count, and the table must go to rank 0 once (two writers on its connection
+  // interleave their frames).
+  const bool completes = refusal.empty() && root->arrived == root->expect;
   try {
     runtime::CloseAfter guard(*sock, auth_timeout());
     const std::vector<std::uint8_t> answer(refusal.begin(), refusal.end());
@@ -313,7 +317,7 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   } catch (const std::exception& e) {
     COCCL_WARN(boot, -1, "bootstrap root: answering a share failed: %s", e.what());
   }
-  if (refusal.empty() && root->arrived == root->expect) co_await root_complete(root);
+  if (completes) co_await root_complete(root);
 }
 
 // `ticket`: the connection's place among those not yet authenticated (admitted by the accept loop,
