@@ -67,7 +67,11 @@ TEST(LinkPoller, ChecksALinkWhileItHasAWaiterAndAgainOnceAnotherParks) {
   // The waiter resumed: one more check finds nobody waiting, the link goes idle and the poller
   // has nothing left to check.
   on_thread(t, [&] { link.set_waiter(false); });
-  std::this_thread::sleep_for(20ms);
+  // Waited for, not slept: a loaded machine may take its time to make the last check.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (link.idles() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(link.idles(), 1);
   const int after_idle = link.checks();
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(link.checks(), after_idle);
