@@ -22,6 +22,7 @@
 
 #include "runtime/deadline.hpp"
 #include "runtime/handoff.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/param_override.hpp"
 
 namespace coccl::runtime {
@@ -140,15 +141,6 @@ TEST(ProxyThread, WakesFromSleepForPostedWork) {
   EXPECT_GT(p.polls(), before);
 }
 
-// Waits until `p` has been polled more than `than` times, for at most 10 s.
-template <typename P>
-bool polled_beyond(const P& p, int than) {
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (p.polls() <= than && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(1ms);
-  return p.polls() > than;
-}
-
 TEST(ProxyThread, PassesByADormantPollerUntilItWakes) {
   ProxyThread t(0);
   FakePoller p(/*progress_at=*/1, /*waiting=*/true);
@@ -191,7 +183,7 @@ TEST(ProxyThread, KeepsVisitingTheOthersOnceAPollerIsRemoved) {
     a_left = a.polls();
   });
   // Until the loop has made a few rounds without `a` (waited for: a loaded machine is slow).
-  ASSERT_TRUE(polled_beyond(b, a_left + 2));
+  ASSERT_TRUE(test::eventually([&] { return b.polls() > a_left + 2; }));
   // Read between two rounds of the loop: every round visits each listed poller once.
   int b_polls = 0, c_polls = 0;
   on_thread(t, [&] {
@@ -232,7 +224,7 @@ TEST(ProxyThread, APollerFallingDormantInItsPollMakesTheLoopSkipNoOther) {
     t.add_poller(&middle);
     t.add_poller(&last);
   });
-  ASSERT_TRUE(polled_beyond(first, 2));
+  ASSERT_TRUE(test::eventually([&] { return first.polls() > 2; }));
   int first_polls = 0, last_polls = 0;
   on_thread(t, [&] {
     first_polls = first.polls();

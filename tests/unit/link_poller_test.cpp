@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "runtime/engine.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace coccl::transport {
 namespace {
@@ -46,31 +47,25 @@ void on_thread(runtime::ProxyThread& t, F f) {
   ASSERT_EQ(done.get_future().wait_for(5s), std::future_status::ready);
 }
 
-// Polls until `link` has been checked more than `than` times, for at most 10 s.
-bool checked_beyond(const FakeLink& link, int than) {
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (link.checks() <= than && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(1ms);
-  return link.checks() > than;
+// A poller on `t` checking `link`, which has a waiter, once it has checked it a few times.
+void watch(runtime::ProxyThread& t, LinkPoller& poller, FakeLink& link) {
+  on_thread(t, [&] {
+    t.add_poller(&poller);
+    link.set_waiter(true);
+    poller.activate(&link);
+  });
+  ASSERT_TRUE(test::eventually([&] { return link.checks() > 10; }));
 }
 
 TEST(LinkPoller, ChecksALinkWhileItHasAWaiterAndAgainOnceAnotherParks) {
   runtime::ProxyThread t(0);
   LinkPoller poller;
   FakeLink link;
-  on_thread(t, [&] {
-    t.add_poller(&poller);
-    link.set_waiter(true);
-    poller.activate(&link);
-  });
-  ASSERT_TRUE(checked_beyond(link, 10));
+  watch(t, poller, link);
   // The waiter resumed: one more check finds nobody waiting, the link goes idle and the poller
   // has nothing left to check.
   on_thread(t, [&] { link.set_waiter(false); });
-  // Waited for, not slept: a loaded machine may take its time to make the last check.
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (link.idles() == 0 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(test::eventually([&] { return link.idles() != 0; }));
   ASSERT_EQ(link.idles(), 1);
   const int after_idle = link.checks();
   std::this_thread::sleep_for(50ms);
@@ -80,7 +75,7 @@ TEST(LinkPoller, ChecksALinkWhileItHasAWaiterAndAgainOnceAnotherParks) {
     link.set_waiter(true);
     poller.activate(&link);
   });
-  EXPECT_TRUE(checked_beyond(link, after_idle));
+  EXPECT_TRUE(test::eventually([&] { return link.checks() > after_idle; }));
   on_thread(t, [&] {
     poller.forget(&link);
     t.remove_poller(&poller);
@@ -91,12 +86,7 @@ TEST(LinkPoller, ForgettingItsLastWaitingLinkStopsTheChecks) {
   runtime::ProxyThread t(0);
   LinkPoller poller;
   FakeLink link;
-  on_thread(t, [&] {
-    t.add_poller(&poller);
-    link.set_waiter(true);
-    poller.activate(&link);
-  });
-  ASSERT_TRUE(checked_beyond(link, 10));
+  watch(t, poller, link);
   int forgotten_at = 0;
   on_thread(t, [&] {
     poller.forget(&link);
