@@ -6,6 +6,7 @@
 #include "runtime/engine.hpp"
 #include "transport/admission.hpp"
 #include "transport/bootstrap.hpp"
+#include "transport/host_leader.hpp"
 #include "transport/memory.hpp"
 #include "transport/peers.hpp"
 #include "transport/shm.hpp"
@@ -37,6 +38,7 @@ std::span<const config::ParamBase* const> library() {
     &mem_budget,
     &link_idle_s,
     &directory_full,
+    &host_leaders,
     &memory_stream_bytes,
     &oneshot_max,
     &direct_max_ranks,

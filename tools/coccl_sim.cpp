@@ -4,15 +4,18 @@
 // rank's messages, bytes, links and rounds are counted (transport/traffic.hpp). It prints one
 // line per phase and one for the whole run, and a modelled wall time on a stated network.
 //
-//   coccl-sim [--ranks N] [--roots K] [--groups G1,G2,...] [--count C] [--split members|color]
-//             [--latency-us L] [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--json PATH]
+//   coccl-sim [--ranks N] [--roots K] [--ranks-per-host R] [--groups G1,G2,...] [--count C]
+//             [--split members|color] [--latency-us L] [--bandwidth-gbps B]
+//             [--costs M_US,B_NS,K_US] [--json PATH]
 //
 // Phases: init (N ranks bootstrap one communicator, their hellos spread over K roots as
-// ncclCommInitRankScalable spreads them over its ids), a first all_reduce of C int32 on it, then
-// for each group size G a split into groups of G ranks (contiguous blocks when G*G <= N, else
-// strided like rails: rank r in group r mod ceil(N/G)) and a first all_reduce on every group,
-// and finally the destruction of everything. Every all_reduce is checked against a reference
-// computed here. Exit status: 0 all verified, 1 a failure or wrong result, 2 bad arguments.
+// ncclCommInitRankScalable spreads them over its ids; ranks r / R share a host identity, so
+// that each host's ranks meet through its leader as on a cluster of R GPUs a host), a first
+// all_reduce of C int32 on it, then for each group size G a split into groups of G ranks
+// (contiguous blocks when G*G <= N, else strided like rails: rank r in group r mod ceil(N/G)) and a
+// first all_reduce on every group, and finally the destruction of everything. Every all_reduce is
+// checked against a reference computed here. Exit status: 0 all verified, 1 a failure or wrong
+// result, 2 bad arguments.
 //
 // Unlike the other tools this one reaches coccl's internals (the in-memory network, the
 // counters): they are what it measures, and no public API offers them.
@@ -52,6 +55,7 @@ using coccl::transport::Traffic;
 struct Options {
   int ranks = 4096;
   int roots = 1;            // bootstrap roots of the world communicator
+  int ranks_per_host = 8;   // ranks sharing a host identity
   std::vector<int> groups;  // empty: 8 and N/8
   std::size_t count = 1024;
   std::string split = "members";
@@ -65,12 +69,13 @@ struct Options {
   std::fprintf(
       stderr,
       "coccl-sim: %s\n"
-      "usage: coccl-sim [--ranks N] [--roots K] [--groups G1,G2,...] [--count C]\n"
-      "                 [--split members|color] [--latency-us L] [--bandwidth-gbps B]\n"
-      "                 [--costs M_US,B_NS,K_US] [--json PATH]\n"
+      "usage: coccl-sim [--ranks N] [--roots K] [--ranks-per-host R] [--groups G1,G2,...]\n"
+      "                 [--count C] [--split members|color] [--latency-us L]\n"
+      "                 [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--json PATH]\n"
       "  --ranks N           ranks in this process (default 4096)\n"
       "  --roots K           bootstrap roots of the first communicator, each taking the\n"
       "                      hellos of N/K ranks (default 1)\n"
+      "  --ranks-per-host R  ranks r / R share a host identity (default 8)\n"
       "  --groups G,...      split group sizes (default 8 and N/8)\n"
       "  --count C           int32 elements of each first all_reduce (default 1024)\n"
       "  --split HOW         members: split_members (default); color: split(color, key)\n"
@@ -109,6 +114,8 @@ Options parse(int argc, char** argv) {
       o.ranks = static_cast<int>(number_arg(v, "--ranks"));
     } else if (a == "--roots") {
       o.roots = static_cast<int>(number_arg(v, "--roots"));
+    } else if (a == "--ranks-per-host") {
+      o.ranks_per_host = static_cast<int>(number_arg(v, "--ranks-per-host"));
     } else if (a == "--groups") {
       for (double g : list_arg(v, "--groups")) o.groups.push_back(static_cast<int>(g));
     } else if (a == "--count") {
@@ -133,6 +140,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.ranks < 1) usage("--ranks must be at least 1");
   if (o.roots < 1 || o.roots > o.ranks) usage("--roots must be between 1 and --ranks");
+  if (o.ranks_per_host < 1) usage("--ranks-per-host must be at least 1");
   if (o.net.bandwidth_bytes_s <= 0) usage("--bandwidth-gbps must be positive");
   if (o.groups.empty()) o.groups = {8, std::max(1, o.ranks / 8)};
   for (int g : o.groups)
@@ -327,13 +335,18 @@ void run_init(Sim& sim) {
         // Started on the proxy thread, where each communicator is built at once (from here, each
         // would be a round trip to it).
         on_proxy([&] {
-          for (int r = 0; r < n; ++r)
-            coccl::detail::initiate_create(
+          for (int r = 0; r < n; ++r) {
+            // The rank's party, with its host's identity (never 0, which means this process's).
+            auto party = std::make_shared<Traffic>();
+            party->set_host(0x5157000000000000ull + r / sim.opt.ranks_per_host);
+            coccl::detail::start_create(
                 ids, r, n, coccl::CommunicatorOptions{},
                 [&sim, done, r](boost::system::error_code ec, Communicator c) {
                   if (!ec) sim.ranks[r].comms.push_back(std::move(c));
                   done(r, ec);
-                });
+                },
+                nullptr, std::move(party));
+          }
         });
       },
       [&] {
@@ -487,8 +500,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "coccl-sim: %d ranks in one process on the in-memory network; first all_reduce of "
-      "%zu int32; %d bootstrap root(s); split by %s into groups of",
-      n, sim.opt.count, sim.opt.roots,
+      "%zu int32; %d bootstrap root(s); %d ranks a host; split by %s into groups of",
+      n, sim.opt.count, sim.opt.roots, sim.opt.ranks_per_host,
       sim.opt.split == "color" ? "split(color, key)" : "split_members");
   for (int g : sim.opt.groups) std::printf(" %d", g);
   // The settings that size what a rank holds (the library's parameters, as the environment

@@ -19,6 +19,7 @@
 #include "transport/admission.hpp"
 #include "transport/directory.hpp"
 #include "transport/hmac.hpp"
+#include "transport/host_leader.hpp"
 #include "transport/peers.hpp"
 #include "transport/tcp.hpp"
 
@@ -67,6 +68,7 @@ struct Root : std::enable_shared_from_this<Root> {
   bool done = false;                    // serving nothing more
   std::vector<PeerInfo> table;
   std::vector<bool> seen;
+  std::vector<std::int32_t> via;  // per rank: whose connection carried its hello
   // The first rank of this root's share (rank 0 at root 0): it takes the table, or the share.
   std::shared_ptr<Stream> rank0;
   std::optional<Channel> rank0_channel;
@@ -82,6 +84,7 @@ struct Root : std::enable_shared_from_this<Root> {
     expect = at == 0 ? n : last - first;
     table.resize(n);
     seen.assign(n, false);
+    via.assign(n, -1);
   }
 
   void finish() {
@@ -146,6 +149,7 @@ std::vector<std::uint8_t> encode_root_view(const Root& root) {
   for (int r = 0; r < n; ++r) {
     w.put<std::uint8_t>(root.seen[r] ? 1 : 0);
     w.put(root.table[r]);
+    w.put<std::int32_t>(root.via[r]);
   }
   w.put<std::uint32_t>(static_cast<std::uint32_t>(root.failures.size()));
   for (const auto& [rank, why] : root.failures) {
@@ -165,17 +169,19 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
   if (rank0 > 2) bad_message("root's status answer has an unknown state of rank 0");
   v.rank0_lost = rank0 == 1;
   v.rank0_left = rank0 == 2;
-  // Each rank takes 1 + sizeof(PeerInfo) bytes: a count the payload cannot hold is refused before
-  // anything is allocated for it.
-  const std::size_t per_rank = 1 + sizeof(PeerInfo);
+  // Each rank takes 1 + sizeof(PeerInfo) + 4 bytes: a count the payload cannot hold is refused
+  // before anything is allocated for it.
+  const std::size_t per_rank = 1 + sizeof(PeerInfo) + sizeof(std::int32_t);
   if (v.nranks < 0 || v.arrived < 0 || v.arrived > v.nranks ||
       static_cast<std::size_t>(v.nranks) > payload.size() / per_rank)
     bad_message("root's status answer has an impossible size");
   v.seen.resize(v.nranks);
   v.table.resize(v.nranks);
+  v.via.resize(v.nranks);
   for (int i = 0; i < v.nranks; ++i) {
     v.seen[i] = r.get<std::uint8_t>() != 0;
     v.table[i] = r.get<PeerInfo>();
+    v.via[i] = r.get<std::int32_t>();
   }
   v.failed.resize(v.nranks);
   const auto failures = r.get<std::uint32_t>();
@@ -302,6 +308,7 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
     for (std::size_t i = 0; i < share.entries.size(); ++i) {
       root->seen[share.first + i] = true;
       root->table[share.first + i] = share.entries[i];
+      root->via[share.first + i] = share.first;
     }
     root->arrived += static_cast<int>(share.entries.size());
   }
@@ -320,6 +327,87 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   if (completes) co_await root_complete(root);
 }
 
+// Takes one hello: true when it counted. `via`: the rank whose connection carried it; `direct`:
+// that connection is the hello's rank's own, not a host leader's. Only a direct hello's connection
+// can carry the table (or share) to the first rank of this root's share, so that rank's hello must
+// not come through a leader.
+bool root_admit(Root& root, const Hello& hello, int via, bool direct) {
+  const int rank = hello.rank, nranks = hello.nranks;
+  if (nranks <= 0 || rank < 0 || rank >= nranks || hello.roots < 1 ||
+      hello.roots > static_cast<std::uint32_t>(nranks) ||
+      (root.nranks > 0 && nranks != root.nranks)) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped hello with rank %d of %d (expected size %d)",
+               rank, nranks, root.nranks);
+    return false;
+  }
+  const int roots = static_cast<int>(hello.roots);
+  const int at = root_of(rank, nranks, roots);
+  if (root.nranks < 0) root.shape(nranks, roots, at, hello.ids);
+  std::string refusal;
+  if (roots != root.roots || hello.ids != root.ids)
+    refusal = "rank " + std::to_string(rank) + " was given other ids (" + std::to_string(roots) +
+              ") than the ranks that reached this root before it (" + std::to_string(root.roots) +
+              "): every rank must pass the same ids in the same "
+              "order";
+  else if (at != root.index)
+    refusal = "rank " + std::to_string(rank) + " says hello to root " + std::to_string(root.index) +
+              ", but its share belongs to root " + std::to_string(at);
+  else if (!direct && rank == root.first)
+    refusal = "rank " + std::to_string(rank) +
+              " takes the table from the root, so it must say hello itself, not through its "
+              "host's leader";
+  if (!refusal.empty()) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped a hello: %s", refusal.c_str());
+    if (root.failures.size() < 1024) root.failures[rank] = refusal;
+    return false;
+  }
+  if (root.seen[rank]) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", rank);
+    return false;
+  }
+  root.seen[rank] = true;
+  root.table[rank] = hello.info;
+  root.via[rank] = via;
+  ++root.arrived;
+  return true;
+}
+
+// A host's leader: its frames of hellos until the communicator forms or the leader closes (its
+// own table arrived, or it failed; its host's other ranks then say hello themselves).
+asio::awaitable<void> root_serve_leader(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock,
+                                        Channel channel, std::vector<std::uint8_t> payload) {
+  int leader = -1;
+  for (;;) {
+    std::vector<Hello> hellos;
+    try {
+      hellos = decode_hellos(payload);
+    } catch (const std::exception& e) {
+      if (!root->done) root->drops.dropped(drop_reason(e));
+      co_return;
+    }
+    if (root->done || root->formed || root->expired) co_return;
+    // The leader's own hello comes first on its connection.
+    if (leader < 0) leader = hellos.front().rank;
+    for (const Hello& h : hellos) root_admit(*root, h, leader, false);
+    if (root->arrived == root->expect) {
+      // Nothing more will come on this connection: release it before the long wait below.
+      boost::system::error_code ignored;
+      sock->close(ignored);
+      co_await root_complete(root);
+      co_return;
+    }
+    try {
+      runtime::CloseAfter guard(*sock, runtime::default_timeout());
+      Frame f = co_await read_frame(*sock, channel, max_table_frame);
+      if (f.type != FrameType::hellos) bad_message("expected more hellos from a host's leader");
+      payload = std::move(f.payload);
+    } catch (const std::exception&) {
+      // Closed by the leader (its table came: every hello is in), or the link failed.
+      co_return;
+    }
+  }
+}
+
 // `ticket`: the connection's place among those not yet authenticated (admitted by the accept loop,
 // so that it counts before the next accept).
 asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock,
@@ -327,6 +415,7 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<St
   Hello hello{};
   std::optional<Channel> channel;
   std::vector<std::uint8_t> share;
+  std::optional<std::vector<std::uint8_t>> batch;  // a host leader's first frame of hellos
   try {
     runtime::CloseAfter guard(*sock, auth_timeout());
     channel.emplace(co_await Channel::respond(*sock, root->secret));
@@ -348,6 +437,8 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<St
     }
     if (f.type == FrameType::share) {
       share = std::move(f.payload);
+    } else if (f.type == FrameType::hellos) {
+      batch = std::move(f.payload);
     } else {
       if (f.type != FrameType::hello || f.payload.size() > max_small_frame)
         bad_message("expected a hello");
@@ -363,43 +454,17 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<St
     co_await root_take_share(root, sock, std::move(*channel), std::move(share));
     co_return;
   }
+  if (batch) {
+    co_await root_serve_leader(root, sock, std::move(*channel), std::move(*batch));
+    co_return;
+  }
   if (root->done || root->formed || root->expired) co_return;
-  const int rank = hello.rank, nranks = hello.nranks;
-  if (nranks <= 0 || rank < 0 || rank >= nranks || hello.roots < 1 ||
-      hello.roots > static_cast<std::uint32_t>(nranks) ||
-      (root->nranks > 0 && nranks != root->nranks)) {
-    COCCL_WARN(boot, -1, "bootstrap root: dropped hello with rank %d of %d (expected size %d)",
-               rank, nranks, root->nranks);
-    co_return;
-  }
-  const int roots = static_cast<int>(hello.roots);
-  const int at = root_of(rank, nranks, roots);
-  if (root->nranks < 0) root->shape(nranks, roots, at, hello.ids);
-  std::string refusal;
-  if (roots != root->roots || hello.ids != root->ids)
-    refusal = "rank " + std::to_string(rank) + " was given other ids (" + std::to_string(roots) +
-              ") than the ranks that reached this root before it (" + std::to_string(root->roots) +
-              "): every rank must pass the same ids in the same "
-              "order";
-  else if (at != root->index)
-    refusal = "rank " + std::to_string(rank) + " says hello to root " +
-              std::to_string(root->index) + ", but its share belongs to root " + std::to_string(at);
-  if (!refusal.empty()) {
-    COCCL_WARN(boot, -1, "bootstrap root: dropped a hello: %s", refusal.c_str());
-    if (root->failures.size() < 1024) root->failures[rank] = refusal;
-    co_return;
-  }
-  if (root->seen[rank]) {
-    COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", rank);
-    co_return;
-  }
-  root->seen[rank] = true;
-  root->table[rank] = hello.info;
-  if (rank == root->first) {
+  if (!root_admit(*root, hello, hello.rank, true)) co_return;
+  if (hello.rank == root->first) {
     root->rank0 = sock;
     root->rank0_channel = std::move(channel);
   }
-  if (++root->arrived == root->expect) co_await root_complete(root);
+  if (root->arrived == root->expect) co_await root_complete(root);
 }
 
 asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
@@ -591,6 +656,7 @@ asio::awaitable<void> Peers::rendezvous(std::vector<RootAddress> roots) {
     why = e.what();
   }
   if (failed) {
+    if (leader_) std::exchange(leader_, nullptr)->stop();
     co_await tell_root(why);
     std::rethrow_exception(failed);
   }
@@ -612,21 +678,17 @@ std::uint64_t digest_of(const std::vector<RootAddress>& roots) {
 
 }  // namespace
 
-asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
-  auto limit = runtime::default_timeout();
-  auto until = std::chrono::steady_clock::now() + limit;
-  // With several roots each takes the hellos of its share of the ranks; the first rank of a
-  // share other than root 0's passes that share on to root 0, which then has every entry.
-  const int nroots = static_cast<int>(roots.size());
-  const int at = root_of(rank_, nranks_, nroots);
-  const RootAddress root = roots[at];
+asio::awaitable<std::pair<std::shared_ptr<Stream>, Channel>> dial_root(
+    asio::any_io_executor ex, const RootAddress& root, std::chrono::steady_clock::time_point until,
+    std::shared_ptr<Traffic> traffic, int rank) {
+  const auto limit = runtime::default_timeout();
   std::shared_ptr<Stream> sock;
   std::optional<Channel> channel;
   // A root that closes the connection before the handshake ends has not seen this rank (it made
   // room for a newer connection, admission.hpp): dial again, until the deadline.
   for (auto pause = std::chrono::milliseconds(10);;
        pause = std::min(2 * pause, std::chrono::milliseconds(500))) {
-    sock = co_await transport::dial(ex_, root.address, until, false, traffic_);
+    sock = co_await transport::dial(ex, root.address, until, false, traffic);
     bool closed = false;
     try {
       runtime::CloseAfter guard(*sock, limit);
@@ -641,21 +703,45 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
       closed = true;
     }
     if (!closed) break;
-    COCCL_INFO(boot, rank_,
+    COCCL_INFO(boot, rank,
                "the bootstrap root closed the connection before the handshake "
                "ended; dialling again");
-    asio::steady_timer wait(ex_, pause);
+    asio::steady_timer wait(ex, pause);
     boost::system::error_code ignored;
     co_await wait.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   }
-  {
-    Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
+  co_return std::pair<std::shared_ptr<Stream>, Channel>(std::move(sock), std::move(*channel));
+}
+
+asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
+  auto limit = runtime::default_timeout();
+  auto until = std::chrono::steady_clock::now() + limit;
+  // With several roots each takes the hellos of its share of the ranks; the first rank of a
+  // share other than root 0's passes that share on to root 0, which then has every entry.
+  const int nroots = static_cast<int>(roots.size());
+  const int at = root_of(rank_, nranks_, nroots);
+  const RootAddress root = roots[at];
+  const bool first_of_share = rank_ == share_begin(at, nranks_, nroots);
+  const Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
+  // The first rank of a share takes the table (or share) on its own connection to the root;
+  // the others meet on their host first, and one of them carries all their hellos.
+  bool sent = false;
+  if (!first_of_share && params::host_leaders.get()) {
+    HostHello met = co_await hello_on_host(ex_, root, h, options_.memory, traffic_, until);
+    sent = met.sent;
+    leader_ = std::move(met.leader);
+  }
+  std::shared_ptr<Stream> sock;
+  std::optional<Channel> channel;
+  if (!sent) {
+    auto [s, c] = co_await dial_root(ex_, root, until, traffic_, rank_);
+    sock = std::move(s);
+    channel.emplace(std::move(c));
     const std::vector<std::uint8_t> hello = encode_hello(h);
     runtime::CloseAfter guard(*sock, limit);
     co_await write_frame(*sock, *channel, FrameType::hello, hello);
   }
-  if (at > 0 && rank_ == share_begin(at, nranks_, nroots))
-    co_await pass_share(sock, *channel, root, roots.front(), at);
+  if (at > 0 && first_of_share) co_await pass_share(sock, *channel, root, roots.front(), at);
   std::vector<std::uint8_t> payload;
   if (rank_ == 0) {
     runtime::CloseAfter guard(*sock, limit);
@@ -694,6 +780,8 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
                                   " got no address table within COCCL_TIMEOUT: " + why);
     }
   }
+  // Every hello has reached the root: a leader of this host has nothing more to carry.
+  if (leader_) std::exchange(leader_, nullptr)->stop();
   DirectoryFrame frame = decode_directory(payload, nranks_);
   payload = {};
   directory_.assign(frame, rank_);

@@ -2,12 +2,13 @@
 // Peers::rendezvous runs; the rest of Peers is in peers.hpp).
 //
 // Rendezvous: each rank opens a listener, then sends an authenticated hello (rank, size, listener
-// address, host identity) to the root. When all have arrived the root sends the address table to
-// rank 0 only; the table then flows down a binary tree (rank r forwards it to 2r+1 and 2r+2), so
-// the root does O(N) work and every rank has the table after O(log N) rounds. The root answers
-// status queries until rank 0 says goodbye; when rank 0's connection ends without one (rank 0
-// died, perhaps before it passed the table on) it answers, naming that, for one more
-// COCCL_TIMEOUT (and a few seconds).
+// address, host identity) to the root: itself, or through its host's leader, which carries the
+// hellos of every rank of the host on one connection (host_leader.hpp). When all have arrived the
+// root sends the address table to rank 0 only; the table then flows down a binary tree (rank r
+// forwards it to 2r+1 and 2r+2), so the root does O(N) work and every rank has the table after
+// O(log N) rounds. The root answers status queries until rank 0 says goodbye; when rank 0's
+// connection ends without one (rank 0 died, perhaps before it passed the table on) it answers,
+// naming that, for one more COCCL_TIMEOUT (and a few seconds).
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/engine.hpp"
@@ -57,6 +59,9 @@ struct RootView {
   std::vector<std::string> failed;  // per rank: why its set-up failed, if it told the root
   std::vector<bool> seen;           // per rank: its hello arrived
   std::vector<PeerInfo> table;      // per rank: its listener (valid where seen)
+  /// Per rank: the rank whose connection carried its hello (itself when it came directly, its
+  /// host's leader otherwise; valid where seen).
+  std::vector<int> via;
 };
 
 /// Asks the root of `root` for its view (coccl-status). Throws std::system_error (errc::timed_out
@@ -70,6 +75,14 @@ asio::awaitable<RootView> query_root(asio::any_io_executor ex, const RootAddress
 asio::awaitable<std::vector<std::uint8_t>> query_rank(asio::any_io_executor ex,
                                                       const PeerInfo& peer, Secret secret,
                                                       std::chrono::steady_clock::time_point until);
+
+/// Dials `root` and completes the handshake, dialling again while the root closes connections
+/// before their handshake ends (it made room for newer ones, admission.hpp), until `until`; the
+/// stream is counted in `traffic` on the in-memory network. Throws std::system_error
+/// (errc::timed_out) when the deadline passes. `rank` is for log lines.
+asio::awaitable<std::pair<std::shared_ptr<Stream>, Channel>> dial_root(
+    asio::any_io_executor ex, const RootAddress& root, std::chrono::steady_clock::time_point until,
+    std::shared_ptr<Traffic> traffic, int rank);
 
 /// Largest status answer a rank sends and a query accepts.
 inline constexpr std::size_t max_status_frame = 1u << 20;

@@ -11,7 +11,8 @@ namespace coccl::transport {
 namespace {
 
 constexpr std::uint32_t hello_magic = 0x4f4c4548u;
-constexpr std::uint32_t share_magic = 0x52414853u;  // "SHAR"
+constexpr std::uint32_t hellos_magic = 0x534c4548u;  // "HELS"
+constexpr std::uint32_t share_magic = 0x52414853u;   // "SHAR"
 
 constexpr std::uint32_t notice_magic = 0x4543544eu;  // "NTCE"
 
@@ -76,6 +77,33 @@ Hello decode_hello(std::span<const std::uint8_t> payload) {
   h.ids = r.get<std::uint64_t>();
   if (!r.done()) bad_message("trailing bytes in hello");
   return h;
+}
+
+std::vector<std::uint8_t> encode_hellos(std::span<const Hello> hellos) {
+  Writer w;
+  w.put(hellos_magic).put(static_cast<std::uint32_t>(hellos.size()));
+  for (const Hello& h : hellos) w.put(h.rank).put(h.nranks).put(h.info).put(h.roots).put(h.ids);
+  return std::move(w.bytes());
+}
+
+std::vector<Hello> decode_hellos(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != hellos_magic) bad_message("bad hellos");
+  const auto count = r.get<std::uint32_t>();
+  constexpr std::size_t each =
+      2 * sizeof(std::int32_t) + sizeof(PeerInfo) + sizeof(std::uint32_t) + sizeof(std::uint64_t);
+  if (count == 0 || count > max_hellos_per_frame || count > payload.size() / each)
+    bad_message("hellos frame with an impossible count (" + std::to_string(count) + ")");
+  std::vector<Hello> hellos(count);
+  for (Hello& h : hellos) {
+    h.rank = r.get<std::int32_t>();
+    h.nranks = r.get<std::int32_t>();
+    h.info = r.get<PeerInfo>();
+    h.roots = r.get<std::uint32_t>();
+    h.ids = r.get<std::uint64_t>();
+  }
+  if (!r.done()) bad_message("trailing bytes in hellos");
+  return hellos;
 }
 
 int root_of(int rank, int nranks, int roots) {

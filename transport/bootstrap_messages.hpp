@@ -64,6 +64,13 @@ struct Hello {
 std::vector<std::uint8_t> encode_hello(const Hello& h);
 Hello decode_hello(std::span<const std::uint8_t> payload);
 
+/// A host's leader -> root: the hellos of ranks of its host (its own, then those that reached it
+/// over the host's local listener), several to a frame; the root takes each as a hello.
+inline constexpr std::size_t max_hellos_per_frame = 1024;
+std::vector<std::uint8_t> encode_hellos(std::span<const Hello> hellos);
+/// Throws on an empty list, more than max_hellos_per_frame, or a malformed hello.
+std::vector<Hello> decode_hellos(std::span<const std::uint8_t> payload);
+
 /// With `roots` roots, the root that rank `rank` of `nranks` says hello to, and the first rank of
 /// root `index`'s share (share_begin(roots) == nranks): ranks are split into near-equal
 /// consecutive shares.

@@ -435,6 +435,18 @@ std::shared_ptr<Listener> Listener::open(asio::any_io_executor ex,
   return l;
 }
 
+std::shared_ptr<Listener> Listener::open_at(std::uint64_t number, asio::any_io_executor ex,
+                                            std::shared_ptr<Traffic> traffic) {
+  number |= named;
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto& slot = r.listeners[number];
+  if (slot.lock()) return nullptr;
+  std::shared_ptr<Listener> l(new Listener(std::move(ex), number, std::move(traffic)));
+  slot = l;
+  return l;
+}
+
 Listener::~Listener() { close(); }
 
 void Listener::async_accept(Acceptor::AcceptHandler handler) {

@@ -80,6 +80,12 @@ class Listener : public std::enable_shared_from_this<Listener> {
   /// `traffic` (may be null).
   static std::shared_ptr<Listener> open(asio::any_io_executor ex,
                                         std::shared_ptr<Traffic> traffic = nullptr);
+  /// Listens under `number`, which open() never hands out (its top bit is set); null when another
+  /// listens there.
+  static std::shared_ptr<Listener> open_at(std::uint64_t number, asio::any_io_executor ex,
+                                           std::shared_ptr<Traffic> traffic = nullptr);
+  /// The top bit of the numbers open_at() takes.
+  static constexpr std::uint64_t named = std::uint64_t{1} << 63;
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;

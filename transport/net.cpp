@@ -33,6 +33,54 @@ struct TcpAccepted {
   }
 };
 
+using local = asio::local::stream_protocol;
+
+// A unix socket as a Stream (the meeting of one host's ranks, Acceptor::listen_local).
+class UnixStream final : public Stream::Impl {
+ public:
+  explicit UnixStream(local::socket socket) : socket_(std::move(socket)) {}
+  Stream::executor_type get_executor() override { return socket_.get_executor(); }
+  // The buffer arrays go by value: Asio keeps its own copy of the sequence for the operation.
+  void async_read_some(Stream::MutableBuffers buffers, Stream::Handler handler) override {
+    socket_.async_read_some(buffers.at, std::move(handler));
+  }
+  void async_write_some(Stream::ConstBuffers buffers, Stream::Handler handler) override {
+    socket_.async_write_some(buffers.at, std::move(handler));
+  }
+  std::size_t write_some_now(asio::const_buffer buffer, boost::system::error_code& ec) override {
+    socket_.non_blocking(true, ec);
+    if (ec) return 0;
+    return socket_.write_some(buffer, ec);
+  }
+  void close(boost::system::error_code& ec) override { socket_.close(ec); }
+  bool is_open() const override { return socket_.is_open(); }
+
+ private:
+  local::socket socket_;
+};
+
+struct UnixAccepted {
+  std::shared_ptr<local::socket> socket;
+  Acceptor::AcceptHandler handler;
+
+  void operator()(boost::system::error_code ec) {
+    asio::dispatch(asio::append(std::move(handler), ec,
+                                Stream(std::make_unique<UnixStream>(std::move(*socket)))));
+  }
+};
+
+// An abstract socket's name: a leading NUL, so that nothing appears in the file system.
+local::endpoint abstract_endpoint(const std::string& name) {
+  return local::endpoint(std::string(1, '\0') + name);
+}
+
+// A name on the in-memory network, as a listener number open_at() takes.
+std::uint64_t memory_name(const std::string& name) {
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: the names are digests already
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace
 
 PeerInfo memory_address(std::uint64_t number) {
@@ -74,6 +122,21 @@ void Acceptor::listen_memory(std::shared_ptr<Traffic> traffic) {
   memory_ = memory::Listener::open(ex_, std::move(traffic));
 }
 
+bool Acceptor::listen_local(const std::string& name, bool memory,
+                            std::shared_ptr<Traffic> traffic) {
+  if (memory) {
+    memory_ = memory::Listener::open_at(memory_name(name), ex_, std::move(traffic));
+    return memory_ != nullptr;
+  }
+  local_.emplace(ex_);
+  boost::system::error_code ec;
+  local_->open(local(), ec);
+  if (!ec) local_->bind(abstract_endpoint(name), ec);
+  if (!ec) local_->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) local_.reset();
+  return !ec;
+}
+
 PeerInfo Acceptor::local_info() const {
   if (memory_) return memory_address(memory_->number());
   return PeerInfo::from(tcp_.local_endpoint());
@@ -81,6 +144,10 @@ PeerInfo Acceptor::local_info() const {
 
 void Acceptor::start_accept(AcceptHandler handler) {
   if (memory_) return memory_->async_accept(std::move(handler));
+  if (local_) {
+    auto socket = std::make_shared<local::socket>(ex_);
+    return local_->async_accept(*socket, UnixAccepted{socket, std::move(handler)});
+  }
   auto socket = std::make_shared<tcp::socket>(ex_);
   tcp_.async_accept(*socket, TcpAccepted{socket, std::move(handler)});
 }
@@ -91,10 +158,18 @@ void Acceptor::close(boost::system::error_code& ec) {
     ec = {};
     return;
   }
+  if (local_) {
+    local_->close(ec);
+    return;
+  }
   tcp_.close(ec);
 }
 
-bool Acceptor::is_open() const { return memory_ ? memory_->is_open() : tcp_.is_open(); }
+bool Acceptor::is_open() const {
+  if (memory_) return memory_->is_open();
+  if (local_) return local_->is_open();
+  return tcp_.is_open();
+}
 
 namespace {
 
@@ -120,6 +195,21 @@ asio::awaitable<std::shared_ptr<Stream>> dial_memory(asio::any_io_executor ex, P
 }
 
 }  // namespace
+
+asio::awaitable<std::shared_ptr<Stream>> dial_local(asio::any_io_executor ex, std::string name,
+                                                    bool memory, std::shared_ptr<Traffic> traffic) {
+  if (memory) {
+    auto s = memory::Listener::connect(memory_name(name) | memory::Listener::named, ex,
+                                       std::move(traffic));
+    co_return s ? std::make_shared<Stream>(std::move(*s)) : nullptr;
+  }
+  local::socket socket(ex);
+  boost::system::error_code ec;
+  co_await socket.async_connect(abstract_endpoint(name),
+                                asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return nullptr;
+  co_return std::make_shared<Stream>(std::make_unique<UnixStream>(std::move(socket)));
+}
 
 asio::awaitable<std::shared_ptr<Stream>> dial(asio::any_io_executor ex, PeerInfo peer,
                                               std::chrono::steady_clock::time_point until,

@@ -8,6 +8,7 @@
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -53,6 +54,11 @@ class Acceptor {
   /// Listens on the in-memory network under a new number; the streams it accepts are counted in
   /// `traffic` (may be null).
   void listen_memory(std::shared_ptr<Traffic> traffic = nullptr);
+  /// Listens at `name` for processes of this host only, so that ranks of one host can meet
+  /// without the network: an abstract unix socket (it goes with the process and leaves no file
+  /// behind), or with `memory` a name on the in-memory network, whose accepted streams are counted
+  /// in `traffic`. False, listening nowhere, when another listens there already.
+  bool listen_local(const std::string& name, bool memory, std::shared_ptr<Traffic> traffic);
 
   /// Where it listens, as the address table holds it. Throws boost::system::system_error.
   PeerInfo local_info() const;
@@ -74,6 +80,7 @@ class Acceptor {
 
   asio::any_io_executor ex_;
   asio::ip::tcp::acceptor tcp_;
+  std::optional<asio::local::stream_protocol::acceptor> local_;
   std::shared_ptr<memory::Listener> memory_;
 };
 
@@ -87,5 +94,10 @@ asio::awaitable<std::shared_ptr<Stream>> dial(asio::any_io_executor ex, PeerInfo
                                               std::chrono::steady_clock::time_point until,
                                               bool listening = false,
                                               std::shared_ptr<Traffic> traffic = nullptr);
+
+/// Dials the local listener `name` (Acceptor::listen_local, same `memory`); the stream is counted
+/// in `traffic` on the in-memory network. Null when nobody listens there.
+asio::awaitable<std::shared_ptr<Stream>> dial_local(asio::any_io_executor ex, std::string name,
+                                                    bool memory, std::shared_ptr<Traffic> traffic);
 
 }  // namespace coccl::transport

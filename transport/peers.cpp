@@ -98,6 +98,7 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
 
 Peers::~Peers() {
   leave_root();
+  if (leader_) leader_->stop();
   gate_.close();
   thread_.remove_poller(&poller_);
   thread_.remove_poller(&ib_poller_);
@@ -107,6 +108,7 @@ Peers::~Peers() {
 
 PeerInfo Peers::self_info() const {
   PeerInfo info = acceptor_.local_info();
+  if (traffic_ && traffic_->host() != 0) info.host_hash = traffic_->host();
   if (ib_device_) info.caps |= PeerInfo::cap_ib;
   return info;
 }

@@ -25,6 +25,7 @@
 #include "transport/bootstrap_messages.hpp"
 #include "transport/connection.hpp"
 #include "transport/directory.hpp"
+#include "transport/host_leader.hpp"
 #include "transport/link_poller.hpp"
 #include "transport/link_setup.hpp"
 #include "transport/net.hpp"
@@ -383,7 +384,9 @@ class Peers {
   std::shared_ptr<Stream> root_link_;
   std::optional<Channel> root_channel_;
   std::optional<RootAddress> root_;  // the first root, from rendezvous()
-  int roots_ = 1;                    // how many roots rendezvous() was given
+  // While this rank leads its host's meeting (host_leader.hpp): until its table arrives.
+  std::shared_ptr<HostLeader> leader_;
+  int roots_ = 1;  // how many roots rendezvous() was given
   runtime::Mailbox<RecoveryRequest> recovery_box_;
   std::uint64_t shrink_attempts_ = 0;
   bool shrinking_ = false;

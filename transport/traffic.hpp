@@ -65,6 +65,12 @@ class Traffic {
 
   Counts counts() const noexcept;
 
+  /// The party's host on the in-memory network: coccl-sim gives the ranks of one simulated host
+  /// one value, which their address entries then carry; 0 (the default) keeps this process's
+  /// identity. Set before the party's communicators are made.
+  void set_host(std::uint64_t host) noexcept { host_ = host; }
+  std::uint64_t host() const noexcept { return host_; }
+
   /// Starts a new phase: every party's round counts from 0 again, and a message stamped in an
   /// earlier phase counts as one sent at round 0 of this one. For a simulation that separates
   /// its phases (every rank finished the previous one).
@@ -76,6 +82,7 @@ class Traffic {
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> bytes_received_{0};
   std::atomic<std::uint64_t> streams_{0};
+  std::uint64_t host_ = 0;
   // The phase in the top bits, the round in the rest: a round of an earlier phase reads as 0
   // without next_phase() touching every party.
   std::atomic<std::uint64_t> round_{0};

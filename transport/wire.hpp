@@ -47,6 +47,7 @@ enum class FrameType : std::uint32_t {
   share = 11,   // root k -> its first rank -> root 0: root k's part of the address table
   close = 12,   // rank -> peer's listener: close our idle link? answered with a status frame
   whois = 13,   // rank -> rank listener, and the answer: where does rank r listen (directory.hpp)
+  hellos = 14,  // a host's leader -> root: hellos of ranks of its host (bootstrap.hpp)
 };
 
 struct Frame {

@@ -35,13 +35,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto which = in.get<std::uint8_t>();
   switch (which % 10) {
     case 0: {
+      // A hello, or a host leader's frame of them (the magic tells them apart).
       auto payload = in.rest();
+      auto same_hello = [](const Hello& a, const Hello& b) {
+        return a.rank == b.rank && a.nranks == b.nranks && same_info(a.info, b.info) &&
+               a.roots == b.roots && a.ids == b.ids;
+      };
       fuzz::rejects(errc::bad_message, [&] {
         Hello h = decode_hello(payload);
-        Hello again = decode_hello(encode_hello(h));
-        if (again.rank != h.rank || again.nranks != h.nranks || !same_info(again.info, h.info) ||
-            again.roots != h.roots || again.ids != h.ids)
+        if (!same_hello(decode_hello(encode_hello(h)), h))
           fuzz::violated("a hello changed in encoding");
+      });
+      fuzz::rejects(errc::bad_message, [&] {
+        std::vector<Hello> hs = decode_hellos(payload);
+        if (hs.empty() || hs.size() > max_hellos_per_frame)
+          fuzz::violated("a frame of hellos of an impossible count");
+        std::vector<Hello> again = decode_hellos(encode_hellos(hs));
+        if (!std::equal(hs.begin(), hs.end(), again.begin(), again.end(), same_hello))
+          fuzz::violated("hellos changed in encoding");
       });
       break;
     }

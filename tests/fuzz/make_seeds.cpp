@@ -85,6 +85,8 @@ void bootstrap_seeds() {
     return payload;
   };
   seed("bootstrap", "hello", with(0, encode_hello({2, 3, info(5000), 2, 0x1234})));
+  const std::vector<Hello> hellos{{3, 8, info(5001), 1, 0}, {5, 8, info(5002), 1, 0}};
+  seed("bootstrap", "hellos", with(0, encode_hellos(hellos)));
   seed("bootstrap", "share", with(7, encode_share({5, 2, 1, 0x1234, 3, {info(5003), info(5004)}})));
   const std::vector<DirectoryEntry> three{
       {0, info(5000), 3}, {1, info(5001), 3}, {2, info(5002), 3}};
@@ -145,7 +147,10 @@ void unique_id_seeds() {
   Secret s{};
   for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::uint8_t>(i * 7);
   for (const char* host : {"192.168.1.20", "fe80::1"}) {
-    UniqueId id = encode({{boost::asio::ip::make_address(host), 29500}, s});
+    const RootAddress root{
+        PeerInfo::from(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address(host), 29500)),
+        s};
+    UniqueId id = encode(root);
     const std::string text = id.to_string();
     seed("unique_id", std::string("text_v") + (host[0] == '1' ? "4" : "6"), "\x01" + text);
     Bytes raw{0};

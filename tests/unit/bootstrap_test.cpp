@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "runtime/deadline.hpp"
 #include "tests/support/param_override.hpp"
 #include "transport/admission.hpp"
+#include "transport/host_leader.hpp"
 #include "transport/wire.hpp"
 
 namespace coccl {
@@ -512,10 +515,175 @@ TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
 // authenticated yet: the root takes them as room frees and every rank joins (at the default cap,
 // thousands of ranks starting together meet the same).
 TEST(BootstrapRoot, AHelloBurstBeyondThePendingCapAllJoin) {
-  // The cap, not the graces, is under test.
+  // The cap, not the graces, is under test; every rank dials the root itself (this process is
+  // one host, whose ranks would otherwise come on one leader's connection).
   const auto cap = test::pending_cap_only("2");
+  const test::ParamOverride direct(params::host_leaders, "0");
   const test::ParamOverride timeout(params::timeout_s, "30");
   expect_all_summed(join_and_sum(UniqueId::create(), 24, all_ranks(24)));
+}
+
+// ---- Host leaders: the ranks of one host reach the root on one connection ----
+
+struct Formed {
+  std::vector<RankResult> results;
+  std::optional<transport::RootView> view;  // asked while every rank's communicator lived
+};
+
+// Ranks 0..nranks-1 join `id` on threads (one host: this process) and all_reduce (rank + 1);
+// the root is asked for its view before any rank destroys its communicator.
+Formed join_and_ask_root(const UniqueId& id, int nranks) {
+  Formed f;
+  f.results.resize(nranks);
+  std::latch formed(nranks + 1);
+  std::latch asked(1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r)
+    threads.emplace_back([&, r] {
+      Communicator c;
+      try {
+        c = Communicator::create(id, r, nranks);
+        float in = static_cast<float>(r + 1), out = 0;
+        c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
+        f.results[r].sum = out;
+      } catch (const std::system_error& e) {
+        f.results[r].ec = e.code();
+        f.results[r].what = e.what();
+      }
+      formed.arrive_and_wait();
+      asked.wait();
+      c.destroy();
+    });
+  formed.arrive_and_wait();
+  f.view = ask_root(transport::decode(id), 5000ms);
+  asked.count_down();
+  for (auto& t : threads) t.join();
+  return f;
+}
+
+// Every rank's hello came on its own connection.
+void expect_all_direct(const Formed& f) {
+  ASSERT_TRUE(f.view);
+  ASSERT_EQ(f.view->via.size(), f.results.size());
+  for (std::size_t r = 0; r < f.results.size(); ++r)
+    EXPECT_EQ(f.view->via[r], static_cast<int>(r)) << "rank " << r;
+}
+
+TEST(HostLeaders, CarryTheHellosOfTheirHostOnOneConnection) {
+  const int n = 6;
+  const Formed f = join_and_ask_root(UniqueId::create(), n);
+  expect_all_summed(f.results);
+  ASSERT_TRUE(f.view);
+  EXPECT_EQ(f.view->arrived, n);
+  ASSERT_EQ(f.view->via.size(), static_cast<std::size_t>(n));
+  // Rank 0 takes the table on its own connection; one of the others leads the rest.
+  EXPECT_EQ(f.view->via[0], 0);
+  const int leader = f.view->via[1];
+  ASSERT_GE(leader, 1);
+  ASSERT_LT(leader, n);
+  for (int r = 1; r < n; ++r) EXPECT_EQ(f.view->via[r], leader) << "rank " << r;
+}
+
+TEST(HostLeaders, OffEveryRankSaysHelloItself) {
+  const test::ParamOverride off(params::host_leaders, "0");
+  const Formed f = join_and_ask_root(UniqueId::create(), 4);
+  expect_all_summed(f.results);
+  expect_all_direct(f);
+}
+
+// Holds the host's meeting place for `id` before any rank comes: answers each connection as
+// `greet` says, on its own thread, until destroyed.
+class Squatter {
+ public:
+  Squatter(const UniqueId& id, bool silent) : acceptor_(io_) {
+    using local = asio::local::stream_protocol;
+    const std::string name =
+        transport::host_meeting_name(transport::decode(id), transport::host_hash());
+    acceptor_.open(local());
+    acceptor_.bind(local::endpoint(std::string(1, '\0') + name));
+    acceptor_.listen();
+    accept(silent);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~Squatter() {
+    io_.stop();
+    thread_.join();
+  }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  void accept(bool silent) {
+    acceptor_.async_accept(
+        [this, silent](boost::system::error_code ec, asio::local::stream_protocol::socket s) {
+          if (ec) return;
+          ++accepted_;
+          if (silent)
+            held_.push_back(std::move(s));  // never answers
+          else
+            s.close();  // the dialler's handshake fails at once
+          accept(silent);
+        });
+  }
+  asio::io_context io_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  std::vector<asio::local::stream_protocol::socket> held_;
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+// A process of the host that holds the meeting place cannot take part (it has no secret): every
+// rank that meets it says hello itself, and the communicator forms.
+TEST(HostLeaders, AStrangerHoldingTheMeetingPlaceIsPassedOver) {
+  const UniqueId id = UniqueId::create();
+  Squatter stranger(id, false);
+  const Formed f = join_and_ask_root(id, 4);
+  expect_all_summed(f.results);
+  expect_all_direct(f);
+  EXPECT_EQ(stranger.accepted(), 3);  // ranks 1-3; rank 0 never meets
+}
+
+// One that accepts and never answers holds each rank up for the handshake limit only.
+TEST(HostLeaders, ASilentStrangerAtTheMeetingPlaceCostsOneHandshakeLimit) {
+  const test::ParamOverride auth(params::bootstrap_auth_timeout, "0.5");
+  const UniqueId id = UniqueId::create();
+  Squatter stranger(id, true);
+  const Formed f = join_and_ask_root(id, 3);
+  expect_all_summed(f.results);
+  expect_all_direct(f);
+  EXPECT_EQ(stranger.accepted(), 2);
+}
+
+TEST(HostLeaders, HelloFramesRoundTripAndRefuseImpossibleCounts) {
+  transport::PeerInfo info{};
+  info.family = 4;
+  info.port = 5000;
+  const std::vector<transport::Hello> hellos{{3, 8, info, 1, 0}, {5, 8, info, 2, 7}};
+  const auto bytes = transport::encode_hellos(hellos);
+  const auto back = transport::decode_hellos(bytes);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].rank, 3);
+  EXPECT_EQ(back[1].rank, 5);
+  EXPECT_EQ(back[1].roots, 2u);
+  EXPECT_EQ(back[1].ids, 7u);
+  auto refused = [](std::vector<std::uint8_t> b) {
+    try {
+      transport::decode_hellos(b);
+    } catch (const std::system_error& e) {
+      return e.code() == errc::bad_message;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(transport::encode_hellos({})));      // none
+  EXPECT_TRUE(refused({bytes.begin(), bytes.end() - 1}));  // cut short
+  auto longer = bytes;
+  longer.push_back(0);
+  EXPECT_TRUE(refused(longer));  // trailing bytes
+  auto claims_more = bytes;
+  claims_more[4] = 3;  // the count, after the magic: 3 hellos in the room of 2
+  EXPECT_TRUE(refused(claims_more));
+  const std::vector<transport::Hello> too_many(transport::max_hellos_per_frame + 1, hellos[0]);
+  EXPECT_TRUE(refused(transport::encode_hellos(too_many)));
+  EXPECT_TRUE(refused(transport::encode_hello(hellos[0])));  // a single hello is not a frame
 }
 
 }  // namespace

@@ -1,0 +1,99 @@
+// Host leaders: the ranks of one host meet before the rendezvous, and one of them, the host's
+// leader, carries all their hellos to the root on one connection. The root then sees hosts, not
+// ranks: with 8 ranks a host it accepts an eighth of the connections and reads an eighth of the
+// frames (each hellos frame holds what arrived while the previous one was written).
+//
+// The meeting place is a name derived from the root's secret, its address and the host identity
+// (COCCL_HOSTID, or the host name and boot id): an abstract unix socket, which only processes of
+// the same host (and network namespace) reach and which vanishes with its process; on the
+// in-memory network, a name there. The first rank to listen under the name leads; the others
+// dial it, authenticate with the secret as everywhere else, hand over their hello and wait until
+// the leader has written it to the root. The leader stops once its own address table arrives,
+// which is after every hello reached the root.
+//
+// Nothing depends on the meeting: a rank that cannot dial the leader or take the name, whose
+// leader refuses or fails, or who is turned away because the leader has too many unfinished
+// handshakes, says hello to the root itself. COCCL_HOST_LEADERS=0 turns the meeting off.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "transport/bootstrap.hpp"
+#include "transport/traffic.hpp"
+
+namespace coccl::transport {
+
+class HostLeader;
+
+/// What became of a hello offered to the host's meeting.
+struct HostHello {
+  bool sent = false;                   // it reached the root through the host's leader
+  std::shared_ptr<HostLeader> leader;  // set when this rank leads: stop() it when the table came
+};
+
+/// Offers `hello` (this rank's, for `root`) to the host's leader, or becomes the leader: then it
+/// dials the root, sends its own hello and carries the hellos of the host's other ranks until
+/// stopped. `memory`: meet on the in-memory network (each party's host is Traffic::host()).
+/// Throws as a direct hello would only when this rank leads and cannot reach the root; every
+/// other failure returns sent == false, and the caller says hello itself.
+asio::awaitable<HostHello> hello_on_host(asio::any_io_executor ex, const RootAddress& root,
+                                         const Hello& hello, bool memory,
+                                         std::shared_ptr<Traffic> traffic,
+                                         std::chrono::steady_clock::time_point until);
+
+/// The meeting place of the ranks of host `host` that rendezvous at `root`: only holders of the
+/// secret can derive it, and it differs per root and per host identity (several roots, or
+/// COCCL_HOSTID making one machine several hosts). Exposed for tests.
+std::string host_meeting_name(const RootAddress& root, std::uint64_t host);
+
+/// A rank leading its host's meeting. Lives on the rank's proxy thread.
+class HostLeader {
+ public:
+  HostLeader(asio::any_io_executor ex, const Secret& secret, const Hello& own);
+  ~HostLeader();
+  HostLeader(const HostLeader&) = delete;
+  HostLeader& operator=(const HostLeader&) = delete;
+
+  /// Stops listening and closes the link to the root; ranks still waiting for their hello to be
+  /// written are told, and say hello themselves.
+  void stop();
+
+  /// Hellos written to the root, its own included (for tests and coccl-sim).
+  std::size_t carried() const noexcept { return carried_; }
+
+ private:
+  friend asio::awaitable<HostHello> hello_on_host(asio::any_io_executor, const RootAddress&,
+                                                  const Hello&, bool, std::shared_ptr<Traffic>,
+                                                  std::chrono::steady_clock::time_point);
+  struct Batch;
+
+  // Each holds `self` (this object) from the moment its frame exists, so that a coroutine spawned
+  // but not yet started never outlives the leader.
+  asio::awaitable<void> accept_loop(std::shared_ptr<HostLeader> self);
+  asio::awaitable<void> serve(std::shared_ptr<HostLeader> self, std::shared_ptr<Stream> follower);
+  asio::awaitable<void> write_loop(std::shared_ptr<HostLeader> self);
+
+  asio::any_io_executor ex_;
+  Secret secret_;
+  Hello own_;
+  Acceptor acceptor_;
+  std::shared_ptr<Stream> root_;
+  std::optional<Channel> channel_;
+  std::vector<Hello> pending_;    // taken from followers, not yet written
+  std::shared_ptr<Batch> batch_;  // what the followers of pending_ wait on
+  bool writing_ = false;
+  bool stopped_ = false;
+  int handshakes_ = 0;  // follower connections not yet answered
+  std::size_t carried_ = 0;
+};
+
+}  // namespace coccl::transport
+
+namespace coccl::params {
+
+extern config::Param<bool> host_leaders;  // COCCL_HOST_LEADERS
+
+}  // namespace coccl::params
