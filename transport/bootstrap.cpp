@@ -799,7 +799,10 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
     asio::co_spawn(ex_, forward_table(child, directory_for_child(frame, child)),
                    [this, pass = gate_.enter(), child, unreachable_ptr, pending,
                     forwarded](std::exception_ptr ep) {
-                     if (pass.open()) std::erase(forwarding_, child);
+                     // A child that could not take the table stays named in this rank's status
+                     // while the others are told (tell_everyone below): a peer that asks meanwhile
+                     // learns which rank holds this one up, not "idle".
+                     if (pass.open() && !ep) std::erase(forwarding_, child);
                      if (ep && unreachable_ptr->empty()) {
                        try {
                          std::rethrow_exception(ep);

@@ -290,7 +290,8 @@ class Peers {
   asio::steady_timer accept_retry_;  // pause after an accept error
   bool table_received_ = false;      // only the first table frame counts
   Directory directory_;
-  std::vector<int> forwarding_;  // children still being passed the table (forwarding_table_to)
+  // Children still being passed the table, or that could not take it (forwarding_table_to).
+  std::vector<int> forwarding_;
   runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
   // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
   // the table earlier may dial before it reaches this rank; answering waits for it.
