@@ -60,21 +60,38 @@ int notice_sender(std::span<const std::uint8_t> payload) {
   return r.get<std::int32_t>();
 }
 
-std::vector<std::uint8_t> encode_hello(const Hello& h) {
-  Writer w;
-  w.put(hello_magic).put(h.rank).put(h.nranks).put(h.info).put(h.roots).put(h.ids);
-  return std::move(w.bytes());
-}
+namespace {
 
-Hello decode_hello(std::span<const std::uint8_t> payload) {
-  Reader r(payload);
-  if (r.get<std::uint32_t>() != hello_magic) bad_message("bad hello");
+// A hello's fields, alone or as one of a leader's frame.
+void put_hello(Writer& w, const Hello& h) {
+  w.put(h.rank).put(h.nranks).put(h.info).put(h.roots).put(h.ids);
+}
+constexpr std::size_t hello_bytes =
+    2 * sizeof(std::int32_t) + sizeof(PeerInfo) + sizeof(std::uint32_t) + sizeof(std::uint64_t);
+
+Hello get_hello(Reader& r) {
   Hello h;
   h.rank = r.get<std::int32_t>();
   h.nranks = r.get<std::int32_t>();
   h.info = r.get<PeerInfo>();
   h.roots = r.get<std::uint32_t>();
   h.ids = r.get<std::uint64_t>();
+  return h;
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_hello(const Hello& h) {
+  Writer w;
+  w.put(hello_magic);
+  put_hello(w, h);
+  return std::move(w.bytes());
+}
+
+Hello decode_hello(std::span<const std::uint8_t> payload) {
+  Reader r(payload);
+  if (r.get<std::uint32_t>() != hello_magic) bad_message("bad hello");
+  const Hello h = get_hello(r);
   if (!r.done()) bad_message("trailing bytes in hello");
   return h;
 }
@@ -82,7 +99,7 @@ Hello decode_hello(std::span<const std::uint8_t> payload) {
 std::vector<std::uint8_t> encode_hellos(std::span<const Hello> hellos) {
   Writer w;
   w.put(hellos_magic).put(static_cast<std::uint32_t>(hellos.size()));
-  for (const Hello& h : hellos) w.put(h.rank).put(h.nranks).put(h.info).put(h.roots).put(h.ids);
+  for (const Hello& h : hellos) put_hello(w, h);
   return std::move(w.bytes());
 }
 
@@ -90,18 +107,11 @@ std::vector<Hello> decode_hellos(std::span<const std::uint8_t> payload) {
   Reader r(payload);
   if (r.get<std::uint32_t>() != hellos_magic) bad_message("bad hellos");
   const auto count = r.get<std::uint32_t>();
-  constexpr std::size_t each =
-      2 * sizeof(std::int32_t) + sizeof(PeerInfo) + sizeof(std::uint32_t) + sizeof(std::uint64_t);
-  if (count == 0 || count > max_hellos_per_frame || count > payload.size() / each)
+  if (count == 0 || count > max_hellos_per_frame || count > payload.size() / hello_bytes)
     bad_message("hellos frame with an impossible count (" + std::to_string(count) + ")");
-  std::vector<Hello> hellos(count);
-  for (Hello& h : hellos) {
-    h.rank = r.get<std::int32_t>();
-    h.nranks = r.get<std::int32_t>();
-    h.info = r.get<PeerInfo>();
-    h.roots = r.get<std::uint32_t>();
-    h.ids = r.get<std::uint64_t>();
-  }
+  std::vector<Hello> hellos;
+  hellos.reserve(count);
+  for (std::uint32_t i = 0; i < count; ++i) hellos.push_back(get_hello(r));
   if (!r.done()) bad_message("trailing bytes in hellos");
   return hellos;
 }

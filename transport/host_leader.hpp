@@ -61,9 +61,6 @@ class HostLeader {
   /// written are told, and say hello themselves.
   void stop();
 
-  /// Hellos written to the root, its own included (for tests and coccl-sim).
-  std::size_t carried() const noexcept { return carried_; }
-
  private:
   friend asio::awaitable<HostHello> hello_on_host(asio::any_io_executor, const RootAddress&,
                                                   const Hello&, bool, std::shared_ptr<Traffic>,
@@ -86,8 +83,8 @@ class HostLeader {
   std::shared_ptr<Batch> batch_;  // what the followers of pending_ wait on
   bool writing_ = false;
   bool stopped_ = false;
-  int handshakes_ = 0;  // follower connections not yet answered
-  std::size_t carried_ = 0;
+  int handshakes_ = 0;       // follower connections not yet answered
+  std::size_t carried_ = 0;  // hellos written to the root, its own included
 };
 
 }  // namespace coccl::transport
