@@ -487,9 +487,11 @@ int main(int argc, char** argv) {
   // (COCCL_BOOTSTRAP_SILENT_GRACE, COCCL_BOOTSTRAP_PENDING_GRACE, COCCL_BOOTSTRAP_AUTH_TIMEOUT;
   // admission.hpp) would close honest connections that the modelled network would have carried
   // (at 8192 ranks a round of the table's last tree level took longer than the 10 s to
-  // authenticate). Raised unless the environment sets them.
+  // authenticate). COCCL_TIMEOUT too: at 98,304 ranks the world's first all_reduce took about
+  // 300 s of real time on one proxy thread, and a rank served late found its partner silent for
+  // the 300 s default and failed the run. Raised unless the environment sets them.
   for (const char* limit : {"COCCL_BOOTSTRAP_SILENT_GRACE", "COCCL_BOOTSTRAP_PENDING_GRACE",
-                            "COCCL_BOOTSTRAP_AUTH_TIMEOUT"})
+                            "COCCL_BOOTSTRAP_AUTH_TIMEOUT", "COCCL_TIMEOUT"})
     if (!std::getenv(limit)) ::setenv(limit, "3600", 1);
   if (sim.opt.stated_costs) {
     sim.costs = sim.opt.costs;
