@@ -14,6 +14,7 @@
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <coccl/coccl.hpp>
+#include <functional>
 #include <latch>
 #include <optional>
 #include <string>
@@ -149,10 +150,14 @@ struct RankResult {
   float sum = -1;
 };
 
-// Ranks `ranks` of `nranks` join `id` on threads, all_reduce (rank + 1) and destroy.
-std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector<int> ranks) {
+// Ranks `ranks` of `nranks` join `id` on threads, all_reduce (rank + 1) and destroy. Every rank
+// finishes before any destroys (see destroy_test.cpp for why); `while_formed`, if given, runs in
+// between, while every rank's communicator lives.
+std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector<int> ranks,
+                                     const std::function<void()>& while_formed = {}) {
   std::vector<RankResult> results(nranks);
-  std::latch finished(static_cast<std::ptrdiff_t>(ranks.size()));
+  std::latch finished(static_cast<std::ptrdiff_t>(ranks.size()) + 1);
+  std::latch released(1);
   std::vector<std::thread> threads;
   for (int r : ranks)
     threads.emplace_back([&, r] {
@@ -166,10 +171,13 @@ std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector
         results[r].ec = e.code();
         results[r].what = e.what();
       }
-      // Every rank finishes before any destroys (see destroy_test.cpp for why).
       finished.arrive_and_wait();
+      released.wait();
       c.destroy();
     });
+  finished.arrive_and_wait();
+  if (while_formed) while_formed();
+  released.count_down();
   for (auto& t : threads) t.join();
   return results;
 }
@@ -534,30 +542,8 @@ struct Formed {
 // the root is asked for its view before any rank destroys its communicator.
 Formed join_and_ask_root(const UniqueId& id, int nranks) {
   Formed f;
-  f.results.resize(nranks);
-  std::latch formed(nranks + 1);
-  std::latch asked(1);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nranks; ++r)
-    threads.emplace_back([&, r] {
-      Communicator c;
-      try {
-        c = Communicator::create(id, r, nranks);
-        float in = static_cast<float>(r + 1), out = 0;
-        c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
-        f.results[r].sum = out;
-      } catch (const std::system_error& e) {
-        f.results[r].ec = e.code();
-        f.results[r].what = e.what();
-      }
-      formed.arrive_and_wait();
-      asked.wait();
-      c.destroy();
-    });
-  formed.arrive_and_wait();
-  f.view = ask_root(transport::decode(id), 5000ms);
-  asked.count_down();
-  for (auto& t : threads) t.join();
+  f.results = join_and_sum(id, nranks, all_ranks(nranks),
+                           [&] { f.view = ask_root(transport::decode(id), 5000ms); });
   return f;
 }
 
