@@ -858,9 +858,7 @@ asio::awaitable<void> Peers::pass_share(std::shared_ptr<Stream> sock, Channel& c
   co_await write_frame(*to_first, first_channel, FrameType::share, f.payload);
   Frame answer = co_await read_frame(*to_first, first_channel, max_small_frame);
   if (answer.type == FrameType::notice) {
-    std::string why(answer.payload.begin(), answer.payload.end());
-    for (char& c : why)
-      if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    const std::string why = printable(answer.payload);
     throw std::system_error(
         make_error_code(errc::invalid_argument),
         "bootstrap: the first root refused the share of root " + std::to_string(at) + ": " + why);

@@ -42,16 +42,20 @@ std::vector<std::uint8_t> encode_notice(int from, const std::string& why) {
   return std::move(w.bytes());
 }
 
+std::string printable(std::span<const std::uint8_t> text) {
+  std::string out(text.begin(), text.end());
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return out;
+}
+
 std::string decode_notice(std::span<const std::uint8_t> payload) {
   Reader r(payload);
   if (r.get<std::uint32_t>() != notice_magic) bad_message("not a notice");
   const int from = r.get<std::int32_t>();
   auto text = r.get_bytes();
   if (!r.done()) bad_message("trailing bytes after a notice");
-  std::string why(text.begin(), text.end());
-  for (char& c : why)
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-  return "rank " + std::to_string(from) + " has failed: " + why;
+  return "rank " + std::to_string(from) + " has failed: " + printable(text);
 }
 
 int notice_sender(std::span<const std::uint8_t> payload) {

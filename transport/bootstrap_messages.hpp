@@ -40,6 +40,8 @@ inline constexpr std::size_t max_table_frame = 64u << 20;
 
 /// Throws std::system_error(errc::bad_message) with `what`.
 [[noreturn]] void bad_message(const std::string& what);
+/// A peer's text (a refusal or notice) fit for a log line or error: control bytes become spaces.
+std::string printable(std::span<const std::uint8_t> text);
 /// "address:port", for messages.
 std::string endpoint_text(const boost::asio::ip::tcp::endpoint& ep);
 /// Why a connection was dropped before it authenticated, without Boost's source locations.

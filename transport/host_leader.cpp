@@ -70,11 +70,8 @@ asio::awaitable<bool> hello_to_leader(std::shared_ptr<Stream> s, const Secret& s
     Frame f = co_await read_frame(*s, *channel, max_small_frame);
     if (f.type == FrameType::status && f.payload.empty()) co_return true;
     if (f.type == FrameType::notice) {
-      std::string why(f.payload.begin(), f.payload.end());
-      for (char& c : why)
-        if (static_cast<unsigned char>(c) < 0x20) c = ' ';
       COCCL_INFO(boot, hello.rank, "the host's leader did not carry this rank's hello (%s)",
-                 why.c_str());
+                 printable(f.payload).c_str());
     }
   } catch (const std::exception& e) {
     COCCL_INFO(boot, hello.rank, "meeting the host's leader failed (%s)", drop_reason(e).c_str());
