@@ -213,6 +213,9 @@ bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread
                      bool yield) {
   if (step()) return true;
   if (stuck_) return false;
+  // Waiting for the peers: the read of their rings' tails, a cache miss (they write them on
+  // every release), is taken here rather than by a later try_put on the critical path.
+  for (Peer& p : peers_) p.link->learn_credit();
   // The clock is read only once the spin has lasted (a read costs as much as a few polls).
   std::optional<std::chrono::steady_clock::time_point> until;
   for (unsigned i = 1;; ++i) {

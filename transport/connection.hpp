@@ -95,6 +95,9 @@ class Connection {
   virtual std::optional<Chunk> peek() { return std::nullopt; }
   /// Takes the chunk that peek() just returned, as wait() would have returned it.
   virtual void take_peeked() {}
+  /// Learns now how many of the peer's slots are free, so that the next try_put() need not ask:
+  /// for a caller that is waiting anyway (the answer comes from memory the peer writes).
+  virtual void learn_credit() noexcept {}
 
   /// Best effort: tells the peer why this communicator is failing (the peer fails with
   /// errc::remote_error and this text).

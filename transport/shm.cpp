@@ -23,24 +23,31 @@ config::Param<std::string> shm_dir{
 
 namespace coccl::transport {
 
-// Ring layout at the start of a segment. Head and tail live on their own cache lines: the sender
-// writes head, the receiver writes tail, and sharing a line would bounce it on every chunk.
+// Ring layout. The segment starts with the receiver's tail on a cache line of its own (the
+// receiver writes it; the sender reads it only when its cached copy says the ring is full). Slots
+// follow, each a cache-line-aligned record: a 16-byte header (sequence number, size, fingerprint)
+// and the payload right after it. The sequence number is stored last, with release order, so a
+// receiver polling a slot's first line takes a chunk of up to 48 bytes (an 8-byte all_reduce's
+// data) in one cache-line transfer and an operation header (op_check.hpp) in two, where a shared
+// head counter and a metadata array cost two more each time.
 struct ShmRing {
-  alignas(64) std::atomic<std::uint64_t> head;  // chunks published by the sender
   alignas(64) std::atomic<std::uint64_t> tail;  // chunks released by the receiver
 };
-// Per-slot metadata (size, fingerprint) follows the ring header, two words per slot.
-constexpr std::size_t meta_offset = 128;
-static_assert(sizeof(ShmRing) <= meta_offset);
+struct ShmSlot {
+  std::atomic<std::uint64_t> seq;  // k + 1 once chunk k (counted from 0) is published here
+  std::uint32_t size;
+  std::uint32_t fingerprint;
+};
+constexpr std::size_t cache_line = 64;
+constexpr std::size_t slots_offset = cache_line;
+static_assert(sizeof(ShmRing) <= slots_offset && sizeof(ShmSlot) == 16);
 
 namespace {
 
-constexpr std::size_t data_offset(std::size_t slots) {
-  return (meta_offset + slots * 8 + 4095) / 4096 * 4096;
-}
+constexpr std::size_t payload_offset = sizeof(ShmSlot);
 
-std::atomic<std::uint32_t>& meta(void* ring, std::size_t i) {
-  return reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<char*>(ring) + meta_offset)[i];
+constexpr std::size_t slot_stride(std::size_t slot_bytes) {
+  return (payload_offset + slot_bytes + cache_line - 1) / cache_line * cache_line;
 }
 
 std::system_error sys_error(const std::string& what) {
@@ -130,7 +137,7 @@ ShmSegment::~ShmSegment() {
 }
 
 std::size_t ShmConnection::segment_bytes(std::size_t slots, std::size_t slot_bytes) {
-  return data_offset(slots) + slots * slot_bytes;
+  return slots_offset + slots * slot_stride(slot_bytes);
 }
 
 ShmConnection::ShmConnection(int self, int peer, Stream socket, std::size_t slots,
@@ -140,6 +147,7 @@ ShmConnection::ShmConnection(int self, int peer, Stream socket, std::size_t slot
     : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
       slots_(slots),
       slot_bytes_(slot_bytes),
+      stride_(slot_stride(slot_bytes)),
       own_(std::move(own)),
       peer_(std::move(peer_ring)),
       recv_ring_(static_cast<ShmRing*>(own_->data())),
@@ -148,16 +156,31 @@ ShmConnection::ShmConnection(int self, int peer, Stream socket, std::size_t slot
 
 ShmConnection::~ShmConnection() { poller_.forget(this); }
 
-bool ShmConnection::can_put() const noexcept {
-  return sent_ - send_ring_->tail.load(std::memory_order_acquire) < slots_;
+ShmSlot& ShmConnection::slot(void* ring, std::uint64_t i) const noexcept {
+  return *reinterpret_cast<ShmSlot*>(static_cast<std::byte*>(ring) + slots_offset +
+                                     (i % slots_) * stride_);
 }
 
-bool ShmConnection::can_recv() const noexcept {
-  return recv_ring_->head.load(std::memory_order_acquire) > consumed_;
+bool ShmConnection::can_put() const noexcept {
+  // The peer's tail is read (a cache miss: the peer wrote it last) only when the copy seen before
+  // leaves no free slot.
+  if (sent_ - tail_seen_ < slots_) return true;
+  tail_seen_ = send_ring_->tail.load(std::memory_order_acquire);
+  return sent_ - tail_seen_ < slots_;
 }
+
+void ShmConnection::learn_credit() noexcept {
+  tail_seen_ = send_ring_->tail.load(std::memory_order_acquire);
+}
+
+bool ShmConnection::published(std::uint64_t i) const noexcept {
+  return slot(own_->data(), i).seq.load(std::memory_order_acquire) == i + 1;
+}
+
+bool ShmConnection::can_recv() const noexcept { return published(consumed_); }
 
 bool ShmConnection::settled() const noexcept {
-  return !closed_ && recv_ring_->head.load(std::memory_order_acquire) == released_ &&
+  return !closed_ && consumed_ == released_ && !published(released_) &&
          send_ring_->tail.load(std::memory_order_acquire) == sent_ && !recv_waiter_ &&
          !credit_waiter_ && idle_writer();
 }
@@ -184,22 +207,18 @@ void ShmConnection::resume_inline(Waiter& w) {
 }
 
 void ShmConnection::publish(const void* src, std::size_t n, std::uint32_t fp) {
-  std::size_t slot = sent_ % slots_;
-  auto* base = static_cast<std::byte*>(peer_->data()) + data_offset(slots_);
-  if (n) std::memcpy(base + slot * slot_bytes_, src, n);
-  meta(send_ring_, 2 * slot).store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
-  meta(send_ring_, 2 * slot + 1).store(fp, std::memory_order_relaxed);
+  ShmSlot& s = slot(peer_->data(), sent_);
+  if (n) std::memcpy(reinterpret_cast<std::byte*>(&s) + payload_offset, src, n);
+  s.size = static_cast<std::uint32_t>(n);
+  s.fingerprint = fp;
   ++sent_;
-  // Publishes the payload and the metadata above.
-  send_ring_->head.store(sent_, std::memory_order_release);
+  // Publishes the payload and the size and fingerprint above.
+  s.seq.store(sent_, std::memory_order_release);
 }
 
 Chunk ShmConnection::chunk_at(std::uint64_t i) const {
-  std::size_t slot = i % slots_;
-  auto* base = static_cast<std::byte*>(own_->data()) + data_offset(slots_);
-  return Chunk{base + slot * slot_bytes_,
-               meta(recv_ring_, 2 * slot).load(std::memory_order_relaxed),
-               meta(recv_ring_, 2 * slot + 1).load(std::memory_order_relaxed)};
+  ShmSlot& s = slot(own_->data(), i);
+  return Chunk{reinterpret_cast<std::byte*>(&s) + payload_offset, s.size, s.fingerprint};
 }
 
 asio::awaitable<void> ShmConnection::put(const void* src, std::size_t n, std::uint32_t fp) {

@@ -1,8 +1,8 @@
 // shm transport for ranks on one host: each side owns a receive ring in a shared-memory segment
 // that the peer maps; a put is a memcpy into the peer's next slot followed by a release store of
-// the ring's head; the receiver polls the head (through ShmPoller on its proxy thread), uses the
-// slot in place and publishes its tail to return the slot. The TCP socket that set the link up
-// stays open to detect a dead peer and carry abort notices.
+// the slot's sequence number; the receiver polls the next slot (through ShmPoller on its proxy
+// thread), uses it in place and publishes its tail to return the slot. The TCP socket that set the
+// link up stays open to detect a dead peer and carry abort notices.
 #pragma once
 
 #include <atomic>
@@ -18,6 +18,7 @@ namespace coccl::transport {
 
 class ShmConnection;
 struct ShmRing;
+struct ShmSlot;
 
 /// A shared-memory segment: created here (owner) or mapped from a peer.
 class ShmSegment {
@@ -66,6 +67,7 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   std::optional<Chunk> peek() override;
   void take_peeked() override { ++consumed_; }
+  void learn_credit() noexcept override;
 
   /// Called by the poller: resumes waiters whose condition holds; true if it resumed any.
   bool check() override;
@@ -81,17 +83,23 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   // Copies a chunk into the peer's next slot and publishes it (a slot is free).
   void publish(const void* src, std::size_t n, std::uint32_t fingerprint);
   Chunk chunk_at(std::uint64_t i) const;
+  // Slot of chunk `i` in `ring` (a segment: this side's or the peer's).
+  ShmSlot& slot(void* ring, std::uint64_t i) const noexcept;
+  // Whether chunk `i` of this side's ring is published.
+  bool published(std::uint64_t i) const noexcept;
 
   std::size_t slots_;
   std::size_t slot_bytes_;
+  std::size_t stride_;  // bytes from one slot to the next
   std::unique_ptr<ShmSegment> own_;
   std::unique_ptr<ShmSegment> peer_;
   ShmRing* recv_ring_;
   ShmRing* send_ring_;
   ShmPoller& poller_;
-  std::uint64_t sent_ = 0;      // puts published into the peer's ring
-  std::uint64_t consumed_ = 0;  // chunks handed out by wait()
-  std::uint64_t released_ = 0;  // chunks released
+  std::uint64_t sent_ = 0;               // puts published into the peer's ring
+  std::uint64_t consumed_ = 0;           // chunks handed out by wait()
+  std::uint64_t released_ = 0;           // chunks released
+  mutable std::uint64_t tail_seen_ = 0;  // the peer's tail as last read (can_put)
 };
 
 }  // namespace coccl::transport
