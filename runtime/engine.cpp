@@ -85,13 +85,15 @@ void ProxyThread::hold_role() noexcept {
     // Still borrowed after a yield: a caller is running small operations back to back. Spinning
     // here took a core from the ranks that callers wait for (with ranks outnumbering cores, 40% of
     // a 4-rank run's time went to yielding proxy threads), so sleep until woken (owe(), or a
-    // borrower leaving while pollers wait) or for at most 100 us: the loop's sockets and timers are
-    // served that late at worst while callers keep the role busy.
+    // borrower leaving while pollers wait) or for at most 1 ms: the loop's sockets and timers are
+    // served that late at worst while callers keep the role busy. Every nap that ends is a context
+    // switch and a round that keeps the role from the callers: with a 100 us nap, 4 ranks on 2 cores
+    // took 12.7-14 us per small blocking all_reduce, with 1 ms 10-12.3 (docs/performance.md).
     const std::uint32_t word = nap_word_.load(std::memory_order_seq_cst);
     napping_.store(true, std::memory_order_seq_cst);
     if (!owed_.load(std::memory_order_seq_cst) &&
         holder_.load(std::memory_order_seq_cst) == borrowed_role) {
-      timespec limit{0, 100'000};
+      timespec limit{0, 1'000'000};
       ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&nap_word_), FUTEX_WAIT_PRIVATE, word,
                 &limit, nullptr, 0);
     }

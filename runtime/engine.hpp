@@ -81,7 +81,7 @@ inline void cpu_relax() noexcept {
 /// loop (to a thread asking for it, or while it yields its core in an idle round within
 /// COCCL_SPIN_US of its last work). A borrower that gets it runs with the proxy thread stopped at
 /// that point; the proxy thread waits until the borrower gives it back, asleep on a futex (at most
-/// 100 us at a time) so that it leaves the core to the borrowers: it is woken early when it is owed
+/// 1 ms at a time) so that it leaves the core to the borrowers: it is woken early when it is owed
 /// a round (owe()) or when a borrower gives back the role while the loop's pollers wait. Nothing is
 /// lent while the proxy thread is busy or asleep. The role is handed over with acquire/release
 /// atomics, so everything the borrower did is visible to the proxy thread afterwards, and the other
