@@ -147,6 +147,7 @@ ShmConnection::ShmConnection(int self, int peer, Stream socket, std::size_t slot
     : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
       slots_(slots),
       slot_bytes_(slot_bytes),
+      slot_mask_(slots != 0 && (slots & (slots - 1)) == 0 ? slots - 1 : 0),
       stride_(slot_stride(slot_bytes)),
       own_(std::move(own)),
       peer_(std::move(peer_ring)),
@@ -156,9 +157,11 @@ ShmConnection::ShmConnection(int self, int peer, Stream socket, std::size_t slot
 
 ShmConnection::~ShmConnection() { poller_.forget(this); }
 
-ShmSlot& ShmConnection::slot(void* ring, std::uint64_t i) const noexcept {
-  return *reinterpret_cast<ShmSlot*>(static_cast<std::byte*>(ring) + slots_offset +
-                                     (i % slots_) * stride_);
+inline ShmSlot& ShmConnection::slot(void* ring, std::uint64_t i) const noexcept {
+  // A mask where the slot count is a power of two (the default 8): the division it replaces was
+  // 3% of a small operation.
+  const std::uint64_t k = slot_mask_ ? (i & slot_mask_) : (i % slots_);
+  return *reinterpret_cast<ShmSlot*>(static_cast<std::byte*>(ring) + slots_offset + k * stride_);
 }
 
 bool ShmConnection::can_put() const noexcept {
@@ -173,7 +176,7 @@ void ShmConnection::learn_credit() noexcept {
   tail_seen_ = send_ring_->tail.load(std::memory_order_acquire);
 }
 
-bool ShmConnection::published(std::uint64_t i) const noexcept {
+inline bool ShmConnection::published(std::uint64_t i) const noexcept {
   return slot(own_->data(), i).seq.load(std::memory_order_acquire) == i + 1;
 }
 

@@ -90,7 +90,8 @@ class ShmConnection final : public SocketConnection, public PolledLink {
 
   std::size_t slots_;
   std::size_t slot_bytes_;
-  std::size_t stride_;  // bytes from one slot to the next
+  std::uint64_t slot_mask_;  // slots_ - 1 when slots_ is a power of two, else 0
+  std::size_t stride_;       // bytes from one slot to the next
   std::unique_ptr<ShmSegment> own_;
   std::unique_ptr<ShmSegment> peer_;
   ShmRing* recv_ring_;
