@@ -87,8 +87,8 @@ void ProxyThread::hold_role() noexcept {
     // a 4-rank run's time went to yielding proxy threads), so sleep until woken (owe(), or a
     // borrower leaving while pollers wait) or for at most 1 ms: the loop's sockets and timers are
     // served that late at worst while callers keep the role busy. Every nap that ends is a context
-    // switch and a round that keeps the role from the callers: with a 100 us nap, 4 ranks on 2 cores
-    // took 12.7-14 us per small blocking all_reduce, with 1 ms 10-12.3 (docs/performance.md).
+    // switch and a round that keeps the role from the callers: with a 100 us nap, 4 ranks on 2
+    // cores took 12.7-14 us per small blocking all_reduce, with 1 ms 10-12.3 (docs/performance.md).
     const std::uint32_t word = nap_word_.load(std::memory_order_seq_cst);
     napping_.store(true, std::memory_order_seq_cst);
     if (!owed_.load(std::memory_order_seq_cst) &&
