@@ -30,15 +30,15 @@ namespace coccl::transport {
 // receiver polling a slot's first line takes a chunk of up to 48 bytes (an 8-byte all_reduce's
 // data) in one cache-line transfer and an operation header (op_check.hpp) in two, where a shared
 // head counter and a metadata array cost two more each time.
+constexpr std::size_t cache_line = 64;
 struct ShmRing {
-  alignas(64) std::atomic<std::uint64_t> tail;  // chunks released by the receiver
+  alignas(cache_line) std::atomic<std::uint64_t> tail;  // chunks released by the receiver
 };
 struct ShmSlot {
   std::atomic<std::uint64_t> seq;  // k + 1 once chunk k (counted from 0) is published here
   std::uint32_t size;
   std::uint32_t fingerprint;
 };
-constexpr std::size_t cache_line = 64;
 constexpr std::size_t slots_offset = cache_line;
 static_assert(sizeof(ShmRing) <= slots_offset && sizeof(ShmSlot) == 16);
 
@@ -167,8 +167,7 @@ inline ShmSlot& ShmConnection::slot(void* ring, std::uint64_t i) const noexcept 
 bool ShmConnection::can_put() const noexcept {
   // The peer's tail is read (a cache miss: the peer wrote it last) only when the copy seen before
   // leaves no free slot.
-  if (sent_ - tail_seen_ < slots_) return true;
-  tail_seen_ = send_ring_->tail.load(std::memory_order_acquire);
+  if (sent_ - tail_seen_ >= slots_) tail_seen_ = send_ring_->tail.load(std::memory_order_acquire);
   return sent_ - tail_seen_ < slots_;
 }
 
@@ -183,7 +182,8 @@ inline bool ShmConnection::published(std::uint64_t i) const noexcept {
 bool ShmConnection::can_recv() const noexcept { return published(consumed_); }
 
 bool ShmConnection::settled() const noexcept {
-  return !closed_ && consumed_ == released_ && !published(released_) &&
+  // Chunk released_ is published exactly while some published chunk is not released yet.
+  return !closed_ && !published(released_) &&
          send_ring_->tail.load(std::memory_order_acquire) == sent_ && !recv_waiter_ &&
          !credit_waiter_ && idle_writer();
 }
