@@ -37,7 +37,12 @@ else()
   endif()
 endif()
 
-if(DEFINED _coccl_gloo_lib AND TARGET Threads::Threads)
+# COCCL_GLOO_BASELINE=OFF leaves coccl-perf-gloo out where no one times against Gloo: the test run
+# of tools/bootstrap.sh, where its 56 s of compile ran no test.
+option(COCCL_GLOO_BASELINE "Build coccl-perf-gloo when Gloo is found" ON)
+if(NOT COCCL_GLOO_BASELINE)
+  message(STATUS "coccl baselines: COCCL_GLOO_BASELINE=OFF, coccl-perf-gloo will not be built")
+elseif(DEFINED _coccl_gloo_lib AND TARGET Threads::Threads)
   _coccl_baseline_target(coccl-perf-gloo baseline_gloo.cpp)
   target_link_libraries(coccl-perf-gloo PRIVATE ${_coccl_gloo_lib} Threads::Threads)
   set(COCCL_HAVE_GLOO_BASELINE ON)

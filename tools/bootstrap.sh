@@ -116,8 +116,11 @@ if [ "$mode" = test ] && [ "${COCCL_SKIP_FUZZ:-0}" != 1 ]; then replay=OFF; fi
 # nvcc takes over kernels/all_reduce.cu, is skipped. A GPU that appears later JIT-compiles the PTX.
 cuda_arch=90
 if [ "$mode" = test ] && ! nvidia-smi -L > /dev/null 2>&1; then cuda_arch=90-virtual; fi
+# The Gloo peer of coccl-perf (56 s of compile) is built for the main job only: no test runs it.
+gloo=ON
+[ "$mode" != test ] || gloo=OFF
 build "$root/build" "" -DCMAKE_BUILD_TYPE=Release -DCOCCL_SIM_RANKS=4096 -DCOCCL_FUZZ_REPLAY=$replay \
-  -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch
+  -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch -DCOCCL_GLOO_BASELINE=$gloo
 stage_done release-build
 
 case "$mode" in
