@@ -1,12 +1,16 @@
 // coccl-sim: N ranks of the real code in one process. Each rank has its own communicator on the
 // in-memory network (transport/memory.hpp), which sits under the same connection interface as
-// tcp: the real bootstrap, split, lazy links and algorithms run, on one proxy thread, and every
+// tcp: the real bootstrap, split, lazy links and algorithms run, on T proxy threads (the ranks of
+// simulated host h on thread h mod T, as a process's communicators are spread over
+// COCCL_PROXY_THREADS), and every
 // rank's messages, bytes, links and rounds are counted (transport/traffic.hpp). It prints one
-// line per phase and one for the whole run, and a modelled wall time on a stated network.
+// line per phase and one for the whole run, and a modelled wall time on a stated network. The
+// counts and rounds do not depend on T (virtual time advances only when every thread is idle);
+// the wall time does.
 //
 //   coccl-sim [--ranks N] [--roots K] [--ranks-per-host R] [--groups G1,G2,...] [--count C]
 //             [--split members|color] [--latency-us L] [--bandwidth-gbps B]
-//             [--costs M_US,B_NS,K_US] [--json PATH]
+//             [--costs M_US,B_NS,K_US] [--threads T] [--json PATH]
 //
 // Phases: init (N ranks bootstrap one communicator, their hellos spread over K roots as
 // ncclCommInitRankScalable spreads them over its ids; ranks r / R share a host identity, so
@@ -33,6 +37,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/comm.hpp"
@@ -63,6 +68,7 @@ struct Options {
   bool stated_costs = false;
   coccl::sim::Costs costs;
   std::string json;
+  int threads = 0;  // proxy threads; 0: one a core
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -71,7 +77,8 @@ struct Options {
       "coccl-sim: %s\n"
       "usage: coccl-sim [--ranks N] [--roots K] [--ranks-per-host R] [--groups G1,G2,...]\n"
       "                 [--count C] [--split members|color] [--latency-us L]\n"
-      "                 [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--json PATH]\n"
+      "                 [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--threads T]\n"
+      "                 [--json PATH]\n"
       "  --ranks N           ranks in this process (default 4096)\n"
       "  --roots K           bootstrap roots of the first communicator, each taking the\n"
       "                      hellos of N/K ranks (default 1)\n"
@@ -83,6 +90,8 @@ struct Options {
       "  --bandwidth-gbps B  network bandwidth the model assumes (default 100)\n"
       "  --costs M,B,K       state the per-message (us), per-byte (ns) and per-connection\n"
       "                      (us) costs instead of measuring them over tcp loopback\n"
+      "  --threads T         proxy threads the ranks are spread over (default: one a\n"
+      "                      core, at most 64)\n"
       "  --json PATH         also write the results as JSON\n",
       why.c_str());
   std::exit(2);
@@ -132,6 +141,9 @@ Options parse(int argc, char** argv) {
       if (c.size() != 3) usage("--costs takes three numbers");
       o.costs = {c[0] * 1e-6, c[1] * 1e-9, c[2] * 1e-6};
       o.stated_costs = true;
+    } else if (a == "--threads") {
+      o.threads = static_cast<int>(number_arg(v, "--threads"));
+      if (o.threads < 1 || o.threads > 64) usage("--threads must be between 1 and 64");
     } else if (a == "--json") {
       o.json = v;
     } else {
@@ -143,6 +155,8 @@ Options parse(int argc, char** argv) {
   if (o.ranks_per_host < 1) usage("--ranks-per-host must be at least 1");
   if (o.net.bandwidth_bytes_s <= 0) usage("--bandwidth-gbps must be positive");
   if (o.groups.empty()) o.groups = {8, std::max(1, o.ranks / 8)};
+  if (o.threads == 0)
+    o.threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 64);
   for (int g : o.groups)
     if (g < 1) usage("group sizes must be at least 1");
   return o;
@@ -190,15 +204,16 @@ class Countdown {
   std::atomic<long> left_;
 };
 
-// Runs `fn` on the first proxy thread (where every rank of the sim lives) and waits for it.
+// Runs `fn(t)` on each proxy thread t < `threads`, side by side, and waits for all of them.
 template <typename Fn>
-void on_proxy(Fn fn) {
-  std::promise<void> done;
-  asio::post(coccl::detail::process_engine().thread(0).executor(), [&] {
-    fn();
-    done.set_value();
-  });
-  done.get_future().get();
+void on_threads(int threads, Fn fn) {
+  std::vector<std::promise<void>> done(threads);
+  for (int t = 0; t < threads; ++t)
+    asio::post(coccl::detail::process_engine().thread(t).executor(), [&fn, &done, t] {
+      fn(t);
+      done[t].set_value();
+    });
+  for (std::promise<void>& d : done) d.get_future().get();
 }
 
 // One rank: its communicators (the world's first), and the Traffic they share.
@@ -219,6 +234,21 @@ struct Sim {
   std::vector<PhaseStats> phases;
   Snapshot first;
   bool verified = true;
+  coccl::transport::memory::VirtualTime* time = nullptr;
+
+  // The proxy thread of rank r: the ranks of a simulated host share one, so that they meet
+  // (host leaders) in the order they would on one thread.
+  int thread_of(int r) const { return r / opt.ranks_per_host % opt.threads; }
+
+  // Runs `fn(r)` for every rank on its proxy thread, in rank order on each.
+  template <typename Fn>
+  void each_rank(Fn fn) {
+    const int n = static_cast<int>(ranks.size());
+    on_threads(opt.threads, [&](int t) {
+      for (int r = 0; r < n; ++r)
+        if (thread_of(r) == t) fn(r);
+    });
+  }
 
   Snapshot snapshot() {
     Snapshot s;
@@ -233,19 +263,20 @@ struct Sim {
       if (ranks[r].traffic) s.ranks[r] = ranks[r].traffic->counts();
       if (ranks[r].roots) s.roots[world_roots.size() + r] = ranks[r].roots->counts();
     }
-    // Link counts belong to the proxy thread; every communicator of the sim lives on the first.
-    on_proxy([&] {
-      for (int r = 0; r < n; ++r)
-        for (const Communicator& c : ranks[r].comms)
-          if (c) s.links[r] += coccl::detail::impl_of(c)->peers().link_stats().peers;
+    // Link counts belong to each communicator's proxy thread.
+    each_rank([&](int r) {
+      for (const Communicator& c : ranks[r].comms)
+        if (c) s.links[r] += coccl::detail::impl_of(c)->peers().link_stats().peers;
     });
     return s;
   }
 
   // Runs one phase: `start(r, done)` starts rank r's part, which calls done(r, error) once;
   // `check` verifies the results and says what it verified.
+  // `hold`: the time stands still while `start` runs (see below); destroy's start is the whole
+  // phase.
   template <typename Start, typename Check>
-  void phase(const std::string& name, Start start, Check check) {
+  void phase(const std::string& name, Start start, Check check, bool hold = true) {
     const int n = opt.ranks;
     const Snapshot before = snapshot_after_;
     Traffic::next_phase();
@@ -260,7 +291,11 @@ struct Sim {
       errors[r] = ec;
       left.done();
     };
+    // The ranks start on several threads: the time stands still until all have started, as it
+    // does while one thread starts them all.
+    if (hold) time->hold();
     start(done);
+    if (hold) time->release();
     left.wait();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -332,10 +367,10 @@ void run_init(Sim& sim) {
   sim.phase(
       "init",
       [&](auto done) {
-        // Started on the proxy thread, where each communicator is built at once (from here, each
-        // would be a round trip to it).
-        on_proxy([&] {
-          for (int r = 0; r < n; ++r) {
+        // Started on the rank's proxy thread, where each communicator is built at once (from
+        // here, each would be a round trip to it).
+        sim.each_rank([&](int r) {
+          {
             // The rank's party, with its host's identity (never 0, which means this process's).
             auto party = std::make_shared<Traffic>();
             party->set_host(0x5157000000000000ull + r / sim.opt.ranks_per_host);
@@ -376,11 +411,10 @@ void run_all_reduce(Sim& sim, const std::string& name, std::size_t which, const 
   sim.phase(
       name,
       [&](auto done) {
-        on_proxy([&] {
-          for (int r = 0; r < n; ++r)
-            sim.ranks[r].comms[which].async_all_reduce(
-                data[r].data(), data[r].data(), count, coccl::DataType::int32, coccl::ReduceOp::sum,
-                [done, r](boost::system::error_code ec) { done(r, ec); });
+        sim.each_rank([&](int r) {
+          sim.ranks[r].comms[which].async_all_reduce(
+              data[r].data(), data[r].data(), count, coccl::DataType::int32, coccl::ReduceOp::sum,
+              [done, r](boost::system::error_code ec) { done(r, ec); });
         });
       },
       [&] {
@@ -418,8 +452,8 @@ void run_split(Sim& sim, int g, const Layout& l) {
   sim.phase(
       "split " + std::to_string(g),
       [&](auto done) {
-        on_proxy([&] {
-          for (int r = 0; r < n; ++r) {
+        sim.each_rank([&](int r) {
+          {
             auto finish = [&made, done, r](boost::system::error_code ec, Communicator c) {
               made[r] = std::move(c);
               done(r, ec);
@@ -462,18 +496,28 @@ void run_destroy(Sim& sim) {
         const Snapshot last = sim.snapshot_after_;
         for (int r = 0; r < n; ++r) sim.ranks[r].links_gone = last.links[r];
         // The splits first, then the world; destroy() blocks until each has closed (so, unlike
-        // the other phases, the ranks do not start together: its rounds count that too).
-        for (int r = 0; r < n; ++r)
-          for (std::size_t k = sim.ranks[r].comms.size(); k-- > 1;) sim.ranks[r].comms[k].destroy();
-        for (int r = 0; r < n; ++r) {
-          sim.ranks[r].comms.front().destroy();
-          done(r, std::error_code());
-        }
+        // the other phases, the ranks do not start together: its rounds count that too). One
+        // caller per proxy thread, each destroying the communicators of that thread's ranks.
+        std::vector<std::thread> callers;
+        for (int t = 0; t < sim.opt.threads; ++t)
+          callers.emplace_back([&sim, done, n, t] {
+            for (int r = 0; r < n; ++r)
+              if (sim.thread_of(r) == t)
+                for (std::size_t k = sim.ranks[r].comms.size(); k-- > 1;)
+                  sim.ranks[r].comms[k].destroy();
+            for (int r = 0; r < n; ++r)
+              if (sim.thread_of(r) == t) {
+                sim.ranks[r].comms.front().destroy();
+                done(r, std::error_code());
+              }
+          });
+        for (std::thread& c : callers) c.join();
       },
       [&] {
         for (Rank& r : sim.ranks) r.comms.clear();
         return std::string();
-      });
+      },
+      false);
 }
 
 }  // namespace
@@ -493,6 +537,9 @@ int main(int argc, char** argv) {
   for (const char* limit : {"COCCL_BOOTSTRAP_SILENT_GRACE", "COCCL_BOOTSTRAP_PENDING_GRACE",
                             "COCCL_BOOTSTRAP_AUTH_TIMEOUT", "COCCL_TIMEOUT"})
     if (!std::getenv(limit)) ::setenv(limit, "3600", 1);
+  // The process engine's threads, which the ranks are spread over (before anything makes it).
+  if (!std::getenv("COCCL_PROXY_THREADS"))
+    ::setenv("COCCL_PROXY_THREADS", std::to_string(sim.opt.threads).c_str(), 1);
   if (sim.opt.stated_costs) {
     sim.costs = sim.opt.costs;
     sim.costs_origin = "stated on the command line";
@@ -500,10 +547,13 @@ int main(int argc, char** argv) {
     sim.costs = coccl::sim::measure_tcp_costs();
     sim.costs_origin = "measured at start over tcp loopback on this machine";
   }
+  // The engine (and its proxy threads) exists before the baseline.
+  sim.opt.threads =
+      std::min<int>(sim.opt.threads, static_cast<int>(coccl::detail::process_engine().size()));
   std::printf(
-      "coccl-sim: %d ranks in one process on the in-memory network; first all_reduce of "
-      "%zu int32; %d bootstrap root(s); %d ranks a host; split by %s into groups of",
-      n, sim.opt.count, sim.opt.roots, sim.opt.ranks_per_host,
+      "coccl-sim: %d ranks in one process on the in-memory network, %d proxy thread(s); first "
+      "all_reduce of %zu int32; %d bootstrap root(s); %d ranks a host; split by %s into groups of",
+      n, sim.opt.threads, sim.opt.count, sim.opt.roots, sim.opt.ranks_per_host,
       sim.opt.split == "color" ? "split(color, key)" : "split_members");
   for (int g : sim.opt.groups) std::printf(" %d", g);
   // The settings that size what a rank holds (the library's parameters, as the environment
@@ -511,14 +561,15 @@ int main(int argc, char** argv) {
   std::printf("; COCCL_SLOT_BYTES=%lld, COCCL_DIRECTORY_FULL=%lld\n",
               static_cast<long long>(coccl::params::slot_bytes.get()),
               static_cast<long long>(coccl::params::directory_full.get()));
-  // The engine (and its proxy thread) exists before the baseline.
-  coccl::runtime::ProxyThread& proxy = coccl::detail::process_engine().thread(0);
+  std::vector<coccl::runtime::ProxyThread*> threads;
+  for (int t = 0; t < sim.opt.threads; ++t)
+    threads.push_back(&coccl::detail::process_engine().thread(t));
   sim.ranks.resize(n);
   for (int k = 0; k < sim.opt.roots; ++k) sim.world_roots.push_back(std::make_shared<Traffic>());
   // Every message takes one round of virtual time: ranks run side by side as on a network with
   // latency, and the rounds count hops (transport/memory.hpp).
-  std::unique_ptr<coccl::transport::memory::VirtualTime> virtual_time;
-  on_proxy([&] { virtual_time = std::make_unique<coccl::transport::memory::VirtualTime>(proxy); });
+  auto virtual_time = std::make_unique<coccl::transport::memory::VirtualTime>(threads);
+  sim.time = virtual_time.get();
   sim.baseline_rss = status_bytes("VmRSS");
   sim.first = sim.snapshot();
   sim.snapshot_after_ = sim.first;
@@ -531,7 +582,7 @@ int main(int argc, char** argv) {
     run_all_reduce(sim, "all_reduce " + std::to_string(g), k + 1, &l, g);
   }
   run_destroy(sim);
-  on_proxy([&] { virtual_time.reset(); });
+  virtual_time.reset();
   const PhaseStats all = coccl::sim::overall(sim.phases, sim.first, sim.snapshot_after_);
   const double init_ar = sim.phases[0].model_s + sim.phases[1].model_s;
   std::printf("%s\n", coccl::sim::line(all).c_str());

@@ -1,12 +1,14 @@
 #include "transport/memory.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
-#include <boost/asio/append.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
+#include <future>
 #include <new>
+#include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -36,15 +38,16 @@ struct Parked {
 };
 
 // A completion, run on the executor of the end whose operation it is: clears the operation's
-// cancellation slot, then calls its handler.
+// cancellation slot, then calls its handler. The handler runs there directly, not dispatched to
+// its own associated executor: coccl's streams are used by coroutines and handlers on the end's
+// executor (no strands), and the dispatch through the type-erased executor cost an allocation and
+// a second hand-off per message (coccl-sim moves millions).
 struct Finish {
   Stream::Handler handler;
   error_code ec;
   std::size_t n;
   asio::any_io_executor ex;
 
-  using executor_type = asio::associated_executor_t<Stream::Handler, asio::any_io_executor>;
-  executor_type get_executor() const noexcept { return asio::get_associated_executor(handler, ex); }
   void operator()() {
     handler.get_cancellation_slot().clear();
     std::move(handler)(ec, n);
@@ -60,15 +63,93 @@ struct Clock {
   std::atomic<bool> on{false};
   std::atomic<std::uint64_t> now{0};
   std::vector<std::weak_ptr<Shared>> pending;
-  // The round VirtualTime::poll serves (its thread's alone). It and `pending` trade places each
-  // round and are emptied, never freed, so neither regrows from nothing every round.
+  // The round being served, by the thread that advanced the time (no other advances it before
+  // that thread reports again). It and `pending` trade places each round and are emptied, never
+  // freed, so neither regrows from nothing every round.
   std::vector<std::weak_ptr<Shared>> due;
+  // The VirtualTime's threads, under `mutex`; and for note_post(), which runs on every
+  // completion, the same in a fixed array read without the lock (set before `on`, cleared after).
+  std::vector<VirtualTime::Participant*> members;
+  static constexpr std::size_t most_members = 64;
+  std::array<std::atomic<VirtualTime::Participant*>, most_members> posted_to{};
+  std::atomic<std::size_t> count{0};
+  std::atomic<int> holds{0};
 };
 
 Clock& clock() {
   // Never destroyed: streams may be closed by static destructors at exit.
   static Clock* c = new Clock;
   return *c;
+}
+
+}  // namespace
+
+struct VirtualTime::Participant final : runtime::Poller {
+  explicit Participant(runtime::ProxyThread& t) : thread(t), context(&t.context()) {}
+  runtime::ProxyThread& thread;
+  const asio::execution_context* context;
+  // Completions the network posted to this thread, how many of them it has run, and how many it
+  // had run when it last reported having nothing to run (under the clock's lock; `unreported`
+  // while it serves a round). The time advances only when every thread has run all that was
+  // posted to it and reported since: a thread that looked idle an instant before a completion
+  // reached its queue does not count as idle.
+  std::atomic<std::uint64_t> posted{0};
+  std::atomic<std::uint64_t> ran{0};
+  static constexpr std::uint64_t unreported = ~std::uint64_t{0};
+  std::uint64_t reported = unreported;
+
+  bool poll() override;
+  bool waiting() const override { return false; }
+};
+
+namespace {
+
+// With several threads under virtual time: the thread of `ex`, counted as owing one more
+// completion (null with one thread or none).
+VirtualTime::Participant* note_post(const asio::any_io_executor& ex) {
+  Clock& c = clock();
+  const std::size_t n = c.count.load(std::memory_order_acquire);
+  if (n < 2) return nullptr;
+  const asio::execution_context* target = &asio::query(ex, asio::execution::context);
+  for (std::size_t i = 0; i < n; ++i) {
+    VirtualTime::Participant* p = c.posted_to[i].load(std::memory_order_relaxed);
+    if (p && p->context == target) {
+      p->posted.fetch_add(1, std::memory_order_acq_rel);
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// Posts a completion of the network to `ex`; under virtual time on several threads, its thread
+// counts it as run once it has run (and what it wrote is pending by then).
+template <typename Handler>
+void post_noted(const asio::any_io_executor& ex, Handler&& handler) {
+  VirtualTime::Participant* p = note_post(ex);
+  if (!p) return asio::post(ex, std::forward<Handler>(handler));
+  asio::post(ex, [h = std::forward<Handler>(handler), p]() mutable {
+    std::move(h)();
+    p->ran.fetch_add(1, std::memory_order_acq_rel);
+  });
+}
+
+// While a round is served, the completions for each thread gather here and go to it as one
+// handler once every stream is served: a thread must not start on round t + 1 while round t's
+// messages still arrive, or a party would act on some of them before the others came (a host
+// leader, for one, would write its followers' hellos to the root in more frames than it does when
+// they arrive together).
+struct Batch {
+  const asio::execution_context* context;
+  asio::any_io_executor ex;
+  std::vector<Finish> list;
+};
+thread_local std::vector<Batch>* gathering = nullptr;
+
+// An accept's completion, run on the listener's executor (as Finish runs on the end's).
+auto accepted(Acceptor::AcceptHandler handler, error_code ec, Stream s) {
+  return [handler = std::move(handler), ec, s = std::move(s)]() mutable {
+    std::move(handler)(ec, std::move(s));
+  };
 }
 
 // One write's bytes, queued until read, with its place in the stream, the writer's round then,
@@ -237,8 +318,17 @@ class Completions {
   }
   ~Completions() {
     for (std::size_t i = 0; i < count_; ++i) {
-      auto ex = list_[i]->ex;
-      asio::post(ex, std::move(*list_[i]));
+      Finish& f = *list_[i];
+      if (gathering) {
+        const asio::execution_context* target = &asio::query(f.ex, asio::execution::context);
+        auto b = std::find_if(gathering->begin(), gathering->end(),
+                              [target](const Batch& x) { return x.context == target; });
+        if (b == gathering->end()) b = gathering->insert(gathering->end(), Batch{target, f.ex, {}});
+        b->list.push_back(std::move(f));
+        continue;
+      }
+      auto ex = f.ex;
+      post_noted(ex, std::move(f));
     }
   }
 
@@ -466,7 +556,7 @@ void Listener::async_accept(Acceptor::AcceptHandler handler) {
     }
   }
   const error_code ec = ready ? error_code() : error_code(asio::error::operation_aborted);
-  asio::post(ex_, asio::append(std::move(handler), ec, ready ? std::move(*ready) : Stream()));
+  post_noted(ex_, accepted(std::move(handler), ec, ready ? std::move(*ready) : Stream()));
 }
 
 void Listener::close() {
@@ -489,8 +579,8 @@ void Listener::close() {
     r.listeners.erase(number_);
   }
   if (waiter)
-    asio::post(ex_, asio::append(std::move(*waiter), error_code(asio::error::operation_aborted),
-                                 Stream()));
+    post_noted(ex_,
+               accepted(std::move(*waiter), error_code(asio::error::operation_aborted), Stream()));
 }
 
 bool Listener::is_open() const {
@@ -526,34 +616,18 @@ std::optional<Stream> Listener::connect(std::uint64_t number, asio::any_io_execu
     }
   }
   if (waiter)
-    asio::post(l->ex_, asio::append(std::move(*waiter), error_code(), std::move(*accepted)));
+    post_noted(l->ex_, memory::accepted(std::move(*waiter), error_code(), std::move(*accepted)));
   return dialled;
 }
 
-VirtualTime::VirtualTime(runtime::ProxyThread& thread) : thread_(thread) {
-  clock().on.store(true, std::memory_order_relaxed);
-  thread_.add_idle_poller(this);
-}
+namespace {
 
-VirtualTime::~VirtualTime() {
-  thread_.remove_idle_poller(this);
-  // From here on every byte is readable once written; the readers parked on bytes held back
-  // until now take them.
-  clock().on.store(false, std::memory_order_relaxed);
-  poll();
-}
-
-std::uint64_t VirtualTime::now() noexcept { return clock().now.load(std::memory_order_relaxed); }
-
-bool VirtualTime::poll() {
-  Clock& c = clock();
-  {
-    std::lock_guard lock(c.mutex);
-    if (c.pending.empty()) return false;
-    c.due.swap(c.pending);
-    c.now.fetch_add(1, std::memory_order_relaxed);
-  }
-  for (const auto& weak : c.due) {
+// Serves the streams of one round: their readers take what became readable and their parked
+// writers what room was made. `together`: each thread gets its completions as one handler.
+void serve(std::vector<std::weak_ptr<Shared>>& due, bool together) {
+  std::vector<Batch> batches;
+  if (together) gathering = &batches;
+  for (const auto& weak : due) {
     auto s = weak.lock();
     if (!s) continue;
     Completions done;
@@ -567,8 +641,125 @@ bool VirtualTime::poll() {
     keep_pending(s);
   }
   // A weak_ptr keeps a destroyed stream's block (make_shared) allocated.
-  c.due.clear();
+  due.clear();
+  gathering = nullptr;
+  for (Batch& b : batches)
+    post_noted(b.ex, [list = std::move(b.list)]() mutable {
+      for (Finish& f : list) f();
+    });
+}
+
+// Runs `fn` on `thread` and waits for it.
+template <typename Fn>
+void run_on(runtime::ProxyThread& thread, Fn fn) {
+  std::promise<void> done;
+  asio::post(thread.executor(), [&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().get();
+}
+
+}  // namespace
+
+bool VirtualTime::Participant::poll() {
+  Clock& c = clock();
+  {
+    std::lock_guard lock(c.mutex);
+    reported = ran.load(std::memory_order_acquire);
+    if (c.pending.empty() || c.holds.load(std::memory_order_acquire) > 0) return false;
+    for (const Participant* p : c.members) {
+      const std::uint64_t done = p->ran.load(std::memory_order_acquire);
+      if (p->reported != done || p->posted.load(std::memory_order_acquire) != done) return false;
+    }
+    c.due.swap(c.pending);
+    c.now.fetch_add(1, std::memory_order_relaxed);
+    // Busy serving: no other thread advances the time (or touches `due`) until this one reports
+    // again.
+    reported = unreported;
+  }
+  serve(c.due, true);
   return true;
+}
+
+VirtualTime::VirtualTime(runtime::ProxyThread& thread) : on_one_thread_(true) {
+  participants_.push_back(std::make_unique<Participant>(thread));
+  join(0);
+  clock().on.store(true, std::memory_order_relaxed);
+}
+
+VirtualTime::VirtualTime(const std::vector<runtime::ProxyThread*>& threads)
+    : on_one_thread_(false) {
+  if (threads.empty() || threads.size() > Clock::most_members)
+    throw std::invalid_argument("VirtualTime: 1 to 64 threads");
+  for (runtime::ProxyThread* t : threads) {
+    if (t->in_thread()) throw std::invalid_argument("VirtualTime: made on one of its threads");
+    participants_.push_back(std::make_unique<Participant>(*t));
+  }
+  for (std::size_t i = 0; i < participants_.size(); ++i)
+    run_on(participants_[i]->thread, [this, i] { join(i); });
+  clock().on.store(true, std::memory_order_relaxed);
+}
+
+void VirtualTime::join(std::size_t i) {
+  Participant* p = participants_[i].get();
+  Clock& c = clock();
+  {
+    std::lock_guard lock(c.mutex);
+    c.members.push_back(p);
+    c.posted_to[i].store(p, std::memory_order_relaxed);
+    c.count.store(c.members.size(), std::memory_order_release);
+  }
+  p->thread.add_idle_poller(p);
+}
+
+void VirtualTime::leave(std::size_t i) {
+  Participant* p = participants_[i].get();
+  p->thread.remove_idle_poller(p);
+  Clock& c = clock();
+  std::lock_guard lock(c.mutex);
+  c.members.erase(std::remove(c.members.begin(), c.members.end(), p), c.members.end());
+}
+
+VirtualTime::~VirtualTime() {
+  if (on_one_thread_) {
+    leave(0);
+  } else {
+    for (std::size_t i = 0; i < participants_.size(); ++i)
+      run_on(participants_[i]->thread, [this, i] { leave(i); });
+  }
+  Clock& c = clock();
+  {
+    std::lock_guard lock(c.mutex);
+    c.count.store(0, std::memory_order_release);
+    for (auto& slot : c.posted_to) slot.store(nullptr, std::memory_order_relaxed);
+    c.holds.store(0, std::memory_order_relaxed);
+  }
+  // From here on every byte is readable once written; the readers parked on bytes held back
+  // until now take them.
+  c.on.store(false, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(c.mutex);
+    c.due.swap(c.pending);
+  }
+  serve(c.due, false);
+}
+
+std::uint64_t VirtualTime::now() noexcept { return clock().now.load(std::memory_order_relaxed); }
+
+void VirtualTime::hold() noexcept { clock().holds.fetch_add(1, std::memory_order_acq_rel); }
+
+void VirtualTime::release() {
+  Clock& c = clock();
+  if (c.holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Every thread reports afresh, after running what was handed to it before now (its queue runs
+  // in order, so the nudge comes after that work): a report from before the hold's work was
+  // queued says nothing about it. The nudges also wake threads that went to sleep while held.
+  {
+    std::lock_guard lock(c.mutex);
+    for (Participant* p : c.members) p->reported = Participant::unreported;
+  }
+  for (const auto& p : participants_) post_noted(p->thread.executor(), [] {});
 }
 
 }  // namespace coccl::transport::memory

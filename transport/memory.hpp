@@ -48,28 +48,47 @@ std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_execut
                                     std::shared_ptr<Traffic> traffic_b = nullptr);
 
 /// Virtual time on the in-memory network (coccl-sim). While one exists, the streams made from
-/// then on deliver what is written at time t from time t + 1 on, and the time advances when
-/// `thread` has nothing else to run: a network on which every message takes one round and
-/// computing takes none, so that ranks run side by side as they would with latency, and a
-/// party's round (transport/traffic.hpp) counts hops, not the order in which one thread happened
-/// to run them. Every end of those streams must live on `thread`. Make and destroy it on
-/// `thread`; one at a time. Its destruction makes every byte still held back readable.
-class VirtualTime : public runtime::Poller {
+/// then on deliver what is written at time t from time t + 1 on, and the time advances when every
+/// one of its proxy threads has nothing else to run: a network on which every message takes one
+/// round and computing takes none, so that ranks run side by side as they would with latency, and
+/// a party's round (transport/traffic.hpp) counts hops, not the order in which the threads
+/// happened to run them. Every end of those streams must live on one of its threads. One at a
+/// time; its destruction makes every byte still held back readable.
+///
+/// With several threads, a thread that finds nothing to run reports so, and the last of them to
+/// report advances the time and serves the streams that were held back; each thread gets its
+/// round's completions together. A completion the network posts to a thread after it reported
+/// withdraws its report until it has run. Work handed to a thread from elsewhere (an application
+/// thread posting to its executor, a timer) is not seen that way: to start such work on several
+/// threads at one time, hold() the time, hand the work over, and release() it; every thread then
+/// reports afresh once it has run what it was handed.
+class VirtualTime {
  public:
+  /// On `thread` alone. Make and destroy it on that thread.
   explicit VirtualTime(runtime::ProxyThread& thread);
-  ~VirtualTime() override;
+  /// On every thread of `threads` (distinct). Made and destroyed from a thread that is none of
+  /// them: each joins and leaves on its own thread, and the call waits for that.
+  explicit VirtualTime(const std::vector<runtime::ProxyThread*>& threads);
+  ~VirtualTime();
   VirtualTime(const VirtualTime&) = delete;
   VirtualTime& operator=(const VirtualTime&) = delete;
 
   /// Rounds elapsed (any thread).
   static std::uint64_t now() noexcept;
 
-  /// The proxy thread's idle hook: the next round, when a stream holds bytes back.
-  bool poll() override;
-  bool waiting() const override { return false; }
+  /// Keeps the time where it is until release() (any thread; they nest).
+  void hold() noexcept;
+  /// Ends a hold(). After the last one, the time advances only once every thread has run what
+  /// was queued for it before the release and found nothing more to run.
+  void release();
+
+  struct Participant;  // one thread's idle hook (memory.cpp)
 
  private:
-  runtime::ProxyThread& thread_;
+  void join(std::size_t i);
+  void leave(std::size_t i);
+  std::vector<std::unique_ptr<Participant>> participants_;
+  bool on_one_thread_;
 };
 
 /// A listener of the memory network. Thread-safe: dialled from any thread, accepting on its own

@@ -13,6 +13,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <boost/asio/write.hpp>
+#include <chrono>
 #include <coccl/communicator.hpp>
 #include <cstdint>
 #include <future>
@@ -176,6 +177,96 @@ TEST(MemoryVirtualTime, AMessageIsReadOneRoundAfterItIsWrittenAndSideBySideWithO
     gone.set_value();
   });
   gone.get_future().get();
+}
+
+// Closes a stream end (on its own thread).
+void drop(Stream& s) { Stream gone(std::move(s)); }
+
+// `hops` messages back and forth over a stream, this end first when `first`; returns the virtual
+// time the last hop took to arrive, counted from `start`.
+asio::awaitable<std::uint64_t> ping_pong(Stream* s, bool first, int hops, std::uint64_t start) {
+  std::array<std::uint8_t, 4> buf{1, 2, 3, 4};
+  for (int hop = 0; hop < hops; ++hop) {
+    if ((hop % 2 == 0) == first)
+      co_await asio::async_write(*s, asio::buffer(buf), asio::use_awaitable);
+    else
+      co_await asio::async_read(*s, asio::buffer(buf), asio::use_awaitable);
+  }
+  co_return transport::memory::VirtualTime::now() - start;
+}
+
+// Two proxy threads under one virtual time: two ping-pongs, each between the threads, run side
+// by side, and every hop takes exactly one round. A round that passed while either thread still
+// had work of the present one (a completion in its queue, a write not yet made) would make a
+// later hop arrive a round late.
+TEST(MemoryVirtualTime, OnTwoThreadsEveryHopTakesOneRound) {
+  runtime::Engine engine(2);
+  runtime::ProxyThread& t0 = engine.thread(0);
+  runtime::ProxyThread& t1 = engine.thread(1);
+  for (int trial = 0; trial < 5; ++trial) {
+    transport::memory::VirtualTime time({&t0, &t1});
+    auto [a, b] = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16);
+    auto [c, d] = transport::memory::make_pair(t1.executor(), t0.executor(), 1 << 16);
+    constexpr int hops = 40;
+    const std::uint64_t start = transport::memory::VirtualTime::now();
+    // Started while the time stands still, as coccl-sim starts its ranks.
+    time.hold();
+    auto ab = asio::co_spawn(t0.executor(), ping_pong(&a, true, hops, start), asio::use_future);
+    auto ba = asio::co_spawn(t1.executor(), ping_pong(&b, false, hops, start), asio::use_future);
+    auto cd = asio::co_spawn(t1.executor(), ping_pong(&c, true, hops, start), asio::use_future);
+    auto dc = asio::co_spawn(t0.executor(), ping_pong(&d, false, hops, start), asio::use_future);
+    time.release();
+    // An even number of hops: the last one goes back to the end that started, written at round
+    // hops - 1 and read at hops; the other end's last act is that write.
+    EXPECT_EQ(ab.get(), static_cast<std::uint64_t>(hops)) << "trial " << trial;
+    EXPECT_EQ(cd.get(), static_cast<std::uint64_t>(hops)) << "trial " << trial;
+    EXPECT_EQ(ba.get(), static_cast<std::uint64_t>(hops - 1)) << "trial " << trial;
+    EXPECT_EQ(dc.get(), static_cast<std::uint64_t>(hops - 1)) << "trial " << trial;
+    // Each end is closed on its own thread.
+    std::promise<void> closed0, closed1;
+    asio::post(t0.executor(), [&] {
+      drop(a);
+      drop(d);
+      closed0.set_value();
+    });
+    asio::post(t1.executor(), [&] {
+      drop(b);
+      drop(c);
+      closed1.set_value();
+    });
+    closed0.get_future().get();
+    closed1.get_future().get();
+  }
+}
+
+// While held, the time stands still: a message written then is read only after the release,
+// one round later.
+TEST(MemoryVirtualTime, AHoldKeepsTheTimeUntilReleased) {
+  runtime::Engine engine(2);
+  runtime::ProxyThread& t0 = engine.thread(0);
+  runtime::ProxyThread& t1 = engine.thread(1);
+  transport::memory::VirtualTime time({&t0, &t1});
+  auto [a, b] = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16);
+  const std::uint64_t start = transport::memory::VirtualTime::now();
+  time.hold();
+  auto read = asio::co_spawn(t1.executor(), ping_pong(&b, false, 1, start), asio::use_future);
+  auto write = asio::co_spawn(t0.executor(), ping_pong(&a, true, 1, start), asio::use_future);
+  EXPECT_EQ(write.get(), 0u);
+  EXPECT_EQ(read.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  EXPECT_EQ(transport::memory::VirtualTime::now(), start);
+  time.release();
+  EXPECT_EQ(read.get(), 1u);
+  std::promise<void> closed0, closed1;
+  asio::post(t0.executor(), [&] {
+    drop(a);
+    closed0.set_value();
+  });
+  asio::post(t1.executor(), [&] {
+    drop(b);
+    closed1.set_value();
+  });
+  closed0.get_future().get();
+  closed1.get_future().get();
 }
 
 struct Joined {
