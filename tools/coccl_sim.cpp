@@ -487,6 +487,9 @@ void run_split(Sim& sim, int g, const Layout& l) {
       });
 }
 
+// Blocking destroy() calls in flight per proxy thread in the destroy phase.
+constexpr int destroy_callers_per_thread = 4;
+
 void run_destroy(Sim& sim) {
   const int n = sim.opt.ranks;
   sim.phase(
@@ -496,17 +499,20 @@ void run_destroy(Sim& sim) {
         const Snapshot last = sim.snapshot_after_;
         for (int r = 0; r < n; ++r) sim.ranks[r].links_gone = last.links[r];
         // The splits first, then the world; destroy() blocks until each has closed (so, unlike
-        // the other phases, the ranks do not start together: its rounds count that too). One
-        // caller per proxy thread, each destroying the communicators of that thread's ranks.
+        // the other phases, the ranks do not start together: its rounds count that too). Several
+        // callers per proxy thread, so that its next destroy is queued while a caller wakes from
+        // the last: caller c takes the hosts h = c mod `callers`, all on thread c mod T.
+        const int count = sim.opt.threads * destroy_callers_per_thread;
         std::vector<std::thread> callers;
-        for (int t = 0; t < sim.opt.threads; ++t)
-          callers.emplace_back([&sim, done, n, t] {
+        for (int c = 0; c < count; ++c)
+          callers.emplace_back([&sim, done, n, c, count] {
+            auto mine = [&](int r) { return r / sim.opt.ranks_per_host % count == c; };
             for (int r = 0; r < n; ++r)
-              if (sim.thread_of(r) == t)
+              if (mine(r))
                 for (std::size_t k = sim.ranks[r].comms.size(); k-- > 1;)
                   sim.ranks[r].comms[k].destroy();
             for (int r = 0; r < n; ++r)
-              if (sim.thread_of(r) == t) {
+              if (mine(r)) {
                 sim.ranks[r].comms.front().destroy();
                 done(r, std::error_code());
               }

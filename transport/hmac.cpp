@@ -3,6 +3,11 @@
 
 #include <sys/random.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -54,45 +59,125 @@ void wipe(void* p, std::size_t len) noexcept {
   for (std::size_t i = 0; i < len; ++i) bytes[i] = 0;
 }
 
+// FIPS 180-4 6.2.2 for `count` blocks, in plain C++.
+void compress_portable(std::array<std::uint32_t, 8>& state, const std::uint8_t* block,
+                       std::size_t count) noexcept {
+  for (; count > 0; --count, block += Sha256::block_size) {
+    std::array<std::uint32_t, 64> w;
+    for (std::size_t t = 0; t < 16; ++t) w[t] = load_be32(block + 4 * t);
+    for (std::size_t t = 16; t < 64; ++t) {
+      const std::uint32_t s0 =
+          std::rotr(w[t - 15], 7) ^ std::rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+      const std::uint32_t s1 = std::rotr(w[t - 2], 17) ^ std::rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+      w[t] = s1 + w[t - 7] + s0 + w[t - 16];
+    }
+
+    std::uint32_t a = state[0], b = state[1], c = state[2], d = state[3];
+    std::uint32_t e = state[4], f = state[5], g = state[6], h = state[7];
+    for (std::size_t t = 0; t < 64; ++t) {
+      const std::uint32_t big_s1 = std::rotr(e, 6) ^ std::rotr(e, 11) ^ std::rotr(e, 25);
+      const std::uint32_t ch = (e & f) ^ (~e & g);
+      const std::uint32_t t1 = h + big_s1 + ch + round_constants[t] + w[t];
+      const std::uint32_t big_s0 = std::rotr(a, 2) ^ std::rotr(a, 13) ^ std::rotr(a, 22);
+      const std::uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
+      const std::uint32_t t2 = big_s0 + maj;
+      h = g;
+      g = f;
+      f = e;
+      e = d + t1;
+      d = c;
+      c = b;
+      b = a;
+      a = t1 + t2;
+    }
+    state[0] += a;
+    state[1] += b;
+    state[2] += c;
+    state[3] += d;
+    state[4] += e;
+    state[5] += f;
+    state[6] += g;
+    state[7] += h;
+  }
+}
+
+#if defined(__x86_64__)
+// The same with the SHA extensions (Intel's SHA-NI). The state is kept as two vectors, ABEF and
+// CDGH, as sha256rnds2 wants them; each step of the loop below does four rounds, its message
+// words (big-endian in the block) plus their round constants in one vector, and extends the
+// schedule four words at a time: w[t-16] + s0(w[t-15]) (sha256msg1), + w[t-7] (the words that
+// straddle the two previous vectors), + s1(w[t-2]) (sha256msg2).
+__attribute__((target("sha,sse4.1,ssse3"))) void compress_cpu(std::array<std::uint32_t, 8>& state,
+                                                              const std::uint8_t* block,
+                                                              std::size_t count) noexcept {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+  __m128i dcba = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));
+  __m128i hgfe = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));
+  const __m128i cdab = _mm_shuffle_epi32(dcba, 0xB1);
+  const __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+  __m128i abef = _mm_alignr_epi8(cdab, efgh, 8);
+  __m128i cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+  for (; count > 0; --count, block += Sha256::block_size) {
+    const __m128i abef_before = abef, cdgh_before = cdgh;
+    __m128i w[4];  // the last four vectors of the schedule, w[i % 4]
+    for (int i = 0; i < 16; ++i) {
+      __m128i words;
+      if (i < 4) {
+        words = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * i)),
+                                 byte_swap);
+      } else {
+        const __m128i partial = _mm_add_epi32(_mm_sha256msg1_epu32(w[i % 4], w[(i + 1) % 4]),
+                                              _mm_alignr_epi8(w[(i + 3) % 4], w[(i + 2) % 4], 4));
+        words = _mm_sha256msg2_epu32(partial, w[(i + 3) % 4]);
+      }
+      w[i % 4] = words;
+      __m128i k = _mm_add_epi32(
+          words, _mm_loadu_si128(reinterpret_cast<const __m128i*>(&round_constants[4 * i])));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, k);
+      k = _mm_shuffle_epi32(k, 0x0E);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, k);
+    }
+    abef = _mm_add_epi32(abef, abef_before);
+    cdgh = _mm_add_epi32(cdgh, cdgh_before);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  dcba = _mm_blend_epi16(feba, dchg, 0xF0);
+  hgfe = _mm_alignr_epi8(dchg, feba, 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), dcba);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), hgfe);
+}
+
+bool cpu_has_sha() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool ssse3 = c & (1u << 9), sse41 = c & (1u << 19);
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return ssse3 && sse41 && (b & (1u << 29));
+}
+#else
+void compress_cpu(std::array<std::uint32_t, 8>& state, const std::uint8_t* block,
+                  std::size_t count) noexcept {
+  compress_portable(state, block, count);
+}
+bool cpu_has_sha() noexcept { return false; }
+#endif
+
 }  // namespace
 
-Sha256::Sha256() noexcept : state_(initial_state), buffer_{} {}
+bool Sha256::cpu_rounds() noexcept {
+  static const bool has = cpu_has_sha();
+  return has;
+}
 
-void Sha256::compress(const std::uint8_t* block) noexcept {
-  std::array<std::uint32_t, 64> w;
-  for (std::size_t t = 0; t < 16; ++t) w[t] = load_be32(block + 4 * t);
-  for (std::size_t t = 16; t < 64; ++t) {
-    const std::uint32_t s0 = std::rotr(w[t - 15], 7) ^ std::rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-    const std::uint32_t s1 = std::rotr(w[t - 2], 17) ^ std::rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-    w[t] = s1 + w[t - 7] + s0 + w[t - 16];
-  }
+Sha256::Sha256(Rounds rounds) noexcept
+    : state_(initial_state), cpu_(rounds == Rounds::automatic && cpu_rounds()), buffer_{} {}
 
-  std::uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
-  std::uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
-  for (std::size_t t = 0; t < 64; ++t) {
-    const std::uint32_t big_s1 = std::rotr(e, 6) ^ std::rotr(e, 11) ^ std::rotr(e, 25);
-    const std::uint32_t ch = (e & f) ^ (~e & g);
-    const std::uint32_t t1 = h + big_s1 + ch + round_constants[t] + w[t];
-    const std::uint32_t big_s0 = std::rotr(a, 2) ^ std::rotr(a, 13) ^ std::rotr(a, 22);
-    const std::uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
-    const std::uint32_t t2 = big_s0 + maj;
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  state_[0] += a;
-  state_[1] += b;
-  state_[2] += c;
-  state_[3] += d;
-  state_[4] += e;
-  state_[5] += f;
-  state_[6] += g;
-  state_[7] += h;
+void Sha256::compress(const std::uint8_t* blocks, std::size_t count) noexcept {
+  if (cpu_)
+    compress_cpu(state_, blocks, count);
+  else
+    compress_portable(state_, blocks, count);
 }
 
 void Sha256::update(const void* data, std::size_t len) noexcept {
@@ -107,11 +192,15 @@ void Sha256::update(const void* data, std::size_t len) noexcept {
     in += take;
     len -= take;
     if (buffered_ < block_size) return;
-    compress(buffer_.data());
+    compress(buffer_.data(), 1);
     buffered_ = 0;
   }
   // Whole blocks are hashed straight from the caller's memory rather than copied through buffer_.
-  for (; len >= block_size; in += block_size, len -= block_size) compress(in);
+  if (len >= block_size) {
+    compress(in, len / block_size);
+    in += len / block_size * block_size;
+    len %= block_size;
+  }
   if (len != 0) {
     std::memcpy(buffer_.data(), in, len);
     buffered_ = len;
@@ -126,13 +215,13 @@ Digest Sha256::finish() noexcept {
   buffer_[buffered_++] = 0x80;
   if (buffered_ > block_size - 8) {
     std::memset(buffer_.data() + buffered_, 0, block_size - buffered_);
-    compress(buffer_.data());
+    compress(buffer_.data(), 1);
     buffered_ = 0;
   }
   std::memset(buffer_.data() + buffered_, 0, block_size - 8 - buffered_);
   store_be32(buffer_.data() + block_size - 8, static_cast<std::uint32_t>(total_bits >> 32));
   store_be32(buffer_.data() + block_size - 4, static_cast<std::uint32_t>(total_bits));
-  compress(buffer_.data());
+  compress(buffer_.data(), 1);
   buffered_ = 0;
 
   Digest out;

@@ -144,6 +144,7 @@ struct Batch {
   std::vector<Finish> list;
 };
 thread_local std::vector<Batch>* gathering = nullptr;
+thread_local std::size_t gathering_hint = 0;  // the streams of the round being served
 
 // An accept's completion, run on the listener's executor (as Finish runs on the end's).
 auto accepted(Acceptor::AcceptHandler handler, error_code ec, Stream s) {
@@ -323,7 +324,11 @@ class Completions {
         const asio::execution_context* target = &asio::query(f.ex, asio::execution::context);
         auto b = std::find_if(gathering->begin(), gathering->end(),
                               [target](const Batch& x) { return x.context == target; });
-        if (b == gathering->end()) b = gathering->insert(gathering->end(), Batch{target, f.ex, {}});
+        if (b == gathering->end()) {
+          b = gathering->insert(gathering->end(), Batch{target, f.ex, {}});
+          // About one completion a stream served: no regrowth from nothing in a large round.
+          b->list.reserve(gathering_hint);
+        }
         b->list.push_back(std::move(f));
         continue;
       }
@@ -626,7 +631,10 @@ namespace {
 // writers what room was made. `together`: each thread gets its completions as one handler.
 void serve(std::vector<std::weak_ptr<Shared>>& due, bool together) {
   std::vector<Batch> batches;
-  if (together) gathering = &batches;
+  if (together) {
+    gathering = &batches;
+    gathering_hint = due.size();
+  }
   for (const auto& weak : due) {
     auto s = weak.lock();
     if (!s) continue;
