@@ -5,6 +5,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <coccl/error.hpp>
@@ -50,31 +51,35 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
     LinkHeader h{};
     boost::system::error_code ec;
     try {
-      co_await asio::async_read(socket_, asio::buffer(&h, sizeof h), asio::use_awaitable);
+      // The end of a link comes as an error here (eof, or aborted by close()): taken as a code,
+      // not thrown, since every link of a destroyed communicator ends this way (coccl-sim closes
+      // millions, and the throw cost more than the close).
+      co_await asio::async_read(socket_, asio::buffer(&h, sizeof h),
+                                asio::redirect_error(asio::use_awaitable, ec));
       if (!pass.open()) co_return;
-      switch (h.type) {
-        case LinkHeader::put:
-          co_await on_put(h);
-          break;
-        case LinkHeader::credit:
-          on_credit(h.length);
-          break;
-        case LinkHeader::bye:
-          departed_ = true;
-          // Waiters re-check: data already here is still delivered; anything more fails.
-          fail_waiters_soft();
-          break;
-        case LinkHeader::abort: {
-          std::string text(abort_text_size(h), '\0');
-          co_await asio::async_read(socket_, asio::buffer(text), asio::use_awaitable);
-          if (!pass.open()) co_return;
-          close(make_error_code(abort_code(h.fingerprint)),
-                "rank " + std::to_string(peer_) + " aborted: " + text);
-          co_return;
+      if (!ec) switch (h.type) {
+          case LinkHeader::put:
+            co_await on_put(h);
+            break;
+          case LinkHeader::credit:
+            on_credit(h.length);
+            break;
+          case LinkHeader::bye:
+            departed_ = true;
+            // Waiters re-check: data already here is still delivered; anything more fails.
+            fail_waiters_soft();
+            break;
+          case LinkHeader::abort: {
+            std::string text(abort_text_size(h), '\0');
+            co_await asio::async_read(socket_, asio::buffer(text), asio::use_awaitable);
+            if (!pass.open()) co_return;
+            close(make_error_code(abort_code(h.fingerprint)),
+                  "rank " + std::to_string(peer_) + " aborted: " + text);
+            co_return;
+          }
+          default:
+            throw std::system_error(make_error_code(errc::bad_message));
         }
-        default:
-          throw std::system_error(make_error_code(errc::bad_message));
-      }
     } catch (const boost::system::system_error& e) {
       ec = e.code();
     } catch (const std::system_error& e) {
