@@ -54,7 +54,7 @@ build() {  # build DIR "TARGETS" [cmake args]; TARGETS empty: every target
 # engine (the default picks one of them), and Engines/TcpEngine.AllReduceWithFourRanksSmallSlots-
 # AndThreeSockets four ranks with small slots on each (the four-rank every-collective run took
 # 32 s under TSan, for the same threads).
-tsan_tests='^(EveryCollective\.OverShmWithThree|(Cancellation|Abort|Status|Shrink|Ranks/Async|Transports/KilledRank|Engines/TcpEngine|TcpEngineFallback|Transports/Links|Ranks/FastPath|FastPathHandover|ProxyThreadBorrow)[./])'
+tsan_tests='^(EveryCollective\.OverShmWithThree|(Cancellation|Abort|Status|Shrink|Ranks/Async|Transports/KilledRank|Engines/TcpEngine|TcpEngineFallback|Transports/Links|Ranks/FastPath|FastPathHandover|ProxyThreadBorrow|MemoryVirtualTime)[./])'
 
 # The sanitizer trees keep assertions and line tables but compile at -O1, as the ASan and TSan
 # documentation advises: at -O0 the ASan tests took up to 2.6 times as long (the tcp striping
@@ -165,14 +165,16 @@ case "$mode" in
       # a communicator whose creation fails on its proxy thread, and the fast path of small
       # operations (callers borrowing the proxy thread's role).
       # The sweeps over ranks, types and algorithms run only in the two builds above (TSan runs
-      # them 5 to 15 times slower). Only those programs are built, and engine_test for the
-      # threads that borrow the proxy thread's role (ProxyThreadBorrow).
-      build "$root/build-tsan" "multirank_test coccl_worker engine_test" -DCMAKE_BUILD_TYPE=Debug \
+      # them 5 to 15 times slower). Only those programs are built, engine_test for the threads
+      # that borrow the proxy thread's role (ProxyThreadBorrow), and memory_traffic_test for
+      # virtual time over two proxy threads (coccl-sim's).
+      build "$root/build-tsan" "multirank_test coccl_worker engine_test memory_traffic_test" \
+        -DCMAKE_BUILD_TYPE=Debug \
         -DCOCCL_SANITIZE=thread -DCOCCL_ENABLE_CUDA=OFF -DCOCCL_BUILD_TOOLS=OFF "${tsan_opt[@]}"
       stage_done tsan-build
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-        ctest --test-dir "$root/build-tsan" -L '^(multirank_test|engine_test)$' -j "$jobs" \
-        --output-on-failure --timeout 900 -R "$tsan_tests"
+        ctest --test-dir "$root/build-tsan" -L '^(multirank_test|engine_test|memory_traffic_test)$' \
+        -j "$jobs" --output-on-failure --timeout 900 -R "$tsan_tests"
       stage_done tsan-tests
     fi
     ;;
