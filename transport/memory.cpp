@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <boost/asio/associated_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <future>
@@ -730,18 +729,23 @@ void VirtualTime::leave(std::size_t i) {
 }
 
 VirtualTime::~VirtualTime() {
+  Clock& c = clock();
+  {
+    // No completion posted from now on counts toward a thread.
+    std::lock_guard lock(c.mutex);
+    c.count.store(0, std::memory_order_release);
+    for (auto& slot : c.posted_to) slot.store(nullptr, std::memory_order_relaxed);
+    c.holds.store(0, std::memory_order_relaxed);
+  }
   if (on_one_thread_) {
     leave(0);
   } else {
     for (std::size_t i = 0; i < participants_.size(); ++i)
       run_on(participants_[i]->thread, [this, i] { leave(i); });
-  }
-  Clock& c = clock();
-  {
-    std::lock_guard lock(c.mutex);
-    c.count.store(0, std::memory_order_release);
-    for (auto& slot : c.posted_to) slot.store(nullptr, std::memory_order_relaxed);
-    c.holds.store(0, std::memory_order_relaxed);
+    // A completion counted just before the count went to 0 was posted by a handler then under
+    // way, which ended before its own thread's leave: this second round on every thread comes
+    // after it in its queue, and once it has run nothing refers to the participants.
+    for (const auto& p : participants_) run_on(p->thread, [] {});
   }
   // From here on every byte is readable once written; the readers parked on bytes held back
   // until now take them.
