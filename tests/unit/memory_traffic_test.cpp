@@ -205,8 +205,10 @@ TEST(MemoryVirtualTime, OnTwoThreadsEveryHopTakesOneRound) {
   runtime::ProxyThread& t1 = engine.thread(1);
   for (int trial = 0; trial < 5; ++trial) {
     transport::memory::VirtualTime time({&t0, &t1});
-    auto [a, b] = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16);
-    auto [c, d] = transport::memory::make_pair(t1.executor(), t0.executor(), 1 << 16);
+    // Named ends rather than structured bindings, which clang 14's lambdas cannot capture.
+    auto ab_ends = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16);
+    auto cd_ends = transport::memory::make_pair(t1.executor(), t0.executor(), 1 << 16);
+    Stream &a = ab_ends.first, &b = ab_ends.second, &c = cd_ends.first, &d = cd_ends.second;
     constexpr int hops = 40;
     const std::uint64_t start = transport::memory::VirtualTime::now();
     // Started while the time stands still, as coccl-sim starts its ranks.
@@ -246,7 +248,8 @@ TEST(MemoryVirtualTime, AHoldKeepsTheTimeUntilReleased) {
   runtime::ProxyThread& t0 = engine.thread(0);
   runtime::ProxyThread& t1 = engine.thread(1);
   transport::memory::VirtualTime time({&t0, &t1});
-  auto [a, b] = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16);
+  auto ends = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16);
+  Stream &a = ends.first, &b = ends.second;
   const std::uint64_t start = transport::memory::VirtualTime::now();
   time.hold();
   auto read = asio::co_spawn(t1.executor(), ping_pong(&b, false, 1, start), asio::use_future);
