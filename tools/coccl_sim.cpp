@@ -2,8 +2,8 @@
 // in-memory network (transport/memory.hpp), which sits under the same connection interface as
 // tcp: the real bootstrap, split, lazy links and algorithms run, on T proxy threads (the ranks of
 // simulated host h on thread h mod T, as a process's communicators are spread over
-// COCCL_PROXY_THREADS), and every
-// rank's messages, bytes, links and rounds are counted (transport/traffic.hpp). It prints one
+// COCCL_PROXY_THREADS), and every rank's messages, bytes, links and rounds are counted
+// (transport/traffic.hpp). It prints one
 // line per phase and one for the whole run, and a modelled wall time on a stated network. The
 // counts and rounds do not depend on T (virtual time advances only when every thread is idle);
 // the wall time does.
@@ -236,9 +236,10 @@ struct Sim {
   bool verified = true;
   coccl::transport::memory::VirtualTime* time = nullptr;
 
-  // The proxy thread of rank r: the ranks of a simulated host share one, so that they meet
-  // (host leaders) in the order they would on one thread.
-  int thread_of(int r) const { return r / opt.ranks_per_host % opt.threads; }
+  // The simulated host of rank r, and its proxy thread: the ranks of a host share one, so that
+  // they meet (host leaders) in the order they would on one thread.
+  int host_of(int r) const { return r / opt.ranks_per_host; }
+  int thread_of(int r) const { return host_of(r) % opt.threads; }
 
   // Runs `fn(r)` for every rank on its proxy thread, in rank order on each.
   template <typename Fn>
@@ -370,18 +371,16 @@ void run_init(Sim& sim) {
         // Started on the rank's proxy thread, where each communicator is built at once (from
         // here, each would be a round trip to it).
         sim.each_rank([&](int r) {
-          {
-            // The rank's party, with its host's identity (never 0, which means this process's).
-            auto party = std::make_shared<Traffic>();
-            party->set_host(0x5157000000000000ull + r / sim.opt.ranks_per_host);
-            coccl::detail::start_create(
-                ids, r, n, coccl::CommunicatorOptions{},
-                [&sim, done, r](boost::system::error_code ec, Communicator c) {
-                  if (!ec) sim.ranks[r].comms.push_back(std::move(c));
-                  done(r, ec);
-                },
-                nullptr, std::move(party));
-          }
+          // The rank's party, with its host's identity (never 0, which means this process's).
+          auto party = std::make_shared<Traffic>();
+          party->set_host(0x5157000000000000ull + sim.host_of(r));
+          coccl::detail::start_create(
+              ids, r, n, coccl::CommunicatorOptions{},
+              [&sim, done, r](boost::system::error_code ec, Communicator c) {
+                if (!ec) sim.ranks[r].comms.push_back(std::move(c));
+                done(r, ec);
+              },
+              nullptr, std::move(party));
         });
       },
       [&] {
@@ -453,17 +452,15 @@ void run_split(Sim& sim, int g, const Layout& l) {
       "split " + std::to_string(g),
       [&](auto done) {
         sim.each_rank([&](int r) {
-          {
-            auto finish = [&made, done, r](boost::system::error_code ec, Communicator c) {
-              made[r] = std::move(c);
-              done(r, ec);
-            };
-            Communicator& world = sim.ranks[r].comms.front();
-            if (sim.opt.split == "color")
-              world.async_split(l.group_of[r], r, finish);
-            else
-              world.async_split_members(l.members[l.group_of[r]], finish);
-          }
+          auto finish = [&made, done, r](boost::system::error_code ec, Communicator c) {
+            made[r] = std::move(c);
+            done(r, ec);
+          };
+          Communicator& world = sim.ranks[r].comms.front();
+          if (sim.opt.split == "color")
+            world.async_split(l.group_of[r], r, finish);
+          else
+            world.async_split_members(l.members[l.group_of[r]], finish);
         });
       },
       [&] {
@@ -506,7 +503,7 @@ void run_destroy(Sim& sim) {
         std::vector<std::thread> callers;
         for (int c = 0; c < count; ++c)
           callers.emplace_back([&sim, done, n, c, count] {
-            auto mine = [&](int r) { return r / sim.opt.ranks_per_host % count == c; };
+            auto mine = [&](int r) { return sim.host_of(r) % count == c; };
             for (int r = 0; r < n; ++r)
               if (mine(r))
                 for (std::size_t k = sim.ranks[r].comms.size(); k-- > 1;)

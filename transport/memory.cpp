@@ -689,14 +689,13 @@ bool VirtualTime::Participant::poll() {
   return true;
 }
 
-VirtualTime::VirtualTime(runtime::ProxyThread& thread) : on_one_thread_(true) {
+VirtualTime::VirtualTime(runtime::ProxyThread& thread) {
   participants_.push_back(std::make_unique<Participant>(thread));
   join(0);
   clock().on.store(true, std::memory_order_relaxed);
 }
 
-VirtualTime::VirtualTime(const std::vector<runtime::ProxyThread*>& threads)
-    : on_one_thread_(false) {
+VirtualTime::VirtualTime(const std::vector<runtime::ProxyThread*>& threads) {
   if (threads.empty() || threads.size() > Clock::most_members)
     throw std::invalid_argument("VirtualTime: 1 to 64 threads");
   for (runtime::ProxyThread* t : threads) {
@@ -737,7 +736,8 @@ VirtualTime::~VirtualTime() {
     for (auto& slot : c.posted_to) slot.store(nullptr, std::memory_order_relaxed);
     c.holds.store(0, std::memory_order_relaxed);
   }
-  if (on_one_thread_) {
+  // Destroyed on its one thread (made there), or from outside its threads.
+  if (participants_.front()->thread.in_thread()) {
     leave(0);
   } else {
     for (std::size_t i = 0; i < participants_.size(); ++i)

@@ -88,7 +88,6 @@ class VirtualTime {
   void join(std::size_t i);
   void leave(std::size_t i);
   std::vector<std::unique_ptr<Participant>> participants_;
-  bool on_one_thread_;
 };
 
 /// A listener of the memory network. Thread-safe: dialled from any thread, accepting on its own
