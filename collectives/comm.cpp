@@ -46,7 +46,9 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
     : engine_(std::move(engine)),
       thread_(thread_for(*engine_)),
       memory_(memory),
-      roots_traffic_(memory ? std::make_shared<transport::Traffic>() : nullptr),
+      roots_traffic_(!memory   ? nullptr
+                     : traffic ? traffic->spawn()
+                               : std::make_shared<transport::Traffic>()),
       ex_(thread_.executor()),
       rank_(rank),
       size_(nranks),

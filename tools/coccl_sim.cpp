@@ -5,8 +5,9 @@
 // COCCL_PROXY_THREADS), and every rank's messages, bytes, links and rounds are counted
 // (transport/traffic.hpp). It prints one
 // line per phase and one for the whole run, and a modelled wall time on a stated network. The
-// counts and rounds do not depend on T (virtual time advances only when every thread is idle);
-// the wall time does.
+// counts and rounds do not depend on T (virtual time advances only when every thread is idle, a
+// round serves its streams in an order set by the named parties, and a phase ends once the
+// network is quiet); the wall time does.
 //
 //   coccl-sim [--ranks N] [--roots K] [--ranks-per-host R] [--groups G1,G2,...] [--count C]
 //             [--split members|color] [--latency-us L] [--bandwidth-gbps B]
@@ -298,6 +299,10 @@ struct Sim {
     start(done);
     if (hold) time->release();
     left.wait();
+    // The phase's last messages (credits nobody waits for) are read before the counts are taken,
+    // and before the next phase starts its rounds: counted whenever they happened to be read,
+    // they would move between phases from run to run.
+    time->settle();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double cpu = cpu_seconds() - cpu0;
@@ -372,7 +377,10 @@ void run_init(Sim& sim) {
         // here, each would be a round trip to it).
         sim.each_rank([&](int r) {
           // The rank's party, with its host's identity (never 0, which means this process's).
+          // Named (the roots 1 to K, the ranks after them), so that each round serves its
+          // streams in the same order on any number of threads (transport/traffic.hpp).
           auto party = std::make_shared<Traffic>();
+          party->set_id(static_cast<std::uint64_t>(sim.opt.roots) + 1 + r);
           party->set_host(0x5157000000000000ull + sim.host_of(r));
           coccl::detail::start_create(
               ids, r, n, coccl::CommunicatorOptions{},
@@ -568,7 +576,10 @@ int main(int argc, char** argv) {
   for (int t = 0; t < sim.opt.threads; ++t)
     threads.push_back(&coccl::detail::process_engine().thread(t));
   sim.ranks.resize(n);
-  for (int k = 0; k < sim.opt.roots; ++k) sim.world_roots.push_back(std::make_shared<Traffic>());
+  for (int k = 0; k < sim.opt.roots; ++k) {
+    sim.world_roots.push_back(std::make_shared<Traffic>());
+    sim.world_roots.back()->set_id(1 + static_cast<std::uint64_t>(k));
+  }
   // Every message takes one round of virtual time: ranks run side by side as on a network with
   // latency, and the rounds count hops (transport/memory.hpp).
   auto virtual_time = std::make_unique<coccl::transport::memory::VirtualTime>(threads);

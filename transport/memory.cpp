@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <boost/asio/post.hpp>
+#include <condition_variable>
 #include <cstring>
 #include <future>
 #include <new>
@@ -55,17 +56,38 @@ struct Finish {
 
 struct Shared;
 
+// A stream's place among the streams one round serves: the dialling party's name and how many
+// streams it dialled before (transport/traffic.hpp), then the order in which streams were made,
+// which decides only between parties without a name. Served in the order in which they were
+// written, the streams of two threads would interleave as the threads happened to run, and a
+// party taking its round's messages in another order can answer otherwise (a credit that goes
+// alone rather than with data): counts would change from run to run and with the thread count.
+struct Order {
+  std::uint64_t party, stream, made;
+  bool operator<(const Order& o) const noexcept {
+    if (party != o.party) return party < o.party;
+    if (stream != o.stream) return stream < o.stream;
+    return made < o.made;
+  }
+};
+
+struct Due {
+  Order order;
+  std::weak_ptr<Shared> stream;
+};
+
 // VirtualTime's state: whether one is alive, its time, and the streams holding bytes that are
 // not readable yet.
 struct Clock {
   std::mutex mutex;
   std::atomic<bool> on{false};
   std::atomic<std::uint64_t> now{0};
-  std::vector<std::weak_ptr<Shared>> pending;
+  std::vector<Due> pending;
   // The round being served, by the thread that advanced the time (no other advances it before
   // that thread reports again). It and `pending` trade places each round and are emptied, never
   // freed, so neither regrows from nothing every round.
-  std::vector<std::weak_ptr<Shared>> due;
+  std::vector<Due> due;
+  std::atomic<std::uint64_t> made{0};  // streams made, for Order::made
   // The VirtualTime's threads, under `mutex`; and for note_post(), which runs on every
   // completion, the same in a fixed array read without the lock (set before `on`, cleared after).
   std::vector<VirtualTime::Participant*> members;
@@ -73,6 +95,9 @@ struct Clock {
   std::array<std::atomic<VirtualTime::Participant*>, most_members> posted_to{};
   std::atomic<std::size_t> count{0};
   std::atomic<int> holds{0};
+  // settle(): it waits, under `mutex`, for a thread to find the network quiet.
+  bool settling = false;
+  std::condition_variable settled;
 };
 
 Clock& clock() {
@@ -290,6 +315,7 @@ struct Shared {
   std::array<asio::any_io_executor, 2> ex;          // each end's executor
   std::array<std::shared_ptr<Traffic>, 2> traffic;  // each end's party (null: not counted)
   std::array<Direction, 2> dir;                     // dir[i]: written by end i, read by end 1 - i
+  Order order;
   std::uint64_t tickets = 0;
   bool pending = false;  // listed in the clock's pending streams
 };
@@ -300,7 +326,7 @@ void keep_pending(const std::shared_ptr<Shared>& s) {
   s->pending = true;
   Clock& c = clock();
   std::lock_guard lock(c.mutex);
-  c.pending.push_back(s);
+  c.pending.push_back(Due{s->order, s});
 }
 
 // Completions gathered under the lock and posted after it is released. Held inline: one call
@@ -510,6 +536,8 @@ std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_execut
   auto shared = std::make_shared<Shared>();
   shared->capacity = std::max<std::size_t>(1, capacity);
   shared->ex = {std::move(a), std::move(b)};
+  shared->order = {traffic_a ? traffic_a->id() : 0, traffic_a ? traffic_a->next_stream() : 0,
+                   clock().made.fetch_add(1, std::memory_order_relaxed)};
   shared->traffic = {std::move(traffic_a), std::move(traffic_b)};
   for (int i = 0; i < 2; ++i) {
     shared->dir[i].writer = shared->traffic[i].get();
@@ -628,14 +656,15 @@ namespace {
 
 // Serves the streams of one round: their readers take what became readable and their parked
 // writers what room was made. `together`: each thread gets its completions as one handler.
-void serve(std::vector<std::weak_ptr<Shared>>& due, bool together) {
+void serve(std::vector<Due>& due, bool together) {
+  std::sort(due.begin(), due.end(), [](const Due& a, const Due& b) { return a.order < b.order; });
   std::vector<Batch> batches;
   if (together) {
     gathering = &batches;
     gathering_hint = due.size();
   }
-  for (const auto& weak : due) {
-    auto s = weak.lock();
+  for (const Due& d : due) {
+    auto s = d.stream.lock();
     if (!s) continue;
     Completions done;
     std::lock_guard lock(s->mutex);
@@ -674,10 +703,17 @@ bool VirtualTime::Participant::poll() {
   {
     std::lock_guard lock(c.mutex);
     reported = ran.load(std::memory_order_acquire);
-    if (c.pending.empty() || c.holds.load(std::memory_order_acquire) > 0) return false;
+    if (c.holds.load(std::memory_order_acquire) > 0 || (c.pending.empty() && !c.settling))
+      return false;
     for (const Participant* p : c.members) {
       const std::uint64_t done = p->ran.load(std::memory_order_acquire);
       if (p->reported != done || p->posted.load(std::memory_order_acquire) != done) return false;
+    }
+    if (c.pending.empty()) {
+      // Every thread idle and nothing in flight: what settle() waits for.
+      c.settling = false;
+      c.settled.notify_all();
+      return false;
     }
     c.due.swap(c.pending);
     c.now.fetch_add(1, std::memory_order_relaxed);
@@ -755,6 +791,20 @@ VirtualTime::~VirtualTime() {
     c.due.swap(c.pending);
   }
   serve(c.due, false);
+}
+
+void VirtualTime::settle() {
+  Clock& c = clock();
+  {
+    // Reports from before the call say nothing of what is in flight now: each thread reports
+    // afresh once it has run the nudge below (which also wakes one that sleeps).
+    std::lock_guard lock(c.mutex);
+    for (Participant* p : c.members) p->reported = Participant::unreported;
+    c.settling = true;
+  }
+  for (const auto& p : participants_) post_noted(p->thread.executor(), [] {});
+  std::unique_lock lock(c.mutex);
+  c.settled.wait(lock, [&c] { return !c.settling; });
 }
 
 std::uint64_t VirtualTime::now() noexcept { return clock().now.load(std::memory_order_relaxed); }

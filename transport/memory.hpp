@@ -42,6 +42,8 @@ std::size_t default_capacity();
 /// Two connected memory streams: the first on `a`, counted in `traffic_a` (may be null), the
 /// second on `b`, counted in `traffic_b`; each direction holds at most `capacity` (at least 1)
 /// bytes written and not yet read.
+/// Under VirtualTime, `traffic_a` (the dialler's party) places the stream among a round's streams
+/// (Traffic::id(), Traffic::next_stream()).
 std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_executor b,
                                     std::size_t capacity,
                                     std::shared_ptr<Traffic> traffic_a = nullptr,
@@ -57,7 +59,10 @@ std::pair<Stream, Stream> make_pair(asio::any_io_executor a, asio::any_io_execut
 ///
 /// With several threads, a thread that finds nothing to run reports so, and the last of them to
 /// report advances the time and serves the streams that were held back; each thread gets its
-/// round's completions together. A completion the network posts to a thread after it reported
+/// round's completions together, in an order that does not depend on how the threads ran: the
+/// streams by their dialling party's name and how many it dialled before (Traffic::set_id), so
+/// that with named parties the counts and rounds are the same on one thread or several, run
+/// after run. A completion the network posts to a thread after it reported
 /// withdraws its report until it has run. Work handed to a thread from elsewhere (an application
 /// thread posting to its executor, a timer) is not seen that way: to start such work on several
 /// threads at one time, hold() the time, hand the work over, and release() it; every thread then
@@ -72,6 +77,12 @@ class VirtualTime {
   ~VirtualTime();
   VirtualTime(const VirtualTime&) = delete;
   VirtualTime& operator=(const VirtualTime&) = delete;
+
+  /// Waits until the network is quiet: every thread has run what the network posted to it and
+  /// found nothing else to run, and no byte written is held back. From a thread that is none of
+  /// its threads, not during a hold(). What a party sends last (a credit nobody waits for) is
+  /// then read, so counts taken afterwards do not depend on when they were taken.
+  void settle();
 
   /// Rounds elapsed (any thread).
   static std::uint64_t now() noexcept;

@@ -47,6 +47,14 @@ void Traffic::heard(std::uint64_t stamp) noexcept {
   }
 }
 
+std::shared_ptr<Traffic> Traffic::spawn() {
+  // Parties coccl-sim names directly stay below 2^40; a spawned one carries its rank in the
+  // bits above.
+  auto child = std::make_shared<Traffic>();
+  child->id_ = id_ + ((spawned_.fetch_add(1, std::memory_order_relaxed) + 1) << 40);
+  return child;
+}
+
 Traffic::Counts Traffic::counts() const noexcept {
   Counts c;
   c.messages_sent = messages_sent_.load(std::memory_order_relaxed);

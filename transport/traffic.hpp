@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace coccl::transport {
 
@@ -71,6 +72,19 @@ class Traffic {
   void set_host(std::uint64_t host) noexcept { host_ = host; }
   std::uint64_t host() const noexcept { return host_; }
 
+  /// The party's name, which orders its streams among those of other parties where an order
+  /// must not depend on which thread ran first (memory::VirtualTime serves each round's streams
+  /// in that order). coccl-sim names every party, distinctly and the same from run to run; 0
+  /// (the default) names none.
+  void set_id(std::uint64_t id) noexcept { id_ = id; }
+  std::uint64_t id() const noexcept { return id_; }
+  /// How many streams this party dialled before (its own order, since a party runs on one
+  /// thread): with id(), a stream's place in a round.
+  std::uint64_t next_stream() noexcept { return dialled_.fetch_add(1, std::memory_order_relaxed); }
+  /// A party started by this one (the roots a rank starts for its splits), named after it and
+  /// after how many it started before: a name as stable as this one's.
+  std::shared_ptr<Traffic> spawn();
+
   /// Starts a new phase: every party's round counts from 0 again, and a message stamped in an
   /// earlier phase counts as one sent at round 0 of this one. For a simulation that separates
   /// its phases (every rank finished the previous one).
@@ -83,6 +97,9 @@ class Traffic {
   std::atomic<std::uint64_t> bytes_received_{0};
   std::atomic<std::uint64_t> streams_{0};
   std::uint64_t host_ = 0;
+  std::uint64_t id_ = 0;
+  std::atomic<std::uint64_t> dialled_{0};
+  std::atomic<std::uint64_t> spawned_{0};
   // The phase in the top bits, the round in the rest: a round of an earlier phase reads as 0
   // without next_phase() touching every party.
   std::atomic<std::uint64_t> round_{0};

@@ -272,6 +272,59 @@ TEST(MemoryVirtualTime, AHoldKeepsTheTimeUntilReleased) {
   closed1.get_future().get();
 }
 
+// settle() returns once the message in flight is read: one side's last act is a write that
+// nobody awaits, and the counts taken after settle() already hold its read. Called twice, the
+// second time with nothing in flight.
+TEST(MemoryVirtualTime, SettleReturnsOnceWhatIsInFlightIsRead) {
+  runtime::Engine engine(2);
+  runtime::ProxyThread& t0 = engine.thread(0);
+  runtime::ProxyThread& t1 = engine.thread(1);
+  transport::memory::VirtualTime time({&t0, &t1});
+  auto a_party = std::make_shared<Traffic>(), b_party = std::make_shared<Traffic>();
+  auto ends = transport::memory::make_pair(t0.executor(), t1.executor(), 1 << 16, a_party, b_party);
+  Stream &a = ends.first, &b = ends.second;
+  constexpr int hops = 40;
+  const std::uint64_t start = transport::memory::VirtualTime::now();
+  time.hold();
+  auto at_a = asio::co_spawn(t0.executor(), ping_pong(&a, true, hops, start), asio::use_future);
+  auto at_b = asio::co_spawn(t1.executor(), ping_pong(&b, false, hops, start), asio::use_future);
+  time.release();
+  // b's last act is the write of the last hop, made at round hops - 1.
+  EXPECT_EQ(at_b.get(), static_cast<std::uint64_t>(hops - 1));
+  time.settle();
+  ASSERT_EQ(at_a.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(at_a.get(), static_cast<std::uint64_t>(hops));
+  EXPECT_EQ(transport::memory::VirtualTime::now() - start, static_cast<std::uint64_t>(hops));
+  EXPECT_EQ(a_party->counts().messages_received, static_cast<std::uint64_t>(hops / 2));
+  EXPECT_EQ(b_party->counts().messages_received, static_cast<std::uint64_t>(hops / 2));
+  time.settle();
+  EXPECT_EQ(transport::memory::VirtualTime::now() - start, static_cast<std::uint64_t>(hops));
+  std::promise<void> closed0, closed1;
+  asio::post(t0.executor(), [&] {
+    drop(a);
+    closed0.set_value();
+  });
+  asio::post(t1.executor(), [&] {
+    drop(b);
+    closed1.set_value();
+  });
+  closed0.get_future().get();
+  closed1.get_future().get();
+}
+
+// A party a rank starts is named after it: distinct from its parent, from its siblings and from
+// every party named directly (below 2^40), and the same in every run.
+TEST(MemoryTraffic, ASpawnedPartyIsNamedAfterItsParentAndItsPlace) {
+  Traffic rank;
+  rank.set_id(7);
+  const auto first = rank.spawn(), second = rank.spawn();
+  EXPECT_EQ(first->id(), 7 + (std::uint64_t{1} << 40));
+  EXPECT_EQ(second->id(), 7 + (std::uint64_t{2} << 40));
+  EXPECT_EQ(rank.next_stream(), 0u);
+  EXPECT_EQ(rank.next_stream(), 1u);
+  EXPECT_EQ(first->next_stream(), 0u);
+}
+
 struct Joined {
   Communicator comm;
   std::string error;
