@@ -49,10 +49,14 @@ struct UringRingDeleter {
 using UringRingPtr = std::unique_ptr<UringRing, UringRingDeleter>;
 
 /// An io_uring made for one link before its sockets exist (so that a refusal is known while the
-/// link's socket count is still being agreed). Null with `why` set if the kernel refused it.
+/// link's socket count is still being agreed), on any thread. Null with `why` set if the kernel
+/// refused it. Where the kernel has them (6.1 on), its completions wait until the link asks for
+/// them (DEFER_TASKRUN), and it takes submissions from one thread, the one that makes the
+/// connection (SINGLE_ISSUER, enabled there).
 UringRingPtr make_uring_ring(std::string& why);
 
 /// Makes a tcp link over `sockets` (socket 0 carries abort and goodbye notices) driven by `ring`.
+/// Call it on `thread`, where the link then runs (and is destroyed).
 std::unique_ptr<Connection> make_uring_connection(int self, int peer,
                                                   std::vector<asio::ip::tcp::socket> sockets,
                                                   UringRingPtr ring, std::size_t slots,
