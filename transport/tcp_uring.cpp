@@ -144,8 +144,8 @@ class UringRing {
 
   io_uring ring{};
   bool ready = false;
-  bool deferred =
-      false;  // SINGLE_ISSUER, DEFER_TASKRUN, disabled until the link's thread enables it
+  // SINGLE_ISSUER and DEFER_TASKRUN, disabled until the link's thread enables it.
+  bool deferred = false;
   int event_fd = -1;
 };
 
