@@ -9,6 +9,7 @@
 #include <future>
 #include <new>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -65,9 +66,7 @@ struct Shared;
 struct Order {
   std::uint64_t party, stream, made;
   bool operator<(const Order& o) const noexcept {
-    if (party != o.party) return party < o.party;
-    if (stream != o.stream) return stream < o.stream;
-    return made < o.made;
+    return std::tie(party, stream, made) < std::tie(o.party, o.stream, o.made);
   }
 };
 
@@ -793,16 +792,22 @@ VirtualTime::~VirtualTime() {
   serve(c.due, false);
 }
 
-void VirtualTime::settle() {
+void VirtualTime::report_afresh(bool settling) {
   Clock& c = clock();
   {
-    // Reports from before the call say nothing of what is in flight now: each thread reports
-    // afresh once it has run the nudge below (which also wakes one that sleeps).
     std::lock_guard lock(c.mutex);
     for (Participant* p : c.members) p->reported = Participant::unreported;
-    c.settling = true;
+    if (settling) c.settling = true;
   }
+  // Each thread's queue runs in order, so its nudge comes after what was handed to it before;
+  // the nudge also wakes a thread that sleeps.
   for (const auto& p : participants_) post_noted(p->thread.executor(), [] {});
+}
+
+void VirtualTime::settle() {
+  // Reports from before the call say nothing of what is in flight now.
+  report_afresh(true);
+  Clock& c = clock();
   std::unique_lock lock(c.mutex);
   c.settled.wait(lock, [&c] { return !c.settling; });
 }
@@ -814,14 +819,9 @@ void VirtualTime::hold() noexcept { clock().holds.fetch_add(1, std::memory_order
 void VirtualTime::release() {
   Clock& c = clock();
   if (c.holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  // Every thread reports afresh, after running what was handed to it before now (its queue runs
-  // in order, so the nudge comes after that work): a report from before the hold's work was
-  // queued says nothing about it. The nudges also wake threads that went to sleep while held.
-  {
-    std::lock_guard lock(c.mutex);
-    for (Participant* p : c.members) p->reported = Participant::unreported;
-  }
-  for (const auto& p : participants_) post_noted(p->thread.executor(), [] {});
+  // A report from before the hold's work was queued says nothing about it; threads that went to
+  // sleep while held wake.
+  report_afresh(false);
 }
 
 }  // namespace coccl::transport::memory

@@ -252,8 +252,6 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   void submit();
   void arm(std::size_t i);
   void arm_event();
-  // Enables the ring on the proxy thread and arms the receives.
-  void begin();
   std::size_t reap();
   void handle(std::uint64_t data, int res, unsigned flags);
   void on_recv(std::size_t i, int res, unsigned flags);
@@ -370,21 +368,14 @@ UringTcpConnection::UringTcpConnection(int self, int peer,
                             static_cast<unsigned short>(b), mask, static_cast<int>(b));
     io_uring_buf_ring_advance(s.buf_ring, buffers_per_socket);
   }
-  event_.assign(::dup(ring_->event_fd));
-  thread_.add_poller(this);
   // The ring's one submitter is the thread that enables it: this one, the link's proxy thread
   // (Peers makes its links there, and every operation of the link runs there).
-  begin();
-}
-
-void UringTcpConnection::begin() {
   if (ring_->deferred) {
-    const int e = io_uring_enable_rings(uring());
-    if (e < 0) {
-      close(make_error_code(errc::internal), "io_uring_enable_rings: " + errno_text(-e));
-      return;
-    }
+    e = io_uring_enable_rings(uring());
+    if (e < 0) fail(-e, "io_uring_enable_rings");
   }
+  event_.assign(::dup(ring_->event_fd));
+  thread_.add_poller(this);
   for (std::size_t i = 0; i < socks_.size(); ++i) arm(i);
   submit();
   arm_event();

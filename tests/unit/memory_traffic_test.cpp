@@ -17,6 +17,7 @@
 #include <coccl/communicator.hpp>
 #include <cstdint>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -182,6 +183,16 @@ TEST(MemoryVirtualTime, AMessageIsReadOneRoundAfterItIsWrittenAndSideBySideWithO
 // Closes a stream end (on its own thread).
 void drop(Stream& s) { Stream gone(std::move(s)); }
 
+// Closes `ends`, which live on `thread`, there, and waits for it.
+void drop_on(runtime::ProxyThread& thread, std::initializer_list<Stream*> ends) {
+  std::promise<void> closed;
+  asio::post(thread.executor(), [&] {
+    for (Stream* s : ends) drop(*s);
+    closed.set_value();
+  });
+  closed.get_future().get();
+}
+
 // `hops` messages back and forth over a stream, this end first when `first`; returns the virtual
 // time the last hop took to arrive, counted from `start`.
 asio::awaitable<std::uint64_t> ping_pong(Stream* s, bool first, int hops, std::uint64_t start) {
@@ -225,19 +236,8 @@ TEST(MemoryVirtualTime, OnTwoThreadsEveryHopTakesOneRound) {
     EXPECT_EQ(ba.get(), static_cast<std::uint64_t>(hops - 1)) << "trial " << trial;
     EXPECT_EQ(dc.get(), static_cast<std::uint64_t>(hops - 1)) << "trial " << trial;
     // Each end is closed on its own thread.
-    std::promise<void> closed0, closed1;
-    asio::post(t0.executor(), [&] {
-      drop(a);
-      drop(d);
-      closed0.set_value();
-    });
-    asio::post(t1.executor(), [&] {
-      drop(b);
-      drop(c);
-      closed1.set_value();
-    });
-    closed0.get_future().get();
-    closed1.get_future().get();
+    drop_on(t0, {&a, &d});
+    drop_on(t1, {&b, &c});
   }
 }
 
@@ -259,17 +259,8 @@ TEST(MemoryVirtualTime, AHoldKeepsTheTimeUntilReleased) {
   EXPECT_EQ(transport::memory::VirtualTime::now(), start);
   time.release();
   EXPECT_EQ(read.get(), 1u);
-  std::promise<void> closed0, closed1;
-  asio::post(t0.executor(), [&] {
-    drop(a);
-    closed0.set_value();
-  });
-  asio::post(t1.executor(), [&] {
-    drop(b);
-    closed1.set_value();
-  });
-  closed0.get_future().get();
-  closed1.get_future().get();
+  drop_on(t0, {&a});
+  drop_on(t1, {&b});
 }
 
 // settle() returns once the message in flight is read: one side's last act is a write that
@@ -299,17 +290,8 @@ TEST(MemoryVirtualTime, SettleReturnsOnceWhatIsInFlightIsRead) {
   EXPECT_EQ(b_party->counts().messages_received, static_cast<std::uint64_t>(hops / 2));
   time.settle();
   EXPECT_EQ(transport::memory::VirtualTime::now() - start, static_cast<std::uint64_t>(hops));
-  std::promise<void> closed0, closed1;
-  asio::post(t0.executor(), [&] {
-    drop(a);
-    closed0.set_value();
-  });
-  asio::post(t1.executor(), [&] {
-    drop(b);
-    closed1.set_value();
-  });
-  closed0.get_future().get();
-  closed1.get_future().get();
+  drop_on(t0, {&a});
+  drop_on(t1, {&b});
 }
 
 // A party a rank starts is named after it: distinct from its parent, from its siblings and from
