@@ -622,12 +622,6 @@ CommStatus CommImpl::status() {
       s.waiting_for = peers_->linking_to();
       if (s.waiting_for >= 0) s.waiting_us = s.running_us;
     }
-    // Not formed yet: a child in the bootstrap tree still has to take the address table (a
-    // stopped child holds this rank up, and whoever asks must learn that, not "idle").
-    if (s.waiting_for < 0 && s.started == s.finished && peers_->forwarding_table_to() >= 0) {
-      s.waiting_for = peers_->forwarding_table_to();
-      s.running_op = "bootstrap";
-    }
   }
   std::function<std::vector<TraceEntry>()> device;
   {

@@ -16,6 +16,12 @@ namespace coccl {
 
 namespace asio = boost::asio;
 
+namespace {
+// Why a rank of a job made from several ids is not asked: the id's root sees only its share, and
+// holds the addresses of only the ranks its share keeps (transport/directory.hpp).
+constexpr const char* other_share = "in another id's share: ask that id's root";
+}  // namespace
+
 const char* to_string(TraceEntry::State state) noexcept {
   switch (state) {
     case TraceEntry::State::enqueued:
@@ -105,6 +111,7 @@ std::string JobStatus::verdict() const {
   if (nranks == 0) return "no rank has reached the bootstrap root yet";
   std::vector<int> silent, failed;
   for (int r = 0; r < nranks; ++r) {
+    if (!ranks[r] && why[r] == other_share) continue;
     if (!ranks[r])
       silent.push_back(r);
     else if (!ranks[r]->error.empty())
@@ -208,10 +215,17 @@ JobStatus query_job(const UniqueId& id, std::chrono::milliseconds wait) {
       [&]() -> asio::awaitable<void> {
         transport::RootView view = co_await transport::query_root(io.get_executor(), root, until);
         job.nranks = view.nranks;
-        job.arrived = view.arrived;
+        // A root of several (ncclCommInitRankScalable) sees its share; once formed, every other
+        // share has arrived at its own root too.
+        const int others = view.nranks - (view.last - view.first);
+        job.arrived = view.arrived + (view.formed ? others : 0);
         job.ranks.resize(view.nranks);
         job.why.assign(view.nranks, std::string());
         for (int r = 0; r < view.nranks; ++r) {
+          if (r < view.first || r >= view.last) {
+            job.why[r] = other_share;
+            continue;
+          }
           if (!view.seen[r]) {
             job.why[r] = "never reached the bootstrap root";
             continue;

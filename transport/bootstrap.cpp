@@ -10,9 +10,11 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/error.hpp>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "runtime/log.hpp"
@@ -40,6 +42,18 @@ namespace {
 constexpr std::uint32_t id_magic = 0x31444343u;        // "CCD1"
 constexpr std::uint32_t root_view_magic = 0x52565743;  // "CWVR"
 
+// A connection that carried hellos: a rank's own, or its host's leader's. The root sends the
+// entries its ranks keep back on it once the communicator forms. Frames go out one at a time
+// (the first rank's connection also carries what the root relays to the other roots).
+struct Carrier {
+  Carrier(std::shared_ptr<Stream> s, Channel c) : sock(std::move(s)), channel(std::move(c)) {}
+  std::shared_ptr<Stream> sock;
+  Channel channel;
+  std::vector<int> ranks;  // the hellos it carried that counted
+  std::deque<std::pair<FrameType, std::vector<std::uint8_t>>> outbox;
+  bool writing = false;
+};
+
 struct Root : std::enable_shared_from_this<Root> {
   Root(asio::any_io_executor ex, const Secret& s)
       : acceptor(ex), secret(s), deadline(ex), retry(ex), drops(-1, "bootstrap root") {}
@@ -51,27 +65,41 @@ struct Root : std::enable_shared_from_this<Root> {
   DropLog drops;
   int nranks = -1;
   // Several roots (ncclCommInitRankScalable): this is root `index` of `roots`, serving the hellos
-  // of ranks [first, last); root 0 also takes the other roots' shares, and `expect` counts the
-  // ranks it must see (all of them at root 0, its own share elsewhere). `ids` is the digest of
-  // the id list that every hello and share must carry.
+  // of ranks [first, last). `ids` is the digest of the id list that every hello and share must
+  // carry.
   int roots = 1;
   int index = 0;
   int first = 0, last = 0;
-  int expect = 0;
   std::uint64_t ids = 0;
+  bool full = false;  // every rank keeps every entry (COCCL_DIRECTORY_FULL)
   int arrived = 0;
-  bool formed = false;      // every hello arrived; the table went to rank 0 (or the share on)
+  bool complete = false;    // every rank of the share arrived
+  bool formed = false;      // ...and every other root's: the tables went out
   bool expired = false;     // COCCL_TIMEOUT passed first: no more hellos, status queries only
-  bool rank0_lost = false;  // everyone arrived, but the table could not be sent to rank 0
-  bool rank0_left = false;  // rank 0 took the table, then its connection ended without a goodbye
+  bool rank0_lost = false;  // formed, but the share's first rank did not take its table
+  bool rank0_left = false;  // it took the table, then its connection ended without a goodbye
   std::map<int, std::string> failures;  // ranks whose set-up failed, and why (their notices)
   bool done = false;                    // serving nothing more
   std::vector<PeerInfo> table;
+  std::vector<std::uint32_t> host_ranks;  // per rank held: ranks on its host (its root's count)
   std::vector<bool> seen;
   std::vector<std::int32_t> via;  // per rank: whose connection carried its hello
-  // The first rank of this root's share (rank 0 at root 0): it takes the table, or the share.
-  std::shared_ptr<Stream> rank0;
-  std::optional<Channel> rank0_channel;
+  // The ranks whose entries the ranks of this share keep (every rank when full), and the roots
+  // whose part of them has not come yet.
+  std::vector<int> needed;
+  std::set<int> awaiting;
+  // The roots' barrier (Share): tokens received per round, rounds sent, and the aggregate of
+  // the shares heard from (this one included once complete).
+  std::vector<bool> tokens;
+  int rounds_sent = 0;
+  std::uint64_t low_host = ~0ull, high_host = 0;
+  std::uint32_t hosts = 0;
+  std::vector<std::shared_ptr<Carrier>> carriers;
+  // Once formed: every entry this share's ranks keep, for a rank whose leader went (root_reroute).
+  DirectoryFrame held;
+  // The first rank of this root's share: its hello is direct, it relays what this root sends the
+  // other roots, and it holds the connection while its communicator lives.
+  std::shared_ptr<Carrier> first_rank;
 
   // Sets the communicator's shape from its first hello or share.
   void shape(int n, int nroots, int at, std::uint64_t digest) {
@@ -81,10 +109,20 @@ struct Root : std::enable_shared_from_this<Root> {
     ids = digest;
     first = share_begin(at, n, nroots);
     last = share_begin(at + 1, n, nroots);
-    expect = at == 0 ? n : last - first;
+    full = static_cast<std::int64_t>(n) <= params::directory_full.get();
     table.resize(n);
+    host_ranks.assign(n, 0);
     seen.assign(n, false);
     via.assign(n, -1);
+    tokens.assign(barrier_rounds(nroots), false);
+    if (full) {
+      needed.resize(n);
+      for (int r = 0; r < n; ++r) needed[r] = r;
+    } else {
+      needed = range_needs(first, last, n);
+    }
+    for (int r : needed)
+      if (r < first || r >= last) awaiting.insert(root_of(r, n, nroots));
   }
 
   void finish() {
@@ -93,51 +131,35 @@ struct Root : std::enable_shared_from_this<Root> {
     acceptor.close(ignored);
     deadline.cancel();
     retry.cancel();
+    for (auto& c : carriers) c->sock->close(ignored);
+    carriers.clear();
+    if (first_rank) first_rank->sock->close(ignored);
   }
 };
 
-// Every rank's entry, with the count of ranks on its host, for rank 0 to pass down the tree.
-std::vector<std::uint8_t> encode_whole_table(const std::vector<PeerInfo>& table) {
-  std::unordered_map<std::uint64_t, std::uint32_t> on_host;
-  for (const PeerInfo& p : table) ++on_host[p.host_hash];
-  DirectoryHeader h;
-  h.nranks = static_cast<std::uint32_t>(table.size());
-  h.hosts = static_cast<std::uint32_t>(on_host.size());
-  h.full = static_cast<std::int64_t>(table.size()) <= params::directory_full.get() ? 1 : 0;
-  std::vector<DirectoryEntry> entries;
-  entries.reserve(table.size());
-  for (std::size_t r = 0; r < table.size(); ++r)
-    entries.push_back({static_cast<std::int32_t>(r), table[r], on_host[table[r].host_hash]});
-  return encode_directory(h, entries);
+// Queues a frame on `c` and writes what is queued, in order, unless a write is under way.
+asio::awaitable<void> carrier_write_loop(std::shared_ptr<Root> root, std::shared_ptr<Carrier> c) {
+  while (!c->outbox.empty()) {
+    auto [type, payload] = std::move(c->outbox.front());
+    c->outbox.pop_front();
+    try {
+      runtime::CloseAfter guard(*c->sock, runtime::default_timeout());
+      co_await write_frame(*c->sock, c->channel, type, payload);
+    } catch (const std::exception& e) {
+      COCCL_WARN(boot, -1, "bootstrap root %d: writing to the connection of rank %d failed: %s",
+                 root->index, c->ranks.empty() ? -1 : c->ranks.front(), e.what());
+      c->outbox.clear();
+    }
+  }
+  c->writing = false;
 }
 
-asio::awaitable<bool> root_distribute(std::shared_ptr<Root> root) {
-  // Root 0 sends the whole table to rank 0; another root sends its share to its first rank,
-  // which passes it on to root 0.
-  std::vector<std::uint8_t> payload;
-  if (root->index == 0) {
-    payload = encode_whole_table(root->table);
-  } else {
-    Share share{
-        root->nranks,
-        static_cast<std::uint32_t>(root->roots),
-        static_cast<std::uint32_t>(root->index),
-        root->ids,
-        root->first,
-        std::vector<PeerInfo>(root->table.begin() + root->first, root->table.begin() + root->last)};
-    payload = encode_share(share);
-  }
-  auto sock = root->rank0;
-  try {
-    runtime::CloseAfter guard(*sock, runtime::default_timeout());
-    co_await write_frame(*sock, *root->rank0_channel,
-                         root->index == 0 ? FrameType::table : FrameType::share, payload);
-    co_return true;
-  } catch (const std::exception& e) {
-    COCCL_WARN(boot, -1, "bootstrap root: sending the table to rank %d failed: %s", root->first,
-               e.what());
-  }
-  co_return false;
+void carrier_send(const std::shared_ptr<Root>& root, const std::shared_ptr<Carrier>& c,
+                  FrameType type, std::vector<std::uint8_t> payload) {
+  c->outbox.emplace_back(type, std::move(payload));
+  if (c->writing) return;
+  c->writing = true;
+  asio::co_spawn(root->acceptor.get_executor(), carrier_write_loop(root, c), asio::detached);
 }
 
 // The root's answer to a status query: how far the rendezvous got and who has arrived.
@@ -146,6 +168,8 @@ std::vector<std::uint8_t> encode_root_view(const Root& root) {
   const int n = std::max(root.nranks, 0);
   w.put(root_view_magic).put<std::int32_t>(n).put<std::int32_t>(root.arrived);
   w.put<std::uint8_t>(root.rank0_lost ? 1 : root.rank0_left ? 2 : 0);
+  w.put<std::uint8_t>(root.formed ? 1 : 0);
+  w.put<std::int32_t>(root.first).put<std::int32_t>(n > 0 ? root.last : 0);
   for (int r = 0; r < n; ++r) {
     w.put<std::uint8_t>(root.seen[r] ? 1 : 0);
     w.put(root.table[r]);
@@ -156,6 +180,15 @@ std::vector<std::uint8_t> encode_root_view(const Root& root) {
     w.put<std::int32_t>(rank);
     w.put_bytes({reinterpret_cast<const std::uint8_t*>(why.data()), why.size()});
   }
+  // The roots it still waits for: their entries, or a barrier token (once this share is in).
+  std::set<int> waiting = root.awaiting;
+  if (root.complete && !root.formed)
+    for (std::size_t j = 0; j < root.tokens.size(); ++j)
+      if (!root.tokens[j])
+        waiting.insert(
+            static_cast<int>((root.index - (1LL << j) % root.roots + root.roots) % root.roots));
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(waiting.size()));
+  for (int k : waiting) w.put<std::int32_t>(k);
   return std::move(w.bytes());
 }
 
@@ -169,11 +202,17 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
   if (rank0 > 2) bad_message("root's status answer has an unknown state of rank 0");
   v.rank0_lost = rank0 == 1;
   v.rank0_left = rank0 == 2;
+  const auto formed = r.get<std::uint8_t>();
+  if (formed > 1) bad_message("root's status answer has an unknown state");
+  v.formed = formed == 1;
+  v.first = r.get<std::int32_t>();
+  v.last = r.get<std::int32_t>();
   // Each rank takes 1 + sizeof(PeerInfo) + 4 bytes: a count the payload cannot hold is refused
   // before anything is allocated for it.
   const std::size_t per_rank = 1 + sizeof(PeerInfo) + sizeof(std::int32_t);
-  if (v.nranks < 0 || v.arrived < 0 || v.arrived > v.nranks ||
-      static_cast<std::size_t>(v.nranks) > payload.size() / per_rank)
+  if (v.nranks < 0 || static_cast<std::size_t>(v.nranks) > payload.size() / per_rank ||
+      v.first < 0 || v.first > v.last || v.last > v.nranks || v.arrived < 0 ||
+      v.arrived > v.last - v.first)
     bad_message("root's status answer has an impossible size");
   v.seen.resize(v.nranks);
   v.table.resize(v.nranks);
@@ -191,27 +230,35 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
     if (rank < 0 || rank >= v.nranks) bad_message("root's status answer names a rank out of range");
     v.failed[rank].assign(text.begin(), text.end());
   }
+  const auto waiting = r.get<std::uint32_t>();
+  if (waiting > payload.size()) bad_message("root's status answer waits for too many roots");
+  for (std::uint32_t i = 0; i < waiting; ++i) {
+    const int k = r.get<std::int32_t>();
+    if (k < 0 || k >= std::max(v.nranks, 1)) bad_message("root's status answer names no root");
+    v.awaiting.push_back(k);
+  }
   if (!r.done()) bad_message("trailing bytes after the root's status answer");
   return v;
 }
 
-// Rank 0 acknowledges the table; a rank 0 that died after its hello does not (the write of the
-// table may still have succeeded into the socket's buffer).
+// The share's first rank acknowledges its table; one that died after its hello does not (the
+// write of the table may still have succeeded into the socket's buffer).
 asio::awaitable<bool> root_table_taken(std::shared_ptr<Root> root) {
+  auto c = root->first_rank;
   try {
-    runtime::CloseAfter guard(*root->rank0, runtime::default_timeout());
-    Frame f = co_await read_frame(*root->rank0, *root->rank0_channel, max_small_frame);
+    runtime::CloseAfter guard(*c->sock, runtime::default_timeout());
+    Frame f = co_await read_frame(*c->sock, c->channel, max_small_frame);
     co_return f.type == FrameType::status&& f.payload.empty();
   } catch (const std::exception& e) {
-    COCCL_WARN(boot, -1, "bootstrap root: rank 0 did not take the table: %s", e.what());
+    COCCL_WARN(boot, -1, "bootstrap root %d: rank %d did not take its table: %s", root->index,
+               root->first, e.what());
   }
   co_return false;
 }
 
-// The others wait for a table that will not come and ask who is missing when they give up: the
-// root answers for one more COCCL_TIMEOUT, then closes. Each of them gives up COCCL_TIMEOUT after
-// its hello, which came before the table formed, and then takes up to a second to ask: the margin
-// keeps the root up for the last of them even when rank 0 went at once.
+// Ranks that wait for a table that will not come ask who is missing when they give up: the root
+// answers for one more COCCL_TIMEOUT, then closes. Each of them gives up COCCL_TIMEOUT after its
+// hello, and then takes up to a second to ask: the margin keeps the root up for the last of them.
 void root_linger(const std::shared_ptr<Root>& root) {
   root->deadline.expires_after(runtime::default_timeout() + std::chrono::seconds(5));
   root->deadline.async_wait([root](boost::system::error_code e) {
@@ -219,20 +266,20 @@ void root_linger(const std::shared_ptr<Root>& root) {
   });
 }
 
-// Once formed, root 0 serves status queries until rank 0 says goodbye (Peers::leave_root); rank 0
-// holds its connection for the life of its communicator and writes nothing else on it. A
-// connection that ends without the goodbye means rank 0 is gone, perhaps before it passed the
-// table down the tree: the ranks still waiting for it must be able to learn that here.
+// Once formed, the root serves status queries until the share's first rank says goodbye
+// (Peers::leave_root); that rank holds its connection for the life of its communicator and writes
+// nothing else on it. A connection that ends without the goodbye means the rank is gone.
 asio::awaitable<bool> root_hears_goodbye(std::shared_ptr<Root> root) {
+  auto c = root->first_rank;
   try {
-    Frame f = co_await read_frame(*root->rank0, *root->rank0_channel, max_small_frame);
+    Frame f = co_await read_frame(*c->sock, c->channel, max_small_frame);
     co_return f.type == FrameType::close&& f.payload.empty();
   } catch (const std::exception&) {
   }
   co_return false;
 }
 
-asio::awaitable<void> root_watch_rank0(std::shared_ptr<Root> root) {
+asio::awaitable<void> root_watch_first_rank(std::shared_ptr<Root> root) {
   const bool goodbye = co_await root_hears_goodbye(root);
   if (goodbye || root->done) {
     root->finish();
@@ -242,28 +289,120 @@ asio::awaitable<void> root_watch_rank0(std::shared_ptr<Root> root) {
   root_linger(root);
 }
 
-// Every rank (and share) the root must see has arrived: pass the table (or share) on.
-asio::awaitable<void> root_complete(std::shared_ptr<Root> root) {
+// Every rank of every share has arrived, and this root holds every entry its ranks keep: each
+// connection that carried hellos gets the entries of its ranks.
+asio::awaitable<void> root_form(std::shared_ptr<Root> root) {
   root->formed = true;
   root->deadline.cancel();
-  // Apart, not `co_await a && co_await b`: GCC 12 miscompiles co_await inside && and ||
-  // operands (the frame was resumed in a state it never reached).
-  bool taken = co_await root_distribute(root);
-  if (taken) taken = co_await root_table_taken(root);
+  DirectoryFrame& held = root->held;
+  held.header.nranks = static_cast<std::uint32_t>(root->nranks);
+  held.header.full = root->full ? 1 : 0;
+  held.header.hosts =
+      root->low_host == root->high_host ? 1u : std::max<std::uint32_t>(root->hosts, 2);
+  held.entries.reserve(root->needed.size());
+  for (int r : root->needed) held.entries.push_back({r, root->table[r], root->host_ranks[r]});
+  for (const std::shared_ptr<Carrier>& c : std::exchange(root->carriers, {})) {
+    std::vector<std::uint8_t> payload;
+    try {
+      payload = root->full ? directory_for(held, {})
+                           : directory_for(held, needs_of(c->ranks, root->nranks));
+    } catch (const std::exception& e) {
+      COCCL_WARN(boot, -1, "bootstrap root %d: %s", root->index, e.what());
+      continue;
+    }
+    carrier_send(root, c, FrameType::table, std::move(payload));
+  }
+  const bool taken = co_await root_table_taken(root);
   if (taken) {
-    // Root 0 serves status queries while rank 0 lives; another root's work ends with its share.
-    if (root->index == 0)
-      co_await root_watch_rank0(root);
-    else
-      root->finish();
+    co_await root_watch_first_rank(root);
   } else {
     root->rank0_lost = true;
     root_linger(root);
   }
 }
 
-// Root 0 of several: another root's share, passed on by its first rank. Answered with an empty
-// status frame when taken, else a notice with the reason (the rank fails with it).
+// Sends the barrier tokens that are due, and forms once every token and entry is in.
+void root_advance(const std::shared_ptr<Root>& root) {
+  if (!root->complete || root->formed || root->expired || root->done) return;
+  const int rounds = static_cast<int>(root->tokens.size());
+  while (root->rounds_sent < rounds &&
+         (root->rounds_sent == 0 || root->tokens[root->rounds_sent - 1])) {
+    Share t;
+    t.nranks = root->nranks;
+    t.roots = static_cast<std::uint32_t>(root->roots);
+    t.from = static_cast<std::uint32_t>(root->index);
+    t.to = static_cast<std::uint32_t>((root->index + (1LL << root->rounds_sent)) % root->roots);
+    t.ids = root->ids;
+    t.full = root->full ? 1 : 0;
+    t.round = static_cast<std::uint32_t>(root->rounds_sent);
+    t.low_host = root->low_host;
+    t.high_host = root->high_host;
+    t.hosts = root->hosts;
+    carrier_send(root, root->first_rank, FrameType::share, encode_share(t));
+    ++root->rounds_sent;
+  }
+  if (root->rounds_sent < rounds || !root->awaiting.empty()) return;
+  for (bool got : root->tokens)
+    if (!got) return;
+  asio::co_spawn(root->acceptor.get_executor(), root_form(root), asio::detached);
+}
+
+// Every rank of this root's share has arrived: count its hosts, send the other roots the entries
+// they need (through the share's first rank), and go on with the barrier.
+void root_share_complete(const std::shared_ptr<Root>& root) {
+  root->complete = true;
+  std::unordered_map<std::uint64_t, std::uint32_t> on_host;
+  for (int r = root->first; r < root->last; ++r) ++on_host[root->table[r].host_hash];
+  for (int r = root->first; r < root->last; ++r)
+    root->host_ranks[r] = on_host[root->table[r].host_hash];
+  for (const auto& [host, count] : on_host) {
+    root->low_host = std::min(root->low_host, host);
+    root->high_host = std::max(root->high_host, host);
+  }
+  root->hosts = std::max(root->hosts, static_cast<std::uint32_t>(on_host.size()));
+  if (root->roots > 1) {
+    // Which of this share's ranks each other root's ranks keep: by symmetry, those of this
+    // share that keep one of that root's ranks.
+    std::map<int, std::vector<DirectoryEntry>> out;
+    std::vector<int> needs;
+    for (int r = root->first; r < root->last; ++r) {
+      const DirectoryEntry e{r, root->table[r], root->host_ranks[r]};
+      if (root->full) {
+        for (int k = 0; k < root->roots; ++k)
+          if (k != root->index) out[k].push_back(e);
+        continue;
+      }
+      needs.clear();
+      directory_needs(r, root->nranks, needs);
+      std::sort(needs.begin(), needs.end());
+      int last_to = -1;
+      for (int y : needs) {
+        if (y >= root->first && y < root->last) continue;
+        const int k = root_of(y, root->nranks, root->roots);
+        if (k == last_to) continue;
+        auto& list = out[k];
+        if (list.empty() || list.back().rank != r) list.push_back(e);
+        last_to = k;
+      }
+    }
+    for (auto& [k, entries] : out) {
+      Share s;
+      s.nranks = root->nranks;
+      s.roots = static_cast<std::uint32_t>(root->roots);
+      s.from = static_cast<std::uint32_t>(root->index);
+      s.to = static_cast<std::uint32_t>(k);
+      s.ids = root->ids;
+      s.full = root->full ? 1 : 0;
+      s.entries = std::move(entries);
+      carrier_send(root, root->first_rank, FrameType::share, encode_share(s));
+    }
+  }
+  root_advance(root);
+}
+
+// Another root's entries, or its barrier token, relayed by the first rank of its share. Answered
+// with an empty status frame when taken, else a notice with the reason (the relaying rank fails
+// with it).
 asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock,
                                       Channel channel, std::vector<std::uint8_t> payload) {
   std::string refusal;
@@ -273,49 +412,77 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   } catch (const std::exception& e) {
     refusal = e.what();
   }
+  const int from = static_cast<int>(share.from);
+  const std::string whose =
+      refusal.empty() ? "root " + std::to_string(from) + " of " + std::to_string(share.roots)
+                      : std::string();
   if (refusal.empty()) {
-    const std::string whose = "ranks " + std::to_string(share.first) + "-" +
-                              std::to_string(share.first + share.entries.size() - 1) + " (root " +
-                              std::to_string(share.index) + " of " + std::to_string(share.roots) +
-                              ")";
     if (root->done || root->formed || root->expired) {
-      refusal =
-          "the first root no longer takes shares (the communicator formed, or its "
-          "COCCL_TIMEOUT passed)";
-    } else if (root->nranks < 0) {
-      root->shape(share.nranks, static_cast<int>(share.roots), 0, share.ids);
-    } else if (root->index != 0) {
-      refusal = whose + " sent their share to a root that is not the first of their ids";
-    } else if (share.nranks != root->nranks || static_cast<int>(share.roots) != root->roots ||
-               share.ids != root->ids) {
-      refusal = whose +
-                " were given other ids, or another number of ranks, than the ranks that "
-                "reached the first root (" +
-                std::to_string(root->roots) + " ids, " + std::to_string(root->nranks) +
-                " ranks): every rank must pass the same ids in "
-                "the same order";
+      refusal = "root " + std::to_string(root->index) +
+                " no longer takes shares (the communicator formed, or its COCCL_TIMEOUT passed)";
     } else {
-      for (std::size_t i = 0; i < share.entries.size(); ++i)
-        if (root->seen[share.first + i]) refusal = "a second share from " + whose;
+      if (root->nranks < 0)
+        root->shape(share.nranks, static_cast<int>(share.roots), static_cast<int>(share.to),
+                    share.ids);
+      if (static_cast<int>(share.to) != root->index) {
+        refusal = whose + " sent root " + std::to_string(share.to) +
+                  "'s share to another root (the ids are not in the same order on every rank)";
+      } else if (share.nranks != root->nranks || static_cast<int>(share.roots) != root->roots ||
+                 share.ids != root->ids) {
+        refusal = "the ranks of " + whose +
+                  " were given other ids, or another number of ranks, than the ranks that "
+                  "reached root " +
+                  std::to_string(root->index) + " (" + std::to_string(root->roots) + " ids, " +
+                  std::to_string(root->nranks) +
+                  " ranks): every rank must pass the same ids in the same order";
+      } else if ((share.full != 0) != root->full) {
+        refusal = whose + " and root " + std::to_string(root->index) +
+                  " disagree on COCCL_DIRECTORY_FULL: set it alike for every process";
+      } else if (share.round != Share::no_round) {
+        const int j = static_cast<int>(share.round);
+        const int expected =
+            static_cast<int>((root->index - (1LL << j) % root->roots + root->roots) % root->roots);
+        if (from != expected)
+          refusal = whose + " sent a barrier token of round " + std::to_string(j) + " out of turn";
+        else if (root->tokens[j])
+          refusal = "a second barrier token of round " + std::to_string(j) + " from " + whose;
+      } else if (!root->awaiting.count(from)) {
+        refusal = "entries from " + whose + " that root " + std::to_string(root->index) +
+                  " did not wait for";
+      } else {
+        const int b = share_begin(from, root->nranks, root->roots);
+        const int e = share_begin(from + 1, root->nranks, root->roots);
+        auto lo = std::lower_bound(root->needed.begin(), root->needed.end(), b);
+        auto hi = std::lower_bound(lo, root->needed.end(), e);
+        bool same = static_cast<std::size_t>(hi - lo) == share.entries.size();
+        for (std::size_t i = 0; same && i < share.entries.size(); ++i)
+          same = share.entries[i].rank == lo[i];
+        if (!same)
+          refusal = "entries from " + whose + " are not the ones root " +
+                    std::to_string(root->index) + "'s ranks keep";
+      }
     }
   }
   if (!refusal.empty()) {
     COCCL_WARN(boot, -1, "bootstrap root: refused a share: %s", refusal.c_str());
-    if (root->nranks > 0 && share.first >= 0 && share.first < root->nranks &&
-        root->failures.size() < 1024)
-      root->failures[share.first] = refusal;
+    // Recorded under the relaying rank (the sender's first), which fails with it.
+    const int relay = whose.empty()
+                          ? root->first
+                          : share_begin(from, share.nranks, static_cast<int>(share.roots));
+    if (root->nranks > 0 && root->failures.size() < 1024)
+      root->failures[std::clamp(relay, 0, root->nranks - 1)] = refusal;
+  } else if (share.round != Share::no_round) {
+    root->tokens[share.round] = true;
+    root->low_host = std::min(root->low_host, share.low_host);
+    root->high_host = std::max(root->high_host, share.high_host);
+    root->hosts = std::max(root->hosts, share.hosts);
   } else {
-    for (std::size_t i = 0; i < share.entries.size(); ++i) {
-      root->seen[share.first + i] = true;
-      root->table[share.first + i] = share.entries[i];
-      root->via[share.first + i] = share.first;
+    for (const DirectoryEntry& e : share.entries) {
+      root->table[e.rank] = e.info;
+      root->host_ranks[e.rank] = e.host_ranks;
     }
-    root->arrived += static_cast<int>(share.entries.size());
+    root->awaiting.erase(from);
   }
-  // Decided now, not after the answer below: a hello or share that arrives while it is written
-  // may complete the count, and the table must go to rank 0 once (two writers on its connection
-  // interleave their frames).
-  const bool completes = refusal.empty() && root->arrived == root->expect;
   try {
     runtime::CloseAfter guard(*sock, auth_timeout());
     const std::vector<std::uint8_t> answer(refusal.begin(), refusal.end());
@@ -324,13 +491,12 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
   } catch (const std::exception& e) {
     COCCL_WARN(boot, -1, "bootstrap root: answering a share failed: %s", e.what());
   }
-  if (completes) co_await root_complete(root);
+  if (refusal.empty()) root_advance(root);
 }
 
 // Takes one hello: true when it counted. `via`: the rank whose connection carried it; `direct`:
-// that connection is the hello's rank's own, not a host leader's. Only a direct hello's connection
-// can carry the table (or share) to the first rank of this root's share, so that rank's hello must
-// not come through a leader.
+// that connection is the hello's rank's own, not a host leader's. The first rank of this root's
+// share relays and holds the root's connection, so its hello must not come through a leader.
 bool root_admit(Root& root, const Hello& hello, int via, bool direct) {
   const int rank = hello.rank, nranks = hello.nranks;
   if (nranks <= 0 || rank < 0 || rank >= nranks || hello.roots < 1 ||
@@ -354,7 +520,7 @@ bool root_admit(Root& root, const Hello& hello, int via, bool direct) {
               ", but its share belongs to root " + std::to_string(at);
   else if (!direct && rank == root.first)
     refusal = "rank " + std::to_string(rank) +
-              " takes the table from the root, so it must say hello itself, not through its "
+              " holds its root's connection, so it must say hello itself, not through its "
               "host's leader";
   if (!refusal.empty()) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped a hello: %s", refusal.c_str());
@@ -372,11 +538,12 @@ bool root_admit(Root& root, const Hello& hello, int via, bool direct) {
   return true;
 }
 
-// A host's leader: its frames of hellos until the communicator forms or the leader closes (its
-// own table arrived, or it failed; its host's other ranks then say hello themselves).
+// A host's leader: its frames of hellos until the share is complete or the leader closes (it
+// failed; its host's other ranks then say hello themselves). The connection stays open for the
+// tables: the root's life bounds it.
 asio::awaitable<void> root_serve_leader(std::shared_ptr<Root> root, std::shared_ptr<Stream> sock,
                                         Channel channel, std::vector<std::uint8_t> payload) {
-  int leader = -1;
+  std::shared_ptr<Carrier> carrier;
   for (;;) {
     std::vector<Hello> hellos;
     try {
@@ -385,26 +552,61 @@ asio::awaitable<void> root_serve_leader(std::shared_ptr<Root> root, std::shared_
       if (!root->done) root->drops.dropped(drop_reason(e));
       co_return;
     }
-    if (root->done || root->formed || root->expired) co_return;
-    // The leader's own hello comes first on its connection.
-    if (leader < 0) leader = hellos.front().rank;
-    for (const Hello& h : hellos) root_admit(*root, h, leader, false);
-    if (root->arrived == root->expect) {
-      // Nothing more will come on this connection: release it before the long wait below.
-      boost::system::error_code ignored;
-      sock->close(ignored);
-      co_await root_complete(root);
+    if (root->done || root->complete || root->expired) co_return;
+    if (!carrier) {
+      // The leader's own hello comes first on its connection.
+      carrier = std::make_shared<Carrier>(sock, std::move(channel));
+      root->carriers.push_back(carrier);
+    }
+    for (const Hello& h : hellos)
+      if (root_admit(*root, h, carrier->ranks.empty() ? h.rank : carrier->ranks.front(), false))
+        carrier->ranks.push_back(h.rank);
+    if (root->arrived == root->last - root->first) {
+      root_share_complete(root);
       co_return;
     }
     try {
-      runtime::CloseAfter guard(*sock, runtime::default_timeout());
-      Frame f = co_await read_frame(*sock, channel, max_table_frame);
+      Frame f = co_await read_frame(*sock, carrier->channel, max_table_frame);
       if (f.type != FrameType::hellos) bad_message("expected more hellos from a host's leader");
       payload = std::move(f.payload);
     } catch (const std::exception&) {
-      // Closed by the leader (its table came: every hello is in), or the link failed.
+      // Closed by the leader (it failed), or the link failed.
       co_return;
     }
+  }
+}
+
+bool same_peer(const PeerInfo& a, const PeerInfo& b) {
+  return a.addr == b.addr && a.family == b.family && a.port == b.port &&
+         a.host_hash == b.host_hash && a.pid == b.pid;
+}
+
+// A rank whose hello a host's leader carried says hello itself: the leader went before it passed
+// the rank its table (or the rank gave up waiting for it). The table goes on this connection
+// instead, at once when formed. Only the same rank with the same listener is taken.
+void root_reroute(const std::shared_ptr<Root>& root, std::shared_ptr<Stream> sock, Channel channel,
+                  const Hello& h) {
+  const int r = h.rank;
+  const bool same = h.nranks == root->nranks && static_cast<int>(h.roots) == root->roots &&
+                    h.ids == root->ids && same_peer(h.info, root->table[r]);
+  if (!same || root->via[r] == r) {
+    COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", r);
+    return;
+  }
+  COCCL_INFO(boot, -1, "bootstrap root: rank %d, carried by rank %d, now says hello itself", r,
+             root->via[r]);
+  root->via[r] = r;
+  auto c = std::make_shared<Carrier>(std::move(sock), std::move(channel));
+  c->ranks.push_back(r);
+  if (!root->formed) {
+    root->carriers.push_back(c);
+    return;
+  }
+  try {
+    const int one[] = {r};
+    carrier_send(root, c, FrameType::table, directory_for(root->held, needs_of(one, root->nranks)));
+  } catch (const std::exception& e) {
+    COCCL_WARN(boot, -1, "bootstrap root %d: %s", root->index, e.what());
   }
 }
 
@@ -458,13 +660,18 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<St
     co_await root_serve_leader(root, sock, std::move(*channel), std::move(*batch));
     co_return;
   }
-  if (root->done || root->formed || root->expired) co_return;
-  if (!root_admit(*root, hello, hello.rank, true)) co_return;
-  if (hello.rank == root->first) {
-    root->rank0 = sock;
-    root->rank0_channel = std::move(channel);
+  if (root->done || root->expired) co_return;
+  if (root->nranks > 0 && hello.rank >= 0 && hello.rank < root->nranks && root->seen[hello.rank]) {
+    root_reroute(root, sock, std::move(*channel), hello);
+    co_return;
   }
-  if (root->arrived == root->expect) co_await root_complete(root);
+  if (root->complete) co_return;
+  if (!root_admit(*root, hello, hello.rank, true)) co_return;
+  auto carrier = std::make_shared<Carrier>(sock, std::move(*channel));
+  carrier->ranks.push_back(hello.rank);
+  root->carriers.push_back(carrier);
+  if (hello.rank == root->first) root->first_rank = carrier;
+  if (root->arrived == root->last - root->first) root_share_complete(root);
 }
 
 asio::awaitable<void> root_accept(std::shared_ptr<Root> root) {
@@ -630,23 +837,13 @@ void serve(std::shared_ptr<Root> root, runtime::ProxyThread& thread) {
 
 }  // namespace
 
-asio::awaitable<void> Peers::forward_table(int child, std::vector<std::uint8_t> payload) {
-  auto until = std::chrono::steady_clock::now() + runtime::default_timeout();
-  const PeerInfo* where = directory_.find(child);
-  if (!where) bad_message("no entry for tree child " + std::to_string(child));
-  auto sock = co_await transport::dial(ex_, *where, until, true, traffic_);
-  runtime::CloseAfter guard(*sock, runtime::default_timeout());
-  Channel channel = co_await Channel::initiate(*sock, secret_);
-  co_await write_frame(*sock, channel, FrameType::table, payload);
-}
-
 asio::awaitable<void> Peers::rendezvous(std::vector<RootAddress> roots) {
   if (roots.empty() || static_cast<int>(roots.size()) > nranks_)
     throw std::system_error(make_error_code(errc::invalid_argument),
                             "bootstrap: " + std::to_string(roots.size()) + " ids for " +
                                 std::to_string(nranks_) + " ranks (1 to nranks are usable)");
   root_ = roots.front();
-  roots_ = static_cast<int>(roots.size());
+  roots_ = roots;
   std::exception_ptr failed;
   std::string why;
   try {
@@ -674,6 +871,45 @@ std::uint64_t digest_of(const std::vector<RootAddress>& roots) {
   std::uint64_t v;
   std::memcpy(&v, d.data(), sizeof v);
   return v;
+}
+
+// Delivers one of root `from`'s shares to root `to` (whose id this rank holds), authenticated
+// with that root's secret. Throws with the root's refusal, or the failure to reach it.
+asio::awaitable<void> relay_share(asio::any_io_executor ex, RootAddress to, int to_index, int from,
+                                  std::vector<std::uint8_t> payload,
+                                  std::chrono::steady_clock::time_point until,
+                                  std::shared_ptr<Traffic> traffic) {
+  const std::string what = "bootstrap: relaying root " + std::to_string(from) +
+                           "'s share to root " + std::to_string(to_index) + " at " +
+                           address_text(to.address);
+  Frame answer;
+  try {
+    auto sock = co_await transport::dial(ex, to.address, until, false, traffic);
+    runtime::CloseAfter guard(
+        *sock, std::max<std::chrono::steady_clock::duration>(
+                   until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1)));
+    Channel channel = co_await Channel::initiate(*sock, to.secret);
+    co_await write_frame(*sock, channel, FrameType::share, payload);
+    answer = co_await read_frame(*sock, channel, max_small_frame);
+  } catch (const std::exception& e) {
+    throw std::system_error(make_error_code(errc::peer_lost), what + " failed: " + e.what());
+  }
+  if (answer.type == FrameType::notice)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            what + ": refused: " + printable(answer.payload));
+  if (answer.type != FrameType::status || !answer.payload.empty())
+    bad_message(what + ": expected the root to take it");
+}
+
+// Waits, until `until`, for the coroutines counted in `pending` (the timer is cancelled when the
+// count reaches zero).
+asio::awaitable<void> wait_for_all(std::shared_ptr<int> pending,
+                                   std::shared_ptr<asio::steady_timer> done,
+                                   std::chrono::steady_clock::time_point until) {
+  if (*pending == 0) co_return;
+  done->expires_at(until);
+  boost::system::error_code ignored;
+  co_await done->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
 }
 
 }  // namespace
@@ -717,154 +953,148 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   auto limit = runtime::default_timeout();
   auto until = std::chrono::steady_clock::now() + limit;
   // With several roots each takes the hellos of its share of the ranks; the first rank of a
-  // share other than root 0's passes that share on to root 0, which then has every entry.
+  // share relays what its root sends the other roots.
   const int nroots = static_cast<int>(roots.size());
   const int at = root_of(rank_, nranks_, nroots);
   const RootAddress root = roots[at];
   const bool first_of_share = rank_ == share_begin(at, nranks_, nroots);
   const Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
-  // The first rank of a share takes the table (or share) on its own connection to the root;
-  // the others meet on their host first, and one of them carries all their hellos.
-  bool sent = false;
+  auto left = [&] {
+    return std::max<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
+                                                         std::chrono::milliseconds(1));
+  };
+  // Ends the wait when this communicator is shut down meanwhile (its link to the table closed).
+  auto check_shut = [&] {
+    if (shut_)
+      throw std::system_error(shut_ec_ ? shut_ec_ : make_error_code(errc::aborted),
+                              "bootstrap: ended before the address table came: " + shut_why_);
+  };
+  // Reads the table on `link`; empty when the connection ends first (or `until` passes).
+  auto table_on = [&](std::shared_ptr<Stream> link,
+                      Channel& channel) -> asio::awaitable<std::vector<std::uint8_t>> {
+    table_link_ = link;
+    std::vector<std::uint8_t> got;
+    try {
+      runtime::CloseAfter guard(*link, left());
+      Frame f = co_await read_frame(*link, channel, max_table_frame);
+      if (f.type != FrameType::table) bad_message("expected the address table");
+      got = std::move(f.payload);
+    } catch (const boost::system::system_error&) {
+    }
+    table_link_.reset();
+    check_shut();
+    co_return got;
+  };
+  // The first rank of a share holds its connection to the root; the others meet on their host
+  // first, and one of them carries all their hellos (and takes back all their entries).
+  HostHello met;
   if (!first_of_share && params::host_leaders.get()) {
-    HostHello met = co_await hello_on_host(ex_, root, h, options_.memory, traffic_, until);
-    sent = met.sent;
+    met = co_await hello_on_host(ex_, root, h, options_.memory, traffic_, until);
     leader_ = std::move(met.leader);
   }
-  std::shared_ptr<Stream> sock;
-  std::optional<Channel> channel;
-  if (!sent) {
-    auto [s, c] = co_await dial_root(ex_, root, until, traffic_, rank_);
-    sock = std::move(s);
-    channel.emplace(std::move(c));
-    const std::vector<std::uint8_t> hello = encode_hello(h);
-    runtime::CloseAfter guard(*sock, limit);
-    co_await write_frame(*sock, *channel, FrameType::hello, hello);
-  }
-  if (at > 0 && first_of_share) co_await pass_share(sock, *channel, root, roots.front(), at);
   std::vector<std::uint8_t> payload;
-  if (rank_ == 0) {
-    runtime::CloseAfter guard(*sock, limit);
-    Frame f;
-    bool late = false;
+  if (met.link) {
+    // A follower: the table comes from the leader. A leader that goes first (the connection
+    // ends) leaves this rank to ask the root itself, below.
+    payload = co_await table_on(met.link, *met.channel);
+    met.link.reset();
+  } else if (leader_) {
+    std::string lost;
     try {
-      f = co_await read_frame(*sock, *channel, max_table_frame);
-    } catch (const boost::system::system_error&) {
-      late = true;
+      payload = co_await leader_->take_table(until);
+    } catch (const std::exception& e) {
+      lost = e.what();
     }
-    if (late) {
-      const std::string why = co_await who_is_missing(root);
-      throw std::system_error(
-          make_error_code(errc::timed_out),
-          "bootstrap: no address table from the root within COCCL_TIMEOUT: " + why);
-    }
-    if (f.type != FrameType::table) bad_message("expected the address table");
-    payload = std::move(f.payload);
-    // Tells the root the table arrived (it then serves status queries while this link lasts).
-    const std::vector<std::uint8_t> ack;
-    co_await write_frame(*sock, *channel, FrameType::status, ack);
-    root_link_ = sock;
-    root_channel_ = std::move(channel);
-  } else {
-    sock.reset();
-    bool late = false;
-    try {
-      payload = co_await table_box_.pop(limit);
-    } catch (const boost::system::system_error&) {
-      late = true;
-    }
-    if (late) {
-      const std::string why = co_await who_is_missing(roots.front());
-      throw std::system_error(make_error_code(errc::timed_out),
+    check_shut();
+    if (!lost.empty() && std::chrono::steady_clock::now() < until)
+      throw std::system_error(make_error_code(errc::peer_lost),
                               "bootstrap: rank " + std::to_string(rank_) +
-                                  " got no address table within COCCL_TIMEOUT: " + why);
+                                  ", its host's leader, lost its connection to the root before "
+                                  "the table came: " +
+                                  lost);
+  }
+  if (payload.empty() && !leader_ && std::chrono::steady_clock::now() < until) {
+    // Its own hello: the root sends the table back on this connection (also when a leader
+    // carried the hello before and went: the root then takes this connection instead).
+    auto [sock, c] = co_await dial_root(ex_, root, until, traffic_, rank_);
+    Channel channel = std::move(c);
+    {
+      const std::vector<std::uint8_t> hello = encode_hello(h);
+      runtime::CloseAfter guard(*sock, limit);
+      co_await write_frame(*sock, channel, FrameType::hello, hello);
+    }
+    if (first_of_share) {
+      table_link_ = sock;
+      payload = co_await relay_until_table(sock, channel, roots, at, until);
+      table_link_.reset();
+      check_shut();
+      if (!payload.empty()) {
+        // Tells the root the table arrived (it then serves status queries while this link
+        // lasts).
+        const std::vector<std::uint8_t> ack;
+        co_await write_frame(*sock, channel, FrameType::status, ack);
+        root_link_ = sock;
+        root_channel_ = std::move(channel);
+      }
+    } else {
+      payload = co_await table_on(sock, channel);
     }
   }
-  // Every hello has reached the root: a leader of this host has nothing more to carry.
-  if (leader_) std::exchange(leader_, nullptr)->stop();
+  if (payload.empty()) {
+    const std::string why = co_await why_no_table(rank_);
+    throw std::system_error(make_error_code(errc::timed_out),
+                            "bootstrap: rank " + std::to_string(rank_) +
+                                " got no address table within COCCL_TIMEOUT: " + why);
+  }
   DirectoryFrame frame = decode_directory(payload, nranks_);
   payload = {};
   directory_.assign(frame, rank_);
   table_ready_.cancel();
-  // Both children get the table even when one cannot: a dead child's subtree then names it, and
-  // the rest of the job forms and finds the dead rank in its first operation.
-  // At once: a stopped child must not hold up its sibling's subtree.
-  auto unreachable_ptr = std::make_shared<std::string>();
-  auto pending = std::make_shared<int>(0);
-  auto forwarded = std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
-  for (int child : {2 * rank_ + 1, 2 * rank_ + 2}) {
-    if (child >= nranks_) continue;
-    ++*pending;
-    forwarding_.push_back(child);
-    asio::co_spawn(ex_, forward_table(child, directory_for_child(frame, child)),
-                   [this, pass = gate_.enter(), child, unreachable_ptr, pending,
-                    forwarded](std::exception_ptr ep) {
-                     // A child that could not take the table stays named in this rank's status
-                     // while the others are told (tell_everyone below): a peer that asks meanwhile
-                     // learns which rank holds this one up, not "idle".
-                     if (pass.open() && !ep) std::erase(forwarding_, child);
-                     if (ep && unreachable_ptr->empty()) {
-                       try {
-                         std::rethrow_exception(ep);
-                       } catch (const std::exception& e) {
-                         *unreachable_ptr = "bootstrap: could not pass the address table to rank " +
-                                            std::to_string(child) + " (" + e.what() + ")";
-                       }
-                     }
-                     if (--*pending == 0) forwarded->cancel();
-                   });
-  }
-  if (*pending > 0) {
-    boost::system::error_code ignored;
-    co_await forwarded->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-  }
-  const std::string unreachable = *unreachable_ptr;
-  if (!unreachable.empty()) {
-    // Ranks below the unreachable child wait for a table that will not come, and others wait for
-    // links this rank will not make: tell them why, so that they name the cause, not this rank.
-    co_await tell_everyone(unreachable);
-    throw std::system_error(make_error_code(errc::peer_lost), unreachable);
+  if (leader_) {
+    auto leader = std::exchange(leader_, nullptr);
+    co_await leader->pass_tables(frame, nranks_);
+    leader->stop();
   }
   COCCL_INFO(boot, rank_, "bootstrap done: %d ranks", nranks_);
 }
 
-asio::awaitable<void> Peers::pass_share(std::shared_ptr<Stream> sock, Channel& channel,
-                                        RootAddress mine, RootAddress first, int at) {
-  auto limit = runtime::default_timeout();
-  Frame f;
-  bool late = false;
-  {
-    runtime::CloseAfter guard(*sock, limit);
-    try {
-      f = co_await read_frame(*sock, channel, max_table_frame);
-    } catch (const boost::system::system_error&) {
-      late = true;
+asio::awaitable<std::vector<std::uint8_t>> Peers::relay_until_table(
+    std::shared_ptr<Stream> sock, Channel& channel, const std::vector<RootAddress>& roots, int at,
+    std::chrono::steady_clock::time_point until) {
+  auto pending = std::make_shared<int>(0);
+  auto relayed = std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
+  auto failure = std::make_shared<std::exception_ptr>();
+  std::vector<std::uint8_t> table;
+  try {
+    runtime::CloseAfter guard(
+        *sock, std::max<std::chrono::steady_clock::duration>(
+                   until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1)));
+    for (;;) {
+      Frame f = co_await read_frame(*sock, channel, max_table_frame);
+      if (f.type == FrameType::table) {
+        table = std::move(f.payload);
+        break;
+      }
+      if (f.type != FrameType::share) bad_message("expected the address table from the root");
+      const Share s = decode_share(f.payload);
+      if (static_cast<int>(s.from) != at || s.roots != roots.size())
+        bad_message("root " + std::to_string(at) + " asked to relay a share not its own");
+      ++*pending;
+      const int to = static_cast<int>(s.to);
+      asio::co_spawn(ex_,
+                     relay_share(ex_, roots[to], to, at, std::move(f.payload), until, traffic_),
+                     [pending, relayed, failure](std::exception_ptr ep) {
+                       if (ep && !*failure) *failure = ep;
+                       if (--*pending == 0) relayed->cancel();
+                     });
     }
-    if (late) {
-      const std::string why = co_await who_is_missing(mine);
-      throw std::system_error(make_error_code(errc::timed_out),
-                              "bootstrap: no share of the address table from root " +
-                                  std::to_string(at) + " within COCCL_TIMEOUT: " + why);
-    }
-    if (f.type != FrameType::share) bad_message("expected a share of the address table");
-    decode_share(f.payload);
-    const std::vector<std::uint8_t> ack;
-    co_await write_frame(*sock, channel, FrameType::status, ack);
+  } catch (const boost::system::system_error&) {
+    // The deadline closed the connection, or the root went away: the caller asks why.
   }
-  auto to_first = co_await transport::dial(
-      ex_, first.address, std::chrono::steady_clock::now() + limit, false, traffic_);
-  runtime::CloseAfter guard(*to_first, limit);
-  Channel first_channel = co_await Channel::initiate(*to_first, first.secret);
-  co_await write_frame(*to_first, first_channel, FrameType::share, f.payload);
-  Frame answer = co_await read_frame(*to_first, first_channel, max_small_frame);
-  if (answer.type == FrameType::notice) {
-    const std::string why = printable(answer.payload);
-    throw std::system_error(
-        make_error_code(errc::invalid_argument),
-        "bootstrap: the first root refused the share of root " + std::to_string(at) + ": " + why);
-  }
-  if (answer.type != FrameType::status || !answer.payload.empty())
-    bad_message("expected the first root to take the share");
+  // The last relays may still be under way when the table comes (another root formed first).
+  co_await wait_for_all(pending, relayed, until);
+  if (*failure) std::rethrow_exception(*failure);
+  co_return table;
 }
 
 void Peers::leave_root() {
@@ -915,66 +1145,71 @@ asio::awaitable<std::string> Peers::gone_because(int peer) {
   co_return std::string();
 }
 
-asio::awaitable<std::string> Peers::who_is_missing(const RootAddress& root) {
-  std::optional<RootView> view;
-  try {
-    view =
-        co_await query_root(ex_, root, std::chrono::steady_clock::now() + std::chrono::seconds(1));
-  } catch (const std::exception&) {
-  }
-  if (!view) co_return "the bootstrap root does not answer either (its process may be gone)";
-  if (view->arrived < view->nranks) {
+asio::awaitable<std::string> Peers::why_no_table(int target) {
+  const int nroots = static_cast<int>(roots_.size());
+  const int at = root_of(target, nranks_, nroots);
+  auto view_of = [&](int k) -> asio::awaitable<std::optional<RootView>> {
+    std::optional<RootView> v;
+    try {
+      v = co_await query_root(ex_, roots_[k],
+                              std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    } catch (const std::exception&) {
+    }
+    co_return v;
+  };
+  const std::optional<RootView> view = co_await view_of(at);
+  const std::string which = nroots > 1 ? "bootstrap root " + std::to_string(at) : "bootstrap root";
+  if (!view) co_return "the " + which + " does not answer either (its process may be gone)";
+  // A refused hello or share says why (other ids, a wrong share).
+  std::string refused;
+  for (const std::string& f : view->failed)
+    if (!f.empty()) {
+      refused = "; " + f;
+      break;
+    }
+  auto missing_of = [](const RootView& v) {
     std::string missing;
     int count = 0;
-    for (int r = 0; r < view->nranks; ++r) {
-      if (view->seen[r]) continue;
+    for (int r = v.first; r < v.last; ++r) {
+      if (v.seen[r]) continue;
       if (count < 16) missing += (count ? ", " : "") + std::to_string(r);
       ++count;
     }
     if (count > 16) missing += " and " + std::to_string(count - 16) + " more";
+    return std::string(count == 1 ? "rank " : "ranks ") + missing +
+           (count == 1 ? " has" : " have") + " not reached the bootstrap root (" +
+           std::to_string(v.arrived) + " of " + std::to_string(v.last - v.first) + " arrived)";
+  };
+  if (view->arrived < view->last - view->first) co_return missing_of(*view) + refused;
+  if (!view->formed) {
+    if (view->awaiting.empty())
+      co_return "every rank reached the " + which + ", which has not formed" + refused;
+    std::string roots_text;
+    for (std::size_t i = 0; i < view->awaiting.size() && i < 8; ++i)
+      roots_text += (i ? ", " : "") + std::to_string(view->awaiting[i]);
     std::string more;
-    if (roots_ > 1)
-      more = " (through " + std::to_string(roots_) +
-             " roots; a share reaches the first root "
-             "once all of its ranks reached theirs)";
-    // A refused hello or share says why (other ids, a wrong share).
-    for (const std::string& f : view->failed)
-      if (!f.empty()) {
-        more += "; " + f;
-        break;
-      }
-    co_return std::string(count == 1 ? "rank " : "ranks ") + missing +
-        (count == 1 ? " has" : " have") + " not reached the bootstrap root (" +
-        std::to_string(view->arrived) + " of " + std::to_string(view->nranks) + " arrived)" + more;
+    // What the first root waited for says: usually ranks of its share that never came.
+    const int other = view->awaiting.front();
+    if (other >= 0 && other < nroots) {
+      const std::optional<RootView> far = co_await view_of(other);
+      if (!far)
+        more = "; root " + std::to_string(other) + " does not answer (its process may be gone)";
+      else if (far->arrived < far->last - far->first)
+        more = "; at root " + std::to_string(other) + ", " + missing_of(*far);
+    }
+    co_return "every rank of " + which + "'s share reached it; it still waits for root" +
+        (view->awaiting.size() == 1 ? " " : "s ") + roots_text + more + refused;
   }
-  if (view->rank0_lost)
-    co_return "rank 0 reached the bootstrap root but could not take the address table from it "
-              "(it has gone)";
-  if (rank_ == 0) co_return "every rank reached the bootstrap root, which sent no table";
-  const std::string parent_says = co_await ancestors_say(rank_, &view->table);
-  const std::string left = view->rank0_left ? "; rank 0 took it from the root, then its connection "
-                                              "to the root ended without a goodbye (its process "
-                                              "may be gone)"
-                                            : "";
-  co_return "every rank reached the bootstrap root; the table did not come down the tree (" +
-      parent_says + ")" + left;
-}
-
-asio::awaitable<std::string> Peers::ancestors_say(int target, const std::vector<PeerInfo>* table) {
-  if (target <= 0) co_return std::string();
-  // The table comes down the tree from rank 0: the first ancestor that does not answer holds it.
-  std::vector<int> ancestors;
-  for (int a = (target - 1) / 2;; a = (a - 1) / 2) {
-    ancestors.insert(ancestors.begin(), a);
-    if (a == 0) break;
+  if (view->rank0_lost && target == view->first)
+    co_return "rank " + std::to_string(target) + " reached the " + which +
+        " but could not take its address table (it has gone)";
+  const int via = target < static_cast<int>(view->via.size()) ? view->via[target] : -1;
+  if (via >= 0 && via != target) {
+    const std::string leader_says = co_await ask_about(via, view->table[via]);
+    co_return "the " + which + " sent the table to rank " + std::to_string(via) +
+        ", the leader of its host, which did not pass it on (" + leader_says + ")";
   }
-  std::string said;
-  for (int a : ancestors) {
-    if (table && a >= static_cast<int>(table->size())) break;
-    said = co_await ask_about(a, table ? std::optional<PeerInfo>((*table)[a]) : std::nullopt);
-    if (said.find("does not answer") != std::string::npos) break;
-  }
-  co_return said;
+  co_return "every rank reached the " + which + ", which sent the table" + refused;
 }
 
 namespace {

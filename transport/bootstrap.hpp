@@ -3,12 +3,17 @@
 //
 // Rendezvous: each rank opens a listener, then sends an authenticated hello (rank, size, listener
 // address, host identity) to the root: itself, or through its host's leader, which carries the
-// hellos of every rank of the host on one connection (host_leader.hpp). When all have arrived the
-// root sends the address table to rank 0 only; the table then flows down a binary tree (rank r
-// forwards it to 2r+1 and 2r+2), so the root does O(N) work and every rank has the table after
-// O(log N) rounds. The root answers status queries until rank 0 says goodbye; when rank 0's
-// connection ends without one (rank 0 died, perhaps before it passed the table on) it answers,
-// naming that, for one more COCCL_TIMEOUT (and a few seconds).
+// hellos of every rank of the host on one connection (host_leader.hpp). With several ids
+// (ncclCommInitRankScalable) each root takes a near-equal share of the ranks; once a root's share
+// has arrived it sends each other root the entries that root's ranks keep (directory.hpp), and the
+// roots run a barrier of ceil(log2 roots) rounds, all relayed by the first rank of the sender's
+// share (which holds every id). Once formed, a root sends each connection that carried hellos the
+// entries its ranks keep (every entry up to COCCL_DIRECTORY_FULL ranks); a leader passes each of
+// its followers theirs. So a root handles O(N/roots log N) bytes, a rank O(log N), and a rank has
+// its table a constant number of hops after the last hello plus the barrier. A root answers
+// status queries until the first rank of its share says goodbye; when that connection ends
+// without one (the rank died) it answers, naming that, for one more COCCL_TIMEOUT (and a few
+// seconds).
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
@@ -51,11 +56,17 @@ asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret);
 
 /// The bootstrap root's view of a communicator, as it answers a status query.
+/// With several roots (ids) each sees its share of the ranks: what it says of others is empty.
 struct RootView {
-  int nranks = 0;                   // 0 while no hello has arrived
-  int arrived = 0;                  // hellos received
-  bool rank0_lost = false;          // all arrived, but rank 0 could not be sent the table
-  bool rank0_left = false;          // rank 0 took the table, then left without a goodbye
+  int nranks = 0;           // 0 while no hello has arrived
+  int arrived = 0;          // hellos received, of the ranks [first, last)
+  int first = 0, last = 0;  // the ranks whose hellos this root takes
+  bool formed = false;      // every rank of every share arrived; the tables went out
+  bool rank0_lost = false;  // formed, but the share's first rank did not take its table
+  bool rank0_left = false;  // the first rank took it, then left without a goodbye
+  /// The other roots this one still waits for (their entries, or a barrier token), once its own
+  /// share is complete or their entries are due.
+  std::vector<int> awaiting;
   std::vector<std::string> failed;  // per rank: why its set-up failed, if it told the root
   std::vector<bool> seen;           // per rank: its hello arrived
   std::vector<PeerInfo> table;      // per rank: its listener (valid where seen)

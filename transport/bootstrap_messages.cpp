@@ -128,11 +128,19 @@ int share_begin(int index, int nranks, int roots) {
   return static_cast<int>((static_cast<std::int64_t>(index) * nranks + roots - 1) / roots);
 }
 
+int barrier_rounds(int roots) {
+  int rounds = 0;
+  while ((1LL << rounds) < roots) ++rounds;
+  return rounds;
+}
+
 std::vector<std::uint8_t> encode_share(const Share& s) {
   Writer w;
-  w.put(share_magic).put(s.nranks).put(s.roots).put(s.index).put(s.ids).put(s.first);
+  w.bytes().reserve(64 + s.entries.size() * (sizeof(std::int32_t) + sizeof(PeerInfo) + 4));
+  w.put(share_magic).put(s.nranks).put(s.roots).put(s.from).put(s.to).put(s.ids).put(s.full);
+  w.put(s.round).put(s.low_host).put(s.high_host).put(s.hosts);
   w.put<std::uint32_t>(static_cast<std::uint32_t>(s.entries.size()));
-  for (const PeerInfo& p : s.entries) w.put(p);
+  for (const DirectoryEntry& e : s.entries) w.put(e.rank).put(e.info).put(e.host_ranks);
   return std::move(w.bytes());
 }
 
@@ -142,21 +150,41 @@ Share decode_share(std::span<const std::uint8_t> payload) {
   Share s;
   s.nranks = r.get<std::int32_t>();
   s.roots = r.get<std::uint32_t>();
-  s.index = r.get<std::uint32_t>();
+  s.from = r.get<std::uint32_t>();
+  s.to = r.get<std::uint32_t>();
   s.ids = r.get<std::uint64_t>();
-  s.first = r.get<std::int32_t>();
+  s.full = r.get<std::uint32_t>();
+  s.round = r.get<std::uint32_t>();
+  s.low_host = r.get<std::uint64_t>();
+  s.high_host = r.get<std::uint64_t>();
+  s.hosts = r.get<std::uint32_t>();
   const auto count = r.get<std::uint32_t>();
-  if (s.nranks < 1 || s.roots < 2 || s.roots > static_cast<std::uint32_t>(s.nranks) ||
-      s.index < 1 || s.index >= s.roots)
+  if (s.nranks < 2 || s.roots < 2 || s.roots > static_cast<std::uint32_t>(s.nranks) ||
+      s.from >= s.roots || s.to >= s.roots || s.from == s.to || s.full > 1)
     bad_message("a share with impossible settings");
-  const int roots = static_cast<int>(s.roots), index = static_cast<int>(s.index);
-  if (s.first != share_begin(index, s.nranks, roots) ||
-      static_cast<std::int64_t>(count) != share_begin(index + 1, s.nranks, roots) - s.first)
-    bad_message("a share that is not the one its index names");
-  // The count is checked against the settings before anything is allocated for it.
-  if (count > payload.size() / sizeof(PeerInfo)) bad_message("a share longer than its payload");
+  const int roots = static_cast<int>(s.roots);
+  if (s.round != Share::no_round) {
+    if (s.round >= static_cast<std::uint32_t>(barrier_rounds(roots)) || count != 0 || s.hosts < 1 ||
+        s.hosts > static_cast<std::uint32_t>(s.nranks) || s.low_host > s.high_host)
+      bad_message("a roots' barrier token with impossible settings");
+  }
+  const int first = share_begin(static_cast<int>(s.from), s.nranks, roots);
+  const int last = share_begin(static_cast<int>(s.from) + 1, s.nranks, roots);
+  // The count is checked against the share and the payload before anything is allocated for it.
+  constexpr std::size_t entry_bytes = sizeof(std::int32_t) + sizeof(PeerInfo) + 4;
+  if (static_cast<std::int64_t>(count) > last - first || count > payload.size() / entry_bytes)
+    bad_message("a share longer than its sender's ranks or its payload");
   s.entries.resize(count);
-  for (auto& p : s.entries) p = r.get<PeerInfo>();
+  for (std::uint32_t i = 0; i < count; ++i) {
+    DirectoryEntry& e = s.entries[i];
+    e.rank = r.get<std::int32_t>();
+    e.info = r.get<PeerInfo>();
+    e.host_ranks = r.get<std::uint32_t>();
+    if (e.rank < first || e.rank >= last) bad_message("a share names a rank of another share");
+    if (i > 0 && e.rank <= s.entries[i - 1].rank) bad_message("a share out of order");
+    if (e.host_ranks < 1 || e.host_ranks > static_cast<std::uint32_t>(last - first))
+      bad_message("a share entry with an impossible count of ranks on its host");
+  }
   if (!r.done()) bad_message("trailing bytes after a share");
   return s;
 }

@@ -79,19 +79,44 @@ std::vector<Hello> decode_hellos(std::span<const std::uint8_t> payload);
 int root_of(int rank, int nranks, int roots);
 int share_begin(int index, int nranks, int roots);
 
-/// Root `index` (>= 1) -> the first rank of its share, which passes it on to root 0: the entries
-/// of ranks [first, first + entries.size()), with the settings the hellos carried.
+/// One rank's entry as the roots hand it out: its listener and how many ranks share its host (as
+/// the root of its share counts them).
+struct DirectoryEntry {
+  std::int32_t rank;
+  PeerInfo info;
+  std::uint32_t host_ranks;
+};
+
+/// What the roots of a communicator made from several ids tell each other (through the first
+/// rank of the sender's share, which holds every id; roots hold only their own). Two kinds:
+/// - entries (round == no_round): the ranks of the sender's share whose addresses the receiver's
+///   share needs (directory.hpp), once every rank of the sender's share has arrived;
+/// - a token of a dissemination barrier: in round j root s tells root (s + 2^j) mod roots that
+///   it and every root it heard from so far are complete, with what they know of the hosts.
+///   After every round a root knows that every rank of the communicator has arrived.
 struct Share {
-  std::int32_t nranks;
-  std::uint32_t roots;
-  std::uint32_t index;
-  std::uint64_t ids;
-  std::int32_t first;
-  std::vector<PeerInfo> entries;
+  static constexpr std::uint32_t no_round = 0xffffffffu;
+  std::int32_t nranks = 0;
+  std::uint32_t roots = 0;
+  std::uint32_t from = 0;  // the sending root's index
+  std::uint32_t to = 0;    // the receiving root's index
+  std::uint64_t ids = 0;   // the digest of the id list (Hello::ids)
+  std::uint32_t full = 0;  // 1: every rank keeps every entry (the sender's setting)
+  std::uint32_t round = no_round;
+  // A token's aggregate of the shares heard from: the lowest and highest host identity, and the
+  // most distinct hosts in any one share.
+  std::uint64_t low_host = 0;
+  std::uint64_t high_host = 0;
+  std::uint32_t hosts = 0;
+  std::vector<DirectoryEntry> entries;  // sorted by rank, all in the sender's share
 };
 std::vector<std::uint8_t> encode_share(const Share& s);
-/// Also checks that the share is the one `index` of `roots` names (first rank and count).
+/// Checks the settings (two roots at least, both indexes in range and different, a round below
+/// the barrier's count), that a token carries no entries, and that every entry is of the
+/// sender's share, in order, with a possible count of ranks on its host.
 Share decode_share(std::span<const std::uint8_t> payload);
+/// The rounds of the roots' barrier: ceil(log2(roots)).
+int barrier_rounds(int roots);
 
 /// Lower rank -> higher rank: open a link of `kind` with these settings. `address` is the
 /// dialler's end as its transport describes it (LinkSetup::offer: a shared segment's name, an RDMA

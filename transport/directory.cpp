@@ -57,15 +57,20 @@ void directory_needs(int rank, int nranks, std::vector<int>& out) {
     if (child < nranks) out.push_back(static_cast<int>(child));
 }
 
-std::vector<int> subtree_needs(int child, int nranks) {
+std::vector<int> needs_of(std::span<const int> ranks, int nranks) {
   std::vector<int> out;
-  // The subtree's ranks at depth d below `child` are the range [(child+1)2^d - 1, (child+2)2^d -
-  // 2].
-  for (long long first = child, last = child; first < nranks;
-       first = 2 * first + 1, last = 2 * last + 2) {
-    const long long end = std::min<long long>(last, nranks - 1);
-    for (long long r = first; r <= end; ++r) directory_needs(static_cast<int>(r), nranks, out);
-  }
+  out.reserve(ranks.size() * static_cast<std::size_t>(width(nranks) + 6));
+  for (int r : ranks) directory_needs(r, nranks, out);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<int> range_needs(int first, int last, int nranks) {
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(std::max(last - first, 0)) *
+              static_cast<std::size_t>(width(nranks) + 6));
+  for (int r = first; r < last; ++r) directory_needs(r, nranks, out);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -119,17 +124,16 @@ DirectoryFrame decode_directory(std::span<const std::uint8_t> payload, int nrank
   return f;
 }
 
-std::vector<std::uint8_t> directory_for_child(const DirectoryFrame& held, int child) {
-  const int n = static_cast<int>(held.header.nranks);
+std::vector<std::uint8_t> directory_for(const DirectoryFrame& held, std::span<const int> needs) {
   if (held.header.full) return encode_directory(held.header, held.entries);
   std::vector<DirectoryEntry> out;
+  out.reserve(needs.size());
   auto it = held.entries.begin();
-  for (int r : subtree_needs(child, n)) {
+  for (int r : needs) {
     it = std::lower_bound(it, held.entries.end(), r,
                           [](const DirectoryEntry& e, int rank) { return e.rank < rank; });
     if (it == held.entries.end() || it->rank != r)
-      bad_message("the address table this rank was given lacks rank " + std::to_string(r) +
-                  ", which rank " + std::to_string(child) + "'s subtree needs");
+      bad_message("the address table held here lacks rank " + std::to_string(r));
     out.push_back(*it);
   }
   return encode_directory(held.header, out);

@@ -3,10 +3,11 @@
 // Up to COCCL_DIRECTORY_FULL ranks every rank keeps every address, as a plain table. Above that a
 // rank keeps only the addresses its algorithms use without asking: its hypercube partners
 // r XOR 2^k (recursive doubling and halving, Bruck), its ring neighbours and its parent and
-// children in the bootstrap's binary tree. The bootstrap passes each child of that tree only the
-// entries that the child's subtree keeps, so a rank holds O(log N) entries and the whole
-// distribution moves O(N log^2 N) bytes instead of N^2. Any other address is found by asking: a
-// hop from rank a toward rank b first clears one of a's bits that b lacks, then sets one of b's
+// children in the binary tree r -> 2r+1, 2r+2 (log2 N + 6 entries at most). The relation is
+// symmetric (a rank that a keeps keeps a), which lets two roots work out alone what each must
+// send the other. Each root sends every connection that carried hellos the entries its ranks
+// keep, so the whole distribution moves O(N log N) entries. Any other address is found by asking:
+// a hop from rank a toward rank b first clears one of a's bits that b lacks, then sets one of b's
 // bits that a lacks, so every rank on the way is below both a or b (it exists) and a hypercube
 // partner of the previous one (which keeps its entry); at most log N hops, each answered by the
 // rank on the way from what it holds.
@@ -24,14 +25,6 @@
 
 namespace coccl::transport {
 
-/// One rank's entry as the bootstrap passes it down: its listener and how many ranks share its
-/// host (for the communicator's view of its own host).
-struct DirectoryEntry {
-  std::int32_t rank;
-  PeerInfo info;
-  std::uint32_t host_ranks;
-};
-
 /// What every rank learns with its entries: the same for all ranks of the communicator.
 struct DirectoryHeader {
   std::uint32_t nranks = 0;
@@ -42,9 +35,11 @@ struct DirectoryHeader {
 /// Appends to `out` the ranks whose entries `rank` keeps in a directory of `nranks` ranks that is
 /// not full (itself included; unsorted, may repeat).
 void directory_needs(int rank, int nranks, std::vector<int>& out);
-/// The ranks whose entries the subtree of `child` in the bootstrap tree (rank r's children are
-/// 2r+1 and 2r+2) keeps: sorted, without repeats.
-std::vector<int> subtree_needs(int child, int nranks);
+/// The ranks whose entries any of `ranks` keeps (directory_needs of each): sorted, without
+/// repeats.
+std::vector<int> needs_of(std::span<const int> ranks, int nranks);
+/// The same for the ranks [first, last).
+std::vector<int> range_needs(int first, int last, int nranks);
 /// The next hops from `from` toward `to` (from != to), each a hypercube partner of `from` below
 /// max(from, to) + 1: first the ranks with one bit that `to` lacks cleared, else those with one
 /// bit of `to` set, lowest bit first. Every hop lowers the Hamming distance to `to` by one.
@@ -59,12 +54,12 @@ struct DirectoryFrame {
   std::vector<DirectoryEntry> entries;
 };
 DirectoryFrame decode_directory(std::span<const std::uint8_t> payload, int nranks);
-/// The frame for `child`, from the entries its parent holds (sorted by rank): all of them when
-/// the directory is full, else those of subtree_needs(child). Throws bad_message when the parent
-/// lacks one (its own parent sent too little).
-std::vector<std::uint8_t> directory_for_child(const DirectoryFrame& held, int child);
+/// The frame for the ranks whose needs are `needs` (sorted, as needs_of gives them), from the
+/// entries held (sorted by rank): all of them when the directory is full. Throws bad_message
+/// naming the first that `held` lacks.
+std::vector<std::uint8_t> directory_for(const DirectoryFrame& held, std::span<const int> needs);
 
-/// The entries a rank holds: those the bootstrap gave it and those it learned since (a link
+/// The entries a rank holds: those its root gave it and those it learned since (a link
 /// request carries the dialler's, a lookup the hops' and the target's).
 class Directory {
  public:

@@ -45,11 +45,12 @@ namespace {
 // to hold the leader's descriptors).
 constexpr int max_handshakes = 256;
 
-// A follower's side: hand `hello` to the leader on `s` and wait until it is written to the root.
-// False on any refusal or failure (the caller then says hello itself).
-asio::awaitable<bool> hello_to_leader(std::shared_ptr<Stream> s, const Secret& secret,
-                                      const Hello& hello,
-                                      std::chrono::steady_clock::time_point until) {
+// A follower's side: hand `hello` to the leader on `s` and wait until it is written to the root;
+// the channel then carries the table. Nothing on any refusal or failure (the caller then says
+// hello itself).
+asio::awaitable<std::optional<Channel>> hello_to_leader(
+    std::shared_ptr<Stream> s, const Secret& secret, const Hello& hello,
+    std::chrono::steady_clock::time_point until) {
   // A leader that stopped or died must not hold this rank's hello until COCCL_TIMEOUT: the root
   // would then name this rank as missing, not the leader. After a quarter of it (or the
   // handshake limit, if shorter) the rank says hello itself; should the leader carry the hello
@@ -68,7 +69,7 @@ asio::awaitable<bool> hello_to_leader(std::shared_ptr<Stream> s, const Secret& s
     runtime::CloseAfter guard(*s, std::min<std::chrono::steady_clock::duration>(
                                       patience, until - std::chrono::steady_clock::now()));
     Frame f = co_await read_frame(*s, *channel, max_small_frame);
-    if (f.type == FrameType::status && f.payload.empty()) co_return true;
+    if (f.type == FrameType::status && f.payload.empty()) co_return std::move(channel);
     if (f.type == FrameType::notice) {
       COCCL_INFO(boot, hello.rank, "the host's leader did not carry this rank's hello (%s)",
                  printable(f.payload).c_str());
@@ -76,7 +77,7 @@ asio::awaitable<bool> hello_to_leader(std::shared_ptr<Stream> s, const Secret& s
   } catch (const std::exception& e) {
     COCCL_INFO(boot, hello.rank, "meeting the host's leader failed (%s)", drop_reason(e).c_str());
   }
-  co_return false;
+  co_return std::nullopt;
 }
 
 }  // namespace
@@ -101,6 +102,38 @@ void HostLeader::stop() {
   if (root_) root_->close(ignored);
   if (batch_) batch_->done.cancel();
   pending_.clear();
+  // Followers still waiting for a table that will not come say hello to the root themselves.
+  for (Follower& f : followers_) f.link->close(ignored);
+  followers_.clear();
+}
+
+asio::awaitable<void> HostLeader::pass_tables(const DirectoryFrame& frame, int nranks) {
+  for (Follower& f : std::exchange(followers_, {})) {
+    boost::system::error_code ignored;
+    try {
+      const int one[] = {f.rank};
+      const std::vector<std::uint8_t> payload = directory_for(frame, needs_of(one, nranks));
+      runtime::CloseAfter guard(*f.link, auth_timeout());
+      co_await write_frame(*f.link, f.channel, FrameType::table, payload);
+    } catch (const std::exception& e) {
+      // The root took this follower's own hello as well (it gave up on this leader), or the
+      // follower went: either way it asks the root itself.
+      COCCL_INFO(boot, own_.rank, "host leader: rank %d's table was not passed on (%s)", f.rank,
+                 e.what());
+    }
+    f.link->close(ignored);
+  }
+}
+
+asio::awaitable<std::vector<std::uint8_t>> HostLeader::take_table(
+    std::chrono::steady_clock::time_point until) {
+  if (!root_ || stopped_) bad_message("the host's leader has no connection to the root");
+  runtime::CloseAfter guard(
+      *root_, std::max<std::chrono::steady_clock::duration>(
+                  until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1)));
+  Frame f = co_await read_frame(*root_, *channel_, max_table_frame);
+  if (f.type != FrameType::table) bad_message("expected the address table from the root");
+  co_return std::move(f.payload);
 }
 
 asio::awaitable<void> HostLeader::accept_loop(std::shared_ptr<HostLeader> self) {
@@ -129,6 +162,7 @@ asio::awaitable<void> HostLeader::serve(std::shared_ptr<HostLeader> self,
   ++handshakes_;
   std::optional<Channel> channel;
   std::string refusal;
+  int rank = -1;
   std::shared_ptr<Batch> batch;
   try {
     runtime::CloseAfter guard(*follower, auth_timeout());
@@ -136,6 +170,7 @@ asio::awaitable<void> HostLeader::serve(std::shared_ptr<HostLeader> self,
     Frame f = co_await read_frame(*follower, *channel, max_small_frame);
     if (f.type != FrameType::hello) bad_message("expected a hello");
     const Hello h = decode_hello(f.payload);
+    rank = h.rank;
     if (h.nranks != own_.nranks || h.roots != own_.roots || h.ids != own_.ids)
       refusal = "it was given other ids, or another size, than the leader (rank " +
                 std::to_string(own_.rank) + ")";
@@ -175,7 +210,11 @@ asio::awaitable<void> HostLeader::serve(std::shared_ptr<HostLeader> self,
     }
   } catch (const std::exception&) {
     // The follower went away; had its hello been written, the root has it.
+    co_return;
   }
+  // Carried: the follower now waits on this connection for its table (pass_tables). A leader
+  // that stopped meanwhile closes it, and the follower asks the root.
+  if (refusal.empty() && !stopped_) followers_.push_back({rank, follower, std::move(*channel)});
 }
 
 asio::awaitable<void> HostLeader::write_loop([[maybe_unused]] std::shared_ptr<HostLeader> self) {
@@ -215,7 +254,9 @@ asio::awaitable<HostHello> hello_on_host(asio::any_io_executor ex, const RootAdd
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (auto s = co_await dial_local(ex, name, memory, traffic)) {
       HostHello met;
-      met.sent = co_await hello_to_leader(s, root.secret, hello, until);
+      met.channel = co_await hello_to_leader(s, root.secret, hello, until);
+      met.sent = met.channel.has_value();
+      if (met.sent) met.link = std::move(s);
       co_return met;
     }
     auto leader = std::make_shared<HostLeader>(ex, root.secret, hello);
@@ -239,7 +280,10 @@ asio::awaitable<HostHello> hello_on_host(asio::any_io_executor ex, const RootAdd
       co_return HostHello{};
     }
     asio::co_spawn(ex, leader->accept_loop(leader), asio::detached);
-    co_return HostHello{true, std::move(leader)};
+    HostHello led;
+    led.sent = true;
+    led.leader = std::move(leader);
+    co_return led;
   }
   co_return HostHello{};
 }

@@ -8,8 +8,11 @@
 // the same host (and network namespace) reach and which vanishes with its process; on the
 // in-memory network, a name there. The first rank to listen under the name leads; the others
 // dial it, authenticate with the secret as everywhere else, hand over their hello and wait until
-// the leader has written it to the root. The leader stops once its own address table arrives,
-// which is after every hello reached the root.
+// the leader has written it to the root. Once the communicator forms the root sends the leader,
+// on the same connection, the entries that all the ranks it carried keep; the leader then stops
+// and passes each follower its own part on the follower's connection. A follower whose leader
+// goes (the connection ends before its table came) says hello to the root itself, which then
+// sends its table on that connection instead.
 //
 // Nothing depends on the meeting: a rank that cannot dial the leader or take the name, whose
 // leader refuses or fails, or who is turned away because the leader has too many unfinished
@@ -22,6 +25,7 @@
 #include <string>
 
 #include "transport/bootstrap.hpp"
+#include "transport/directory.hpp"
 #include "transport/traffic.hpp"
 
 namespace coccl::transport {
@@ -32,6 +36,9 @@ class HostLeader;
 struct HostHello {
   bool sent = false;                   // it reached the root through the host's leader
   std::shared_ptr<HostLeader> leader;  // set when this rank leads: stop() it when the table came
+  // Set when this rank follows and its hello was carried: its table comes on this connection.
+  std::shared_ptr<Stream> link;
+  std::optional<Channel> channel;
 };
 
 /// Offers `hello` (this rank's, for `root`) to the host's leader, or becomes the leader: then it
@@ -60,6 +67,14 @@ class HostLeader {
   /// Stops listening and closes the link to the root; ranks still waiting for their hello to be
   /// written are told, and say hello themselves.
   void stop();
+  /// The table the root sends on the leader's connection once the communicator forms: the
+  /// entries every rank it carried keeps. Throws when `until` passes or the link fails.
+  asio::awaitable<std::vector<std::uint8_t>> take_table(
+      std::chrono::steady_clock::time_point until);
+  /// Passes each follower whose hello it carried the entries that follower keeps (of `frame`, the
+  /// leader's table, for `nranks` ranks), then closes their connections. A follower that cannot
+  /// take it is left to say hello to the root itself.
+  asio::awaitable<void> pass_tables(const DirectoryFrame& frame, int nranks);
 
  private:
   friend asio::awaitable<HostHello> hello_on_host(asio::any_io_executor, const RootAddress&,
@@ -85,6 +100,13 @@ class HostLeader {
   bool stopped_ = false;
   int handshakes_ = 0;       // follower connections not yet answered
   std::size_t carried_ = 0;  // hellos written to the root, its own included
+  // Followers whose hellos were written, each waiting on its connection for its table.
+  struct Follower {
+    int rank;
+    std::shared_ptr<Stream> link;
+    Channel channel;
+  };
+  std::vector<Follower> followers_;
 };
 
 }  // namespace coccl::transport

@@ -58,7 +58,6 @@ Peers::Peers(runtime::ProxyThread& thread, const Secret& secret, int rank, int n
       acceptor_(ex_),
       drops_(rank, "listener"),
       accept_retry_(ex_),
-      table_box_(ex_),
       table_ready_(ex_, runtime::default_timeout()),
       recovery_box_(ex_),
       budget_(static_cast<std::size_t>(std::max<std::int64_t>(0, params::mem_budget.get()))),
@@ -209,17 +208,6 @@ asio::awaitable<void> Peers::handle_incoming(std::shared_ptr<Stream> s, Admissio
   }
   if (f.type == FrameType::whois) {
     co_await serve_whois(s, channel, std::move(f));
-    co_return;
-  }
-  if (f.type == FrameType::table) {
-    // The one table this rank needs; an extra one (a confused or hostile peer holding the
-    // secret) is not queued.
-    if (table_received_) {
-      drops_.dropped("a second address table");
-      co_return;
-    }
-    table_received_ = true;
-    table_box_.push(std::move(f.payload));
     co_return;
   }
   if (f.type == FrameType::stripe) {
@@ -539,7 +527,7 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
         // ends: name what holds the table up (the rank that died on the way), not the peer.
         const std::string peer_says = co_await ask_about(peer);
         if (peer_says.find(not_formed) != std::string::npos) {
-          const std::string above = co_await ancestors_say(peer, nullptr);
+          const std::string above = co_await why_no_table(peer);
           because = "; " + peer_says + ": the address table did not reach it (" + above + ")";
         }
       }
@@ -962,7 +950,10 @@ void Peers::shutdown(std::error_code ec, const std::string& why, bool notify) {
   // An orderly end: the root may stop answering for this communicator. After a failure it keeps
   // answering (coccl-status, survivors) until this object goes.
   if (!notify) leave_root();
-  table_box_.fail(asio::error::operation_aborted);
+  // A rendezvous still waiting for its table ends (Peers::join names the shutdown).
+  boost::system::error_code ignored;
+  if (table_link_) table_link_->close(ignored);
+  if (leader_) leader_->stop();
   table_ready_.cancel();
   idle_timer_.cancel();
   // Only peers with an entry can have a stripe mailbox or a waiter (keys first: what the calls

@@ -148,11 +148,6 @@ class Peers {
       if (!by_peer_[p] && (s.dialing || s.pending) && (first < 0 || p < first)) first = p;
     return first;
   }
-  /// The rank this one is still passing the address table to during set-up, -1 if none: until
-  /// that child has it, this rank has not formed, and a status query says whom it waits for.
-  int forwarding_table_to() const noexcept {
-    return forwarding_.empty() ? -1 : forwarding_.front();
-  }
   /// A shrink request another rank sent to this rank's listener (collectives/recovery.cpp),
   /// authenticated with this communicator's secret; answer it on `channel`.
   struct RecoveryRequest {
@@ -241,21 +236,17 @@ class Peers {
   void announce(int peer);
   // How this rank links to `peer`; both sides decide alike from the table and the settings.
   LinkKind kind_for(int peer) const;
-  asio::awaitable<void> forward_table(int child, std::vector<std::uint8_t> payload);
   // The rendezvous itself (rendezvous() adds telling the root on failure).
   asio::awaitable<void> join(std::vector<RootAddress> roots);
-  // The first rank of share `at` (> 0): takes the share from its root `mine` and passes it on to
-  // the first root.
-  asio::awaitable<void> pass_share(std::shared_ptr<Stream> sock, Channel& channel, RootAddress mine,
-                                   RootAddress first, int at);
-  // Why the table has not come, as the root sees it: the ranks that never arrived, else the
-  // tree parent that did not pass it on.
-  asio::awaitable<std::string> who_is_missing(const RootAddress& root);
-  /// Why the address table has not reached `target` (from the ranks of `table`): the first of
-  /// its ancestors in the tree that does not answer, else what its parent reports; empty for
-  /// rank 0.
-  /// `table` is the root's (every rank's entry); null: locate the ancestors.
-  asio::awaitable<std::string> ancestors_say(int target, const std::vector<PeerInfo>* table);
+  // The first rank of share `at`: relays to the other roots (roots[to]) what its root sends them,
+  // until its own table comes on `sock`, and until those relays end. Empty when `until` passes
+  // or the root goes; throws when a relay fails or is refused.
+  asio::awaitable<std::vector<std::uint8_t>> relay_until_table(
+      std::shared_ptr<Stream> sock, Channel& channel, const std::vector<RootAddress>& roots, int at,
+      std::chrono::steady_clock::time_point until);
+  // Why the address table has not reached `target`, as its root sees it: the ranks that never
+  // arrived (there, or at a root it waits for), else the host's leader that did not pass it on.
+  asio::awaitable<std::string> why_no_table(int target);
   // Best effort, within a second: a notice frame with `why` to the ranks that may wait for this
   // one (every rank up to 64, else the tree neighbours).
   asio::awaitable<void> tell_everyone(std::string why);
@@ -266,9 +257,9 @@ class Peers {
                                     Frame f);
   // Within a second, best effort: tells the root why this rank's set-up failed.
   asio::awaitable<void> tell_root(std::string why);
-  // Rank 0: says goodbye on its connection to the root and lets it go (no-op elsewhere, or when
-  // done already). Without the goodbye the root takes the end of the connection for rank 0's
-  // death and keeps answering status queries for one more COCCL_TIMEOUT.
+  // The first rank of a root's share: says goodbye on its connection to that root and lets it go
+  // (no-op elsewhere, or when done already). Without the goodbye the root takes the end of the
+  // connection for the rank's death and keeps answering status queries for one more COCCL_TIMEOUT.
   void leave_root();
   // "; <why>" when the root holds a failure notice of `peer`, else "".
   asio::awaitable<std::string> gone_because(int peer);
@@ -288,11 +279,9 @@ class Peers {
   Admission admission_;  // connections that have not authenticated yet
   DropLog drops_;
   asio::steady_timer accept_retry_;  // pause after an accept error
-  bool table_received_ = false;      // only the first table frame counts
   Directory directory_;
-  // Children still being passed the table, or that could not take it (forwarding_table_to).
-  std::vector<int> forwarding_;
-  runtime::Mailbox<std::vector<std::uint8_t>> table_box_;
+  // The connection the table is awaited on during the rendezvous: shutdown() closes it.
+  std::shared_ptr<Stream> table_link_;
   // A timer used as an event: cancelled once the table is here (or on shutdown). A peer that got
   // the table earlier may dial before it reaches this rank; answering waits for it.
   asio::steady_timer table_ready_;
@@ -380,14 +369,15 @@ class Peers {
   std::error_code shut_ec_;
   // Notices on their way to unlinked peers (shutdown); shared: they may outlive this object.
   std::shared_ptr<int> telling_ = std::make_shared<int>(0);
-  // Rank 0: its connection to the root, held open until shutdown() (or destruction) so that the
-  // root keeps answering status queries for the communicator; leave_root() says goodbye on it.
+  // The first rank of a root's share: its connection to that root, held open until shutdown() (or
+  // destruction) so that the root keeps answering status queries for the communicator;
+  // leave_root() says goodbye on it.
   std::shared_ptr<Stream> root_link_;
   std::optional<Channel> root_channel_;
   std::optional<RootAddress> root_;  // the first root, from rendezvous()
   // While this rank leads its host's meeting (host_leader.hpp): until its table arrives.
   std::shared_ptr<HostLeader> leader_;
-  int roots_ = 1;  // how many roots rendezvous() was given
+  std::vector<RootAddress> roots_;  // every root, from rendezvous()
   runtime::Mailbox<RecoveryRequest> recovery_box_;
   std::uint64_t shrink_attempts_ = 0;
   bool shrinking_ = false;

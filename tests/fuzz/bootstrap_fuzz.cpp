@@ -127,13 +127,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     }
     case 7: {
-      // A share must be the one its index names, and survive encoding unchanged.
+      // A share names only ranks of its sender's share, a token none, and it survives encoding
+      // unchanged.
       auto payload = in.rest();
       fuzz::rejects(errc::bad_message, [&] {
         Share sh = decode_share(payload);
-        if (sh.first !=
-            share_begin(static_cast<int>(sh.index), sh.nranks, static_cast<int>(sh.roots)))
-          fuzz::violated("a share that starts at the wrong rank");
+        const int roots = static_cast<int>(sh.roots), from = static_cast<int>(sh.from);
+        for (const DirectoryEntry& e : sh.entries)
+          if (e.rank < share_begin(from, sh.nranks, roots) ||
+              e.rank >= share_begin(from + 1, sh.nranks, roots))
+            fuzz::violated("a share naming a rank outside its sender's share");
+        if (sh.round != Share::no_round && !sh.entries.empty())
+          fuzz::violated("a barrier token with entries");
         same(encode_share(sh), payload);
       });
       break;

@@ -87,7 +87,21 @@ void bootstrap_seeds() {
   seed("bootstrap", "hello", with(0, encode_hello({2, 3, info(5000), 2, 0x1234})));
   const std::vector<Hello> hellos{{3, 8, info(5001), 1, 0}, {5, 8, info(5002), 1, 0}};
   seed("bootstrap", "hellos", with(0, encode_hellos(hellos)));
-  seed("bootstrap", "share", with(7, encode_share({5, 2, 1, 0x1234, 3, {info(5003), info(5004)}})));
+  Share entries;
+  entries.nranks = 5;
+  entries.roots = 2;
+  entries.from = 1;
+  entries.to = 0;
+  entries.ids = 0x1234;
+  entries.entries = {{3, info(5003), 2}, {4, info(5004), 2}};
+  seed("bootstrap", "share", with(7, encode_share(entries)));
+  Share token = entries;
+  token.entries.clear();
+  token.round = 0;
+  token.low_host = 1;
+  token.high_host = 2;
+  token.hosts = 2;
+  seed("bootstrap", "token", with(7, encode_share(token)));
   const std::vector<DirectoryEntry> three{
       {0, info(5000), 3}, {1, info(5001), 3}, {2, info(5002), 3}};
   Bytes table = encode_directory({3, 1, 1}, three);

@@ -11,6 +11,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <coccl/coccl.hpp>
@@ -460,8 +461,9 @@ void expect_root_stops_without_saying_rank_zero_left(const transport::RootAddres
   EXPECT_FALSE(said_left);
 }
 
-// The ranks below rank 0 in the tree wait for the table it was to pass on: the root must still
-// answer, saying that rank 0 left, for one more COCCL_TIMEOUT (and 5 s), and then close.
+// Ranks that wait for their table ask the root who holds it up: when rank 0 (the first rank of the
+// root's share) leaves without a goodbye, the root must still answer, saying so, for one more
+// COCCL_TIMEOUT (and 5 s), and then close.
 TEST(BootstrapRoot, AnswersThatRankZeroLeftWithoutAGoodbyeThenCloses) {
   const test::ParamOverride timeout(params::timeout_s, "2");
   const auto root = transport::decode(UniqueId::create());
@@ -496,27 +498,115 @@ TEST(BootstrapRoot, ServesWhileRankZeroLivesAndStopsWhenItIsDestroyed) {
   expect_root_stops_without_saying_rank_zero_left(root);
 }
 
-// Rank 0 takes the table and dies before passing it on: the ranks below it time out naming it,
-// as the root and the dead rank's silence tell them.
-TEST(BootstrapRoot, RanksWaitingForATableThatRankZeroTookAndDiedWithNameIt) {
+// A host's leader played by hand: rank `rank` of `nranks` (listening at `listener`) leads the
+// meeting of this host's ranks at `root`, carries the hellos of `followers` of them with its own,
+// takes the host's table from the root and passes nothing on: it holds every connection open for
+// `hold` (a leader hung, as if stopped), then goes (a leader dead). `listening` is set once it
+// holds the meeting place.
+void lead_and_fail(const transport::RootAddress& root, int rank, int nranks, tcp::endpoint listener,
+                   int followers, std::chrono::milliseconds hold, std::atomic<bool>& listening) {
+  asio::io_context io;
+  transport::Acceptor meeting(io.get_executor());
+  const bool leads =
+      meeting.listen_local(transport::host_meeting_name(root, transport::host_hash()), false, {});
+  listening = true;
+  ASSERT_TRUE(leads);
+  bool took = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        std::vector<transport::Hello> hellos{
+            {rank, nranks, transport::PeerInfo::from(listener), 1, 0}};
+        std::vector<std::pair<std::shared_ptr<transport::Stream>, transport::Channel>> met;
+        for (int i = 0; i < followers; ++i) {
+          auto s = std::make_shared<transport::Stream>(
+              co_await meeting.async_accept(asio::use_awaitable));
+          transport::Channel c = co_await transport::Channel::respond(*s, root.secret);
+          transport::Frame f = co_await transport::read_frame(*s, c, 4096);
+          hellos.push_back(transport::decode_hello(f.payload));
+          met.emplace_back(s, std::move(c));
+        }
+        auto sock = co_await transport::dial(io.get_executor(), root.address,
+                                             std::chrono::steady_clock::now() + 5s);
+        transport::Channel channel = co_await transport::Channel::initiate(*sock, root.secret);
+        co_await transport::write_frame(*sock, channel, transport::FrameType::hellos,
+                                        transport::encode_hellos(hellos));
+        const std::vector<std::uint8_t> none;
+        for (auto& [s, c] : met)
+          co_await transport::write_frame(*s, c, transport::FrameType::status, none);
+        transport::Frame table = co_await transport::read_frame(*sock, channel, 1 << 20);
+        took = table.type == transport::FrameType::table;
+        asio::steady_timer wait(io, hold);
+        co_await wait.async_wait(asio::use_awaitable);
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  io.run_for(20s);
+  EXPECT_TRUE(took);
+}
+
+// A listener address where nobody listens.
+tcp::endpoint nobody_at(const transport::RootAddress& root) {
+  asio::io_context io;
+  tcp::acceptor gone(io, tcp::endpoint(root.endpoint().address(), 0));
+  return gone.local_endpoint();
+}
+
+// Ranks `ranks` of `nranks` create their communicators of `id` on threads, and nothing more (a
+// rank played by hand could not take part in an operation); each destroys once all are through.
+std::vector<RankResult> create_only(const UniqueId& id, int nranks, std::vector<int> ranks) {
+  std::vector<RankResult> results(nranks);
+  std::latch through(static_cast<std::ptrdiff_t>(ranks.size()));
+  std::vector<std::thread> threads;
+  for (int r : ranks)
+    threads.emplace_back([&, r] {
+      Communicator c;
+      try {
+        c = Communicator::create(id, r, nranks);
+      } catch (const std::system_error& e) {
+        results[r].ec = e.code();
+        results[r].what = e.what();
+      }
+      through.arrive_and_wait();
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// The root sends a host's table to the host's leader, which passes each follower its part. A
+// leader that dies first leaves no one stranded: its follower's connection ends, the follower
+// says hello to the root itself, and the root sends it its table on that connection.
+TEST(HostLeaders, AFollowerWhoseLeaderDiesWithTheTableAsksTheRootAndForms) {
+  const test::ParamOverride timeout(params::timeout_s, "10");
+  const UniqueId id = UniqueId::create();
+  const auto root = transport::decode(id);
+  std::atomic<bool> listening{false};
+  std::thread leader([&] { lead_and_fail(root, 1, 3, nobody_at(root), 1, 0ms, listening); });
+  while (!listening) std::this_thread::sleep_for(1ms);
+  const auto results = create_only(id, 3, {0, 2});
+  leader.join();
+  EXPECT_FALSE(results[0].ec) << results[0].what;
+  EXPECT_FALSE(results[2].ec) << results[2].what;
+}
+
+// A leader that takes its host's table and hangs (stopped) holds its followers up: they time out
+// naming it, as the root and the leader's silence tell them. The other ranks form.
+TEST(HostLeaders, FollowersOfALeaderThatHangsWithTheirTableNameIt) {
   const test::ParamOverride timeout(params::timeout_s, "2");
   const UniqueId id = UniqueId::create();
   const auto root = transport::decode(id);
-  tcp::endpoint nobody;
-  {
-    asio::io_context io;
-    tcp::acceptor gone(io, tcp::endpoint(root.endpoint().address(), 0));
-    nobody = gone.local_endpoint();
-  }
-  std::thread rank0([&] { take_table_and_leave(root, false, 3, nobody); });
-  auto results = join_and_sum(id, 3, {1, 2});
-  rank0.join();
-  for (int r : {1, 2}) {
-    EXPECT_EQ(results[r].ec, errc::timed_out) << results[r].what;
-    EXPECT_NE(results[r].what.find("rank 0 does not answer"), std::string::npos) << results[r].what;
-    EXPECT_NE(results[r].what.find("rank 0 took it from the root"), std::string::npos)
-        << results[r].what;
-  }
+  std::atomic<bool> listening{false};
+  std::thread leader([&] { lead_and_fail(root, 1, 3, nobody_at(root), 1, 5000ms, listening); });
+  while (!listening) std::this_thread::sleep_for(1ms);
+  const auto results = create_only(id, 3, {0, 2});
+  leader.join();
+  EXPECT_FALSE(results[0].ec) << results[0].what;
+  EXPECT_EQ(results[2].ec, errc::timed_out) << results[2].what;
+  EXPECT_NE(results[2].what.find("sent the table to rank 1, the leader of its host, which did not "
+                                 "pass it on (rank 1 does not answer"),
+            std::string::npos)
+      << results[2].what;
 }
 
 // Every rank says hello at once, far beyond the root's cap on connections that have not

@@ -1,6 +1,6 @@
-// The spread address table (transport/directory.hpp): which entries a rank keeps, what the
-// bootstrap tree passes down, the way a lookup takes, the frames' checks, and communicators of
-// many ranks on the in-memory network that find each other's addresses by asking.
+// The spread address table (transport/directory.hpp): which entries a rank keeps, what a root
+// sends each connection that carried hellos, the way a lookup takes, the frames' checks, and
+// communicators of many ranks on the in-memory network that find each other's addresses by asking.
 #include "transport/directory.hpp"
 
 #include <gtest/gtest.h>
@@ -22,7 +22,7 @@
 namespace coccl::transport {
 namespace {
 
-std::vector<int> needs_of(int rank, int n) {
+std::vector<int> needs_one(int rank, int n) {
   std::vector<int> v;
   directory_needs(rank, n, v);
   std::sort(v.begin(), v.end());
@@ -62,7 +62,7 @@ TEST(Directory, EveryLookupReachesItsTargetInAsManyHopsAsTheRanksDifferInBits) {
         while (at != to) {
           const auto next = next_hops(at, to);
           ASSERT_FALSE(next.empty()) << n << ": " << at << " -> " << to;
-          const auto kept = needs_of(at, n);
+          const auto kept = needs_one(at, n);
           for (int h : next) {
             ASSERT_LT(h, n) << n << ": " << at << " -> " << to;
             ASSERT_EQ(std::popcount(static_cast<unsigned>(h ^ at)), 1);
@@ -93,64 +93,83 @@ TEST(Directory, EveryLookupReachesItsTargetInAsManyHopsAsTheRanksDifferInBits) {
       }
 }
 
-TEST(Directory, EachTreeParentHoldsWhatItsChildsSubtreeKeeps) {
+// Two roots work out alone what each sends the other: that needs a rank a keeps to keep a.
+TEST(Directory, ARankThatAKeepsKeepsA) {
+  for (int n : sizes)
+    for (int r = 0; r < n; ++r)
+      for (int y : needs_one(r, n)) {
+        const auto theirs = needs_one(y, n);
+        ASSERT_TRUE(std::binary_search(theirs.begin(), theirs.end(), r))
+            << "rank " << r << " keeps " << y << " of " << n << " but not the other way";
+      }
+}
+
+TEST(Directory, TheNeedsOfSeveralRanksAreTheUnionOfEach) {
   for (int n : sizes) {
-    for (int c = 1; c < n; ++c) {
-      const auto mine = subtree_needs(c, n);
-      const auto parents = subtree_needs((c - 1) / 2, n);
-      EXPECT_TRUE(std::includes(parents.begin(), parents.end(), mine.begin(), mine.end()))
-          << "rank " << c << " of " << n;
-      const auto own = needs_of(c, n);
-      EXPECT_TRUE(std::includes(mine.begin(), mine.end(), own.begin(), own.end()));
+    const int first = n / 3, last = std::min(n, first + 9);
+    std::set<int> expected;
+    std::vector<int> ranks;
+    for (int r = first; r < last; ++r) {
+      ranks.push_back(r);
+      for (int y : needs_one(r, n)) expected.insert(y);
     }
-    // Rank 0 is given every entry by the root: its subtree's needs are every rank.
-    EXPECT_EQ(subtree_needs(0, n).size(), static_cast<std::size_t>(n));
+    const std::vector<int> want(expected.begin(), expected.end());
+    EXPECT_EQ(needs_of(ranks, n), want) << n;
+    EXPECT_EQ(range_needs(first, last, n), want) << n;
   }
 }
 
-TEST(Directory, ARankKeepsLogNEntriesAndTheTreeMovesAboutNLogSquaredN) {
+TEST(Directory, ARankKeepsLogNEntriesAndTheRootsSendAboutNLogN) {
   for (int n : {1024, 16384}) {
     const int l = log2_ceil(n);
     std::size_t most = 0;
-    for (int r = 0; r < n; ++r) most = std::max(most, needs_of(r, n).size());
+    for (int r = 0; r < n; ++r) most = std::max(most, needs_one(r, n).size());
     // Itself, l partners, two ring neighbours, a parent and two children.
     EXPECT_LE(most, static_cast<std::size_t>(l + 6)) << n;
-    std::size_t moved = 0;
-    for (int c = 1; c < n; ++c) moved += subtree_needs(c, n).size();
-    EXPECT_LE(moved, static_cast<std::size_t>(n) * l * l) << n;
+    // What the roots send: each host of 8 ranks gets what its ranks keep, on one connection.
+    std::size_t sent = 0;
+    for (int host = 0; host < n; host += 8) sent += range_needs(host, host + 8, n).size();
+    EXPECT_LE(sent, static_cast<std::size_t>(n) * (l + 6)) << n;
     // Against the N^2 of every rank holding the whole table.
-    EXPECT_LT(moved, static_cast<std::size_t>(n) * n / 8) << n;
+    EXPECT_LT(sent, static_cast<std::size_t>(n) * n / 8) << n;
   }
 }
 
-TEST(Directory, AChildIsPassedExactlyItsSubtreesEntriesAndKeepsItsOwnNeeds) {
+TEST(Directory, AConnectionIsSentExactlyWhatItsRanksKeepAndEachRankTakesItsOwn) {
   const int n = 100;
   const DirectoryFrame root = whole(n, false);
-  for (int c : {1, 2, 37, 99}) {
-    const auto bytes = directory_for_child(root, c);
+  const std::vector<std::vector<int>> carriers{{1}, {37}, {99}, {8, 9, 10, 11, 12, 13, 14, 15}};
+  for (const std::vector<int>& ranks : carriers) {
+    const auto bytes = directory_for(root, needs_of(ranks, n));
     const DirectoryFrame got = decode_directory(bytes, n);
-    std::vector<int> ranks;
+    std::vector<int> sent;
     for (const auto& e : got.entries) {
-      ranks.push_back(e.rank);
+      sent.push_back(e.rank);
       EXPECT_EQ(e.info.port, info_of(e.rank).port);
     }
-    EXPECT_EQ(ranks, subtree_needs(c, n));
-    Directory d;
-    d.assign(got, c);
-    EXPECT_TRUE(d.formed());
-    EXPECT_EQ(d.known(), needs_of(c, n).size());
-    for (int r : needs_of(c, n)) ASSERT_NE(d.find(r), nullptr) << r;
-    EXPECT_EQ(d.host_ranks(), c >= 96 ? 4u : 8u);  // ranks 96-99 are the last host's 4
-    EXPECT_EQ(d.header().hosts, 13u);
-    // Learning keeps what it holds.
-    PeerInfo other = info_of(3);
-    other.port = 1;
-    d.learn(c, other);
-    EXPECT_EQ(d.find(c)->port, info_of(c).port);
+    EXPECT_EQ(sent, needs_of(ranks, n));
+    for (int c : ranks) {
+      // A leader passes each follower its own part of what came.
+      const int one[] = {c};
+      const DirectoryFrame own = decode_directory(directory_for(got, needs_of(one, n)), n);
+      Directory d;
+      d.assign(own, c);
+      EXPECT_TRUE(d.formed());
+      EXPECT_EQ(d.known(), needs_one(c, n).size());
+      for (int r : needs_one(c, n)) ASSERT_NE(d.find(r), nullptr) << r;
+      EXPECT_EQ(d.host_ranks(), c >= 96 ? 4u : 8u);  // ranks 96-99 are the last host's 4
+      EXPECT_EQ(d.header().hosts, 13u);
+      // Learning keeps what it holds.
+      PeerInfo other = info_of(3);
+      other.port = 1;
+      d.learn(c, other);
+      EXPECT_EQ(d.find(c)->port, info_of(c).port);
+    }
   }
-  // A full table goes on whole.
+  // A full table goes whole to everyone.
   const DirectoryFrame full = whole(10, true);
-  const DirectoryFrame passed = decode_directory(directory_for_child(full, 4), 10);
+  const int four[] = {4};
+  const DirectoryFrame passed = decode_directory(directory_for(full, needs_of(four, 10)), 10);
   EXPECT_EQ(passed.entries.size(), 10u);
   Directory d;
   d.assign(passed, 4);
@@ -202,10 +221,12 @@ TEST(Directory, FramesThatLieAreRefused) {
     zero_hosts[0].host_ranks = 0;
     EXPECT_TRUE(refused(encode_directory(f.header, zero_hosts), n));
   }
-  // A parent that lacks what its child's subtree needs says so rather than passing too little.
+  // A root or leader that lacks what a rank keeps (here rank 2's child 5) says so rather than
+  // passing too little.
   DirectoryFrame sparse = whole(n, false);
   sparse.entries.erase(sparse.entries.begin() + 5);
-  EXPECT_THROW(directory_for_child(sparse, 2), std::system_error);
+  const int two[] = {2};
+  EXPECT_THROW(directory_for(sparse, needs_of(two, n)), std::system_error);
   // Lookups: a rank out of range, an empty or oversized answer.
   EXPECT_THROW(decode_whois(encode_whois(n), n), std::system_error);
   EXPECT_EQ(decode_whois(encode_whois(n - 1), n), n - 1);
