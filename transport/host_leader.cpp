@@ -255,8 +255,7 @@ asio::awaitable<HostHello> hello_on_host(asio::any_io_executor ex, const RootAdd
     if (auto s = co_await dial_local(ex, name, memory, traffic)) {
       HostHello met;
       met.channel = co_await hello_to_leader(s, root.secret, hello, until);
-      met.sent = met.channel.has_value();
-      if (met.sent) met.link = std::move(s);
+      if (met.channel) met.link = std::move(s);
       co_return met;
     }
     auto leader = std::make_shared<HostLeader>(ex, root.secret, hello);
@@ -281,7 +280,6 @@ asio::awaitable<HostHello> hello_on_host(asio::any_io_executor ex, const RootAdd
     }
     asio::co_spawn(ex, leader->accept_loop(leader), asio::detached);
     HostHello led;
-    led.sent = true;
     led.leader = std::move(leader);
     co_return led;
   }

@@ -32,11 +32,13 @@ namespace coccl::transport {
 
 class HostLeader;
 
-/// What became of a hello offered to the host's meeting.
+/// What became of a hello offered to the host's meeting: nothing set when it did not reach the
+/// root that way (the rank then says hello itself).
 struct HostHello {
-  bool sent = false;                   // it reached the root through the host's leader
-  std::shared_ptr<HostLeader> leader;  // set when this rank leads: stop() it when the table came
-  // Set when this rank follows and its hello was carried: its table comes on this connection.
+  // This rank leads, and its hello went: it takes its host's table (take_table), passes the
+  // followers theirs (pass_tables), then stops.
+  std::shared_ptr<HostLeader> leader;
+  // This rank follows and its hello was carried: its table comes on this connection.
   std::shared_ptr<Stream> link;
   std::optional<Channel> channel;
 };
@@ -45,7 +47,7 @@ struct HostHello {
 /// dials the root, sends its own hello and carries the hellos of the host's other ranks until
 /// stopped. `memory`: meet on the in-memory network (each party's host is Traffic::host()).
 /// Throws as a direct hello would only when this rank leads and cannot reach the root; every
-/// other failure returns sent == false, and the caller says hello itself.
+/// other failure returns nothing set, and the caller says hello itself.
 asio::awaitable<HostHello> hello_on_host(asio::any_io_executor ex, const RootAddress& root,
                                          const Hello& hello, bool memory,
                                          std::shared_ptr<Traffic> traffic,
