@@ -786,6 +786,16 @@ std::uint64_t host_hash() {
   return h;
 }
 
+std::uint64_t ids_digest(const std::vector<RootAddress>& roots) {
+  if (roots.size() == 1) return 0;
+  Writer w;
+  for (const RootAddress& r : roots) w.put(r.secret).put(r.address.addr).put(r.address.port);
+  auto d = detail::sha256(w.bytes().data(), w.bytes().size());
+  std::uint64_t v;
+  std::memcpy(&v, d.data(), sizeof v);
+  return v;
+}
+
 namespace {
 // Serves the rendezvous on the root's listener until it is done or COCCL_TIMEOUT passes.
 void serve(std::shared_ptr<Root> root, runtime::ProxyThread& thread);
@@ -860,18 +870,6 @@ asio::awaitable<void> Peers::rendezvous(std::vector<RootAddress> roots) {
 }
 
 namespace {
-
-// The same for every rank given the same ids in the same order (and for no other list, short of
-// a hash collision).
-std::uint64_t digest_of(const std::vector<RootAddress>& roots) {
-  if (roots.size() == 1) return 0;
-  Writer w;
-  for (const RootAddress& r : roots) w.put(r.secret).put(r.address.addr).put(r.address.port);
-  auto d = detail::sha256(w.bytes().data(), w.bytes().size());
-  std::uint64_t v;
-  std::memcpy(&v, d.data(), sizeof v);
-  return v;
-}
 
 // Delivers one of root `from`'s shares to root `to` (whose id this rank holds), authenticated
 // with that root's secret. Throws with the root's refusal, or the failure to reach it.
@@ -958,7 +956,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   const int at = root_of(rank_, nranks_, nroots);
   const RootAddress root = roots[at];
   const bool first_of_share = rank_ == share_begin(at, nranks_, nroots);
-  const Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), digest_of(roots)};
+  const Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), ids_digest(roots)};
   auto left = [&] {
     return std::max<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
                                                          std::chrono::milliseconds(1));
@@ -1065,6 +1063,8 @@ asio::awaitable<std::vector<std::uint8_t>> Peers::relay_until_table(
   auto relayed = std::make_shared<asio::steady_timer>(ex_, asio::steady_timer::time_point::max());
   auto failure = std::make_shared<std::exception_ptr>();
   std::vector<std::uint8_t> table;
+  const int nroots = static_cast<int>(roots.size());
+  std::size_t asked = 0;
   try {
     runtime::CloseAfter guard(
         *sock, std::max<std::chrono::steady_clock::duration>(
@@ -1079,6 +1079,9 @@ asio::awaitable<std::vector<std::uint8_t>> Peers::relay_until_table(
       const Share s = decode_share(f.payload);
       if (static_cast<int>(s.from) != at || s.roots != roots.size())
         bad_message("root " + std::to_string(at) + " asked to relay a share not its own");
+      // A root sends each other root its entries at most once, and one token a round.
+      if (++asked > roots.size() + static_cast<std::size_t>(barrier_rounds(nroots)))
+        bad_message("root " + std::to_string(at) + " asked to relay more shares than there are");
       ++*pending;
       const int to = static_cast<int>(s.to);
       asio::co_spawn(ex_,

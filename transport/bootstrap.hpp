@@ -101,6 +101,11 @@ inline constexpr std::size_t max_status_frame = 1u << 20;
 /// This host's identity: hash of host name and boot id.
 std::uint64_t host_hash();
 
+/// The digest of an id list that hellos and shares carry (Hello::ids): the same for every rank
+/// given the same ids in the same order, and for no other list short of a hash collision; 0 for
+/// one id.
+std::uint64_t ids_digest(const std::vector<RootAddress>& roots);
+
 }  // namespace coccl::transport
 
 namespace coccl::params {

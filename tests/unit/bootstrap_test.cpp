@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/comm.hpp"
 #include "runtime/deadline.hpp"
 #include "tests/support/param_override.hpp"
 #include "transport/admission.hpp"
@@ -607,6 +608,95 @@ TEST(HostLeaders, FollowersOfALeaderThatHangsWithTheirTableNameIt) {
                                  "pass it on (rank 1 does not answer"),
             std::string::npos)
       << results[2].what;
+}
+
+// ---- The roots of several ids ----
+
+// Sends one share to the root at `to`, as the first rank of another root's share relays it;
+// returns the root's answer: empty when taken, else its refusal.
+std::string relay_to_root(const transport::RootAddress& to, const transport::Share& share) {
+  asio::io_context io;
+  std::string answer = "no answer";
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto sock = co_await transport::dial(io.get_executor(), to.address,
+                                             std::chrono::steady_clock::now() + 5s);
+        transport::Channel channel = co_await transport::Channel::initiate(*sock, to.secret);
+        co_await transport::write_frame(*sock, channel, transport::FrameType::share,
+                                        transport::encode_share(share));
+        transport::Frame f = co_await transport::read_frame(*sock, channel, 4096);
+        answer = f.type == transport::FrameType::status
+                     ? std::string(f.payload.begin(), f.payload.end())
+                     : "refused: " + std::string(f.payload.begin(), f.payload.end());
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  io.run_for(10s);
+  return answer;
+}
+
+// A share that is not what a root waits for (entries its ranks do not keep, for another root,
+// from ranks given other ids, with another COCCL_DIRECTORY_FULL, a barrier token out of turn) is
+// refused with the reason, and costs the honest ranks nothing: they form and sum.
+TEST(BootstrapRoots, RefuseSharesTheyDoNotWaitForAndTheRanksStillForm) {
+  const std::vector<UniqueId> ids{UniqueId::create(), UniqueId::create(), UniqueId::create()};
+  std::vector<transport::RootAddress> roots;
+  for (const UniqueId& id : ids) roots.push_back(transport::decode(id));
+  const int nranks = 6;  // shares [0, 2), [2, 4), [4, 6); every rank keeps every entry
+  transport::Share good;
+  good.nranks = nranks;
+  good.roots = 3;
+  good.from = 1;
+  good.to = 0;
+  good.ids = transport::ids_digest(roots);
+  good.full = 1;
+  transport::PeerInfo somewhere = transport::PeerInfo::from(nobody_at(roots[1]));
+  good.entries = {{2, somewhere, 2}};  // root 0 waits for ranks 2 and 3 both
+  auto refused = [&](const transport::Share& s, const std::string& why) {
+    const std::string answer = relay_to_root(roots[0], s);
+    EXPECT_EQ(answer.rfind("refused: ", 0), 0u) << answer;
+    EXPECT_NE(answer.find(why), std::string::npos) << answer;
+  };
+  refused(good, "are not the ones root 0's ranks keep");
+  transport::Share wrong = good;
+  wrong.to = 2;
+  refused(wrong, "to another root");
+  wrong = good;
+  wrong.ids ^= 1;
+  refused(wrong, "were given other ids");
+  wrong = good;
+  wrong.full = 0;
+  refused(wrong, "disagree on COCCL_DIRECTORY_FULL");
+  wrong = good;
+  wrong.entries.clear();
+  wrong.round = 0;  // root 0 hears round 0 from root 2, not 1
+  wrong.low_host = wrong.high_host = 7;
+  wrong.hosts = 1;
+  refused(wrong, "out of turn");
+  std::vector<float> sums(nranks, -1);
+  std::vector<std::string> errors(nranks);
+  std::vector<std::thread> threads;
+  std::latch done(nranks);
+  for (int r = 0; r < nranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator c = detail::create_blocking(ids, r, nranks, {});
+        float in = static_cast<float>(r + 1), out = 0;
+        c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
+        sums[r] = out;
+        done.arrive_and_wait();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        done.count_down();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < nranks; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(sums[r], 21.0f) << "rank " << r;
+  }
 }
 
 // Every rank says hello at once, far beyond the root's cap on connections that have not
