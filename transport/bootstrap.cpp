@@ -304,8 +304,7 @@ asio::awaitable<void> root_form(std::shared_ptr<Root> root) {
   for (const std::shared_ptr<Carrier>& c : std::exchange(root->carriers, {})) {
     std::vector<std::uint8_t> payload;
     try {
-      payload = root->full ? directory_for(held, {})
-                           : directory_for(held, needs_of(c->ranks, root->nranks));
+      payload = directory_for(held, needs_of(c->ranks, root->nranks));
     } catch (const std::exception& e) {
       COCCL_WARN(boot, -1, "bootstrap root %d: %s", root->index, e.what());
       continue;
@@ -321,19 +320,26 @@ asio::awaitable<void> root_form(std::shared_ptr<Root> root) {
   }
 }
 
+// A share from this root to root `k`, with the communicator's settings and nothing else yet.
+Share share_for(const Root& root, int k) {
+  Share s;
+  s.nranks = root.nranks;
+  s.roots = static_cast<std::uint32_t>(root.roots);
+  s.from = static_cast<std::uint32_t>(root.index);
+  s.to = static_cast<std::uint32_t>(k);
+  s.ids = root.ids;
+  s.full = root.full ? 1 : 0;
+  return s;
+}
+
 // Sends the barrier tokens that are due, and forms once every token and entry is in.
 void root_advance(const std::shared_ptr<Root>& root) {
   if (!root->complete || root->formed || root->expired || root->done) return;
   const int rounds = static_cast<int>(root->tokens.size());
   while (root->rounds_sent < rounds &&
          (root->rounds_sent == 0 || root->tokens[root->rounds_sent - 1])) {
-    Share t;
-    t.nranks = root->nranks;
-    t.roots = static_cast<std::uint32_t>(root->roots);
-    t.from = static_cast<std::uint32_t>(root->index);
-    t.to = static_cast<std::uint32_t>((root->index + (1LL << root->rounds_sent)) % root->roots);
-    t.ids = root->ids;
-    t.full = root->full ? 1 : 0;
+    Share t = share_for(*root,
+                        static_cast<int>((root->index + (1LL << root->rounds_sent)) % root->roots));
     t.round = static_cast<std::uint32_t>(root->rounds_sent);
     t.low_host = root->low_host;
     t.high_host = root->high_host;
@@ -386,13 +392,7 @@ void root_share_complete(const std::shared_ptr<Root>& root) {
       }
     }
     for (auto& [k, entries] : out) {
-      Share s;
-      s.nranks = root->nranks;
-      s.roots = static_cast<std::uint32_t>(root->roots);
-      s.from = static_cast<std::uint32_t>(root->index);
-      s.to = static_cast<std::uint32_t>(k);
-      s.ids = root->ids;
-      s.full = root->full ? 1 : 0;
+      Share s = share_for(*root, k);
       s.entries = std::move(entries);
       carrier_send(root, root->first_rank, FrameType::share, encode_share(s));
     }

@@ -575,18 +575,27 @@ std::vector<RankResult> create_only(const UniqueId& id, int nranks, std::vector<
   return results;
 }
 
+// Ranks 0 and 2 of 3 create their communicators while rank 1, played by hand, leads their host,
+// takes the host's table and fails (lead_and_fail, holding on for `hold`), under COCCL_TIMEOUT
+// `timeout`.
+std::vector<RankResult> create_beside_a_failing_leader(std::chrono::milliseconds hold,
+                                                       const char* timeout) {
+  const test::ParamOverride limit(params::timeout_s, timeout);
+  const UniqueId id = UniqueId::create();
+  const auto root = transport::decode(id);
+  std::atomic<bool> listening{false};
+  std::thread leader([&] { lead_and_fail(root, 1, 3, nobody_at(root), 1, hold, listening); });
+  while (!listening) std::this_thread::sleep_for(1ms);
+  auto results = create_only(id, 3, {0, 2});
+  leader.join();
+  return results;
+}
+
 // The root sends a host's table to the host's leader, which passes each follower its part. A
 // leader that dies first leaves no one stranded: its follower's connection ends, the follower
 // says hello to the root itself, and the root sends it its table on that connection.
 TEST(HostLeaders, AFollowerWhoseLeaderDiesWithTheTableAsksTheRootAndForms) {
-  const test::ParamOverride timeout(params::timeout_s, "10");
-  const UniqueId id = UniqueId::create();
-  const auto root = transport::decode(id);
-  std::atomic<bool> listening{false};
-  std::thread leader([&] { lead_and_fail(root, 1, 3, nobody_at(root), 1, 0ms, listening); });
-  while (!listening) std::this_thread::sleep_for(1ms);
-  const auto results = create_only(id, 3, {0, 2});
-  leader.join();
+  const auto results = create_beside_a_failing_leader(0ms, "10");
   EXPECT_FALSE(results[0].ec) << results[0].what;
   EXPECT_FALSE(results[2].ec) << results[2].what;
 }
@@ -594,14 +603,7 @@ TEST(HostLeaders, AFollowerWhoseLeaderDiesWithTheTableAsksTheRootAndForms) {
 // A leader that takes its host's table and hangs (stopped) holds its followers up: they time out
 // naming it, as the root and the leader's silence tell them. The other ranks form.
 TEST(HostLeaders, FollowersOfALeaderThatHangsWithTheirTableNameIt) {
-  const test::ParamOverride timeout(params::timeout_s, "2");
-  const UniqueId id = UniqueId::create();
-  const auto root = transport::decode(id);
-  std::atomic<bool> listening{false};
-  std::thread leader([&] { lead_and_fail(root, 1, 3, nobody_at(root), 1, 5000ms, listening); });
-  while (!listening) std::this_thread::sleep_for(1ms);
-  const auto results = create_only(id, 3, {0, 2});
-  leader.join();
+  const auto results = create_beside_a_failing_leader(5000ms, "2");
   EXPECT_FALSE(results[0].ec) << results[0].what;
   EXPECT_EQ(results[2].ec, errc::timed_out) << results[2].what;
   EXPECT_NE(results[2].what.find("sent the table to rank 1, the leader of its host, which did not "

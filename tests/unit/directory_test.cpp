@@ -10,6 +10,8 @@
 #include <coccl/communicator.hpp>
 #include <coccl/error.hpp>
 #include <cstdint>
+#include <future>
+#include <latch>
 #include <set>
 #include <string>
 #include <thread>
@@ -291,6 +293,56 @@ TEST(SpreadDirectory, FortyRanksAboveTheFullTableLimitFindEveryAddressByAsking) 
 TEST(SpreadDirectory, EightRanksWithoutTheWholeTableStillLinkEveryPair) {
   const test::ParamOverride sparse(params::directory_full, "0");
   many_ranks_find_each_other(8, 5);
+}
+
+// Ranks of several ids on the in-memory network, rank r on host host_of(r): whether each rank's
+// communicator sees every rank on one host ("" where it formed, else why not). A root sees only
+// its share; the roots' barrier tells every root about the others' hosts.
+std::vector<std::string> one_host_seen(int n, int ids, int (*host_of)(int)) {
+  std::vector<UniqueId> list;
+  for (int k = 0; k < ids; ++k) list.push_back(detail::memory_unique_id());
+  std::vector<std::string> seen(n);
+  std::latch formed(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      auto party = std::make_shared<Traffic>();
+      party->set_host(0x7e57000000000000ull + static_cast<std::uint64_t>(host_of(r)));
+      std::promise<Communicator> made;
+      auto made_future = made.get_future();
+      detail::start_create(
+          list, r, n, CommunicatorOptions{},
+          [&made](boost::system::error_code ec, Communicator c) {
+            if (ec)
+              made.set_exception(std::make_exception_ptr(boost::system::system_error(ec)));
+            else
+              made.set_value(std::move(c));
+          },
+          nullptr, party);
+      Communicator c;
+      try {
+        c = made_future.get();
+        seen[r] = detail::impl_of(c)->one_host() ? "one host" : "several hosts";
+      } catch (const std::exception& e) {
+        seen[r] = e.what();
+      }
+      formed.arrive_and_wait();
+    });
+  for (auto& t : threads) t.join();
+  return seen;
+}
+
+TEST(SeveralRoots, EveryRankLearnsWhetherAllAreOnOneHost) {
+  // Three shares of three ranks, every rank on one host.
+  for (const std::string& s : one_host_seen(9, 3, [](int) { return 1; })) EXPECT_EQ(s, "one host");
+  // Ranks 0-4 on one host, 5-8 on another: the first share (ranks 0-2) holds one host only, and
+  // learns of the other through the barrier.
+  for (const std::string& s : one_host_seen(9, 3, [](int r) { return r < 5 ? 1 : 2; }))
+    EXPECT_EQ(s, "several hosts");
+  // Above the full table's limit, with 5 ids for 70 ranks on 9 hosts.
+  const test::ParamOverride sparse(params::directory_full, "16");
+  for (const std::string& s : one_host_seen(70, 5, [](int r) { return r / 8; }))
+    EXPECT_EQ(s, "several hosts");
 }
 
 }  // namespace
