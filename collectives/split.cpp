@@ -14,8 +14,10 @@
 #include <tuple>
 
 #include "collectives/comm.hpp"
+#include "collectives/comm_params.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
+#include "transport/bootstrap_messages.hpp"
 #include "transport/net.hpp"
 
 namespace coccl {
@@ -67,23 +69,25 @@ OpArgs transfers(std::vector<Transfer> list) {
 
 struct StartCreate {
   template <typename Handler>
-  void operator()(Handler handler, UniqueId id, int rank, int nranks, CommunicatorOptions options,
-                  std::shared_ptr<std::string> failure,
+  void operator()(Handler handler, std::vector<UniqueId> ids, int rank, int nranks,
+                  CommunicatorOptions options, std::shared_ptr<std::string> failure,
                   std::shared_ptr<transport::Traffic> traffic) const {
-    start_create(std::vector<UniqueId>{id}, rank, nranks, options,
-                 CreateHandler(std::move(handler)), std::move(failure), std::move(traffic));
+    start_create(std::move(ids), rank, nranks, options, CreateHandler(std::move(handler)),
+                 std::move(failure), std::move(traffic));
   }
 };
 
-// Joins the new communicator; its streams count with the parent's (one rank's traffic).
-asio::awaitable<Communicator> join(std::shared_ptr<CommImpl> parent, UniqueId id, int rank,
-                                   int nranks, CommunicatorOptions options) {
+// Joins the new communicator (its hellos spread over the roots of `ids`); its streams count with
+// the parent's (one rank's traffic).
+asio::awaitable<Communicator> join(std::shared_ptr<CommImpl> parent, std::vector<UniqueId> ids,
+                                   int rank, int nranks, CommunicatorOptions options) {
   auto failure = std::make_shared<std::string>();
   Awaitable token = asio::as_tuple(asio::use_awaitable);
   const StartCreate start;
   auto [ec, comm] =
       co_await asio::async_initiate<Awaitable, void(boost::system::error_code, Communicator)>(
-          start, token, id, rank, nranks, std::move(options), failure, parent->peers().traffic());
+          start, token, std::move(ids), rank, nranks, std::move(options), failure,
+          parent->peers().traffic());
   if (ec)
     throw std::system_error(ec, "split: could not join the new communicator" +
                                     (failure->empty() ? std::string() : " (" + *failure + ")"));
@@ -119,10 +123,11 @@ asio::awaitable<Communicator> split_by_color(std::shared_ptr<CommImpl> impl, int
   const int new_rank =
       static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
-  co_return co_await join(impl, id, new_rank, static_cast<int>(members.size()), std::move(options));
+  co_return co_await join(impl, std::vector<UniqueId>(1, id), new_rank,
+                          static_cast<int>(members.size()), std::move(options));
 }
 
-// The member list's fingerprint travels with the id, so members with another list notice.
+// The member list's fingerprint travels with the ids, so members with another list notice.
 std::uint64_t fingerprint_of(const std::vector<int>& members) {
   std::uint64_t h = 1469598103934665603ull;
   for (int r : members) h = (h ^ static_cast<std::uint32_t>(r)) * 1099511628211ull;
@@ -133,14 +138,21 @@ asio::awaitable<Communicator> split_by_members(std::shared_ptr<CommImpl> impl,
                                                std::vector<int> members, int mine) {
   const int m = static_cast<int>(members.size());
   const std::uint64_t h = fingerprint_of(members);
-  // members[0] makes the id; it travels down a binomial tree of the members over the parent's
-  // point-to-point links: member i takes it from i with its lowest set bit cleared and passes it
-  // to i + 2^j for each 2^j below that bit (farthest first), so it reaches every member in
-  // ceil(log2 m) steps and a member links to at most log2 m + 1 others. Members listed in rank
-  // order whose ranks are a block of 2^k ranks, or every 2^s-th rank (a host's GPUs, a rail),
-  // then pass it only between partners in the parent's hypercube, whose addresses every rank
-  // holds (transport/directory.hpp): no address is looked up. Only the tree neighbours are kept
-  // while the split goes on: the list itself is let go (12,288 members are 48 KiB a rank).
+  // The new communicator has one root per COCCL_SPLIT_ROOT_RANKS members (as
+  // ncclCommInitRankScalable spreads hellos over its ids), started by the first member of each
+  // share. The ids travel over a binomial tree of the members on the parent's point-to-point
+  // links: member i's parent is i with its lowest set bit cleared, its children i + 2^j for each
+  // 2^j below that bit. With one root its id goes down the tree; with several they first go up
+  // it, each member merging its children's into its own, and the whole list then comes down.
+  // Each way takes ceil(log2 m) steps, and a member links to at most log2 m + 1 others. Members
+  // listed in rank order whose ranks are a block of 2^k ranks, or every 2^s-th rank (a host's
+  // GPUs, a rail), pass them only between partners in the parent's hypercube, whose addresses
+  // every rank holds (transport/directory.hpp): no address is looked up. Only the tree
+  // neighbours are kept while the split goes on: the list itself is let go (12,288 members are
+  // 48 KiB a rank).
+  const int per_root =
+      static_cast<int>(std::clamp<std::int64_t>(params::split_root_ranks.get(), 1, 1 << 30));
+  const int roots = (m + per_root - 1) / per_root;
   const int first = members.front();
   const int parent = mine > 0 ? members[mine & (mine - 1)] : -1;
   std::vector<int> children;
@@ -148,33 +160,59 @@ asio::awaitable<Communicator> split_by_members(std::shared_ptr<CommImpl> impl,
   for (int step = 1 << 30; step > 0; step >>= 1)
     if (step < below && mine + step < m) children.push_back(members[mine + step]);
   members = {};
-  std::array<std::uint8_t, sizeof(UniqueId::bytes) + sizeof h> msg{};
-  if (mine == 0) {
+  // The ids (a slot each, zero until known), then the member list's fingerprint.
+  constexpr std::size_t id_bytes = sizeof(UniqueId::bytes);
+  std::vector<std::uint8_t> msg(roots * id_bytes + sizeof h);
+  const int at = transport::root_of(mine, m, roots);
+  if (mine == transport::share_begin(at, m, roots)) {
     const UniqueId id = new_id(*impl);
-    std::memcpy(msg.data(), id.bytes.data(), id.bytes.size());
-    std::memcpy(msg.data() + id.bytes.size(), &h, sizeof h);
-  } else {
+    std::memcpy(msg.data() + at * id_bytes, id.bytes.data(), id_bytes);
+  }
+  std::memcpy(msg.data() + roots * id_bytes, &h, sizeof h);
+  if (roots > 1 && !children.empty()) {
+    // Up: every child's subtree's ids, merged into this member's.
+    std::vector<std::vector<std::uint8_t>> theirs(children.size(),
+                                                  std::vector<std::uint8_t>(msg.size()));
+    std::vector<Transfer> take;
+    for (std::size_t i = 0; i < children.size(); ++i)
+      take.push_back(Transfer::recv(theirs[i].data(), msg.size(), DataType::uint8, children[i]));
+    co_await run(impl, transfers(std::move(take)), "split_members");
+    for (const auto& t : theirs) {
+      if (std::memcmp(t.data() + roots * id_bytes, &h, sizeof h) != 0)
+        throw std::system_error(make_error_code(errc::mismatch),
+                                "split_members: this rank's member list differs from its "
+                                "children's in the member tree");
+      for (int k = 0; k < roots; ++k) {
+        const std::uint8_t* slot = t.data() + k * id_bytes;
+        if (std::any_of(slot, slot + id_bytes, [](std::uint8_t b) { return b != 0; }))
+          std::memcpy(msg.data() + k * id_bytes, slot, id_bytes);
+      }
+    }
+  }
+  if (roots > 1 && mine > 0) {
+    std::vector<Transfer> up{Transfer::send(msg.data(), msg.size(), DataType::uint8, parent)};
+    co_await run(impl, transfers(std::move(up)), "split_members");
+  }
+  if (mine > 0) {
+    // Down: the whole list from the parent.
     std::vector<Transfer> take{Transfer::recv(msg.data(), msg.size(), DataType::uint8, parent)};
-    OpArgs receive = transfers(std::move(take));
-    co_await run(impl, std::move(receive), "split_members");
+    co_await run(impl, transfers(std::move(take)), "split_members");
   }
   std::vector<Transfer> forward;
   for (int c : children)
     forward.push_back(Transfer::send(msg.data(), msg.size(), DataType::uint8, c));
-  if (!forward.empty()) {
-    OpArgs sends = transfers(std::move(forward));
-    co_await run(impl, std::move(sends), "split_members");
-  }
-  UniqueId id{};
-  std::memcpy(id.bytes.data(), msg.data(), id.bytes.size());
+  if (!forward.empty()) co_await run(impl, transfers(std::move(forward)), "split_members");
   std::uint64_t theirs = 0;
-  std::memcpy(&theirs, msg.data() + id.bytes.size(), sizeof theirs);
+  std::memcpy(&theirs, msg.data() + roots * id_bytes, sizeof theirs);
   if (theirs != h)
     throw std::system_error(
         make_error_code(errc::mismatch),
         "split_members: this rank's member list differs from rank " + std::to_string(first) + "'s");
+  std::vector<UniqueId> ids(roots);
+  for (int k = 0; k < roots; ++k)
+    std::memcpy(ids[k].bytes.data(), msg.data() + k * id_bytes, id_bytes);
   const CommunicatorOptions defaults;
-  co_return co_await join(impl, id, mine, m, defaults);
+  co_return co_await join(impl, std::move(ids), mine, m, defaults);
 }
 
 // The caller's cancellation, taken to the parent's proxy thread, where the coroutine's signal is

@@ -59,6 +59,8 @@ class Peers {
   const Secret& secret() const noexcept { return secret_; }
   /// The rendezvous is over: this rank holds its entries of the address table.
   bool formed() const noexcept { return directory_.formed(); }
+  /// The ids (bootstrap roots) the communicator was formed from.
+  std::size_t roots() const noexcept { return roots_.size(); }
   /// Distinct hosts among the ranks, and ranks on this rank's host (0 before formed()).
   int hosts() const noexcept { return static_cast<int>(directory_.header().hosts); }
   int host_ranks() const noexcept { return static_cast<int>(directory_.host_ranks()); }

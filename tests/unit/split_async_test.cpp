@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "collectives/comm.hpp"
+#include "collectives/comm_params.hpp"
+#include "tests/support/param_override.hpp"
 
 namespace coccl {
 namespace {
@@ -77,6 +79,32 @@ TEST(SplitAsync, MembersFormTheGroupsListedFromOneThread) {
       ASSERT_TRUE(c) << "rank " << members[i];
       EXPECT_EQ(c.size(), 4);
       EXPECT_EQ(c.rank(), static_cast<int>(i));
+    }
+  expect_sums(made, groups);
+  destroy_all(made);
+  destroy_all(world);
+}
+
+// A group of more members than COCCL_SPLIT_ROOT_RANKS starts a root per share of them: the ids
+// go up the member tree and the whole list comes down, and the group forms over all of them.
+TEST(SplitAsync, MembersOfALargeGroupSpreadTheirHellosOverSeveralRoots) {
+  const test::ParamOverride per_root(params::split_root_ranks, "3");
+  constexpr int n = 10;
+  std::vector<Communicator> world = ranks_of(n);
+  const std::vector<std::vector<int>> groups{{9, 7, 5, 3, 1, 0, 2, 4}, {6, 8}};
+  std::vector<std::future<Communicator>> splitting(n);
+  for (const auto& members : groups)
+    for (int r : members) splitting[r] = world[r].async_split_members(members, asio::use_future);
+  std::vector<Communicator> made(n);
+  for (int r = 0; r < n; ++r) made[r] = splitting[r].get();
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    for (std::size_t i = 0; i < groups[g].size(); ++i) {
+      const Communicator& c = made[groups[g][i]];
+      ASSERT_TRUE(c) << "rank " << groups[g][i];
+      EXPECT_EQ(c.size(), static_cast<int>(groups[g].size()));
+      EXPECT_EQ(c.rank(), static_cast<int>(i));
+      // 8 members: ceil(8 / 3) roots; 2 members: one.
+      EXPECT_EQ(detail::impl_of(c)->peers().roots(), g == 0 ? 3u : 1u);
     }
   expect_sums(made, groups);
   destroy_all(made);
