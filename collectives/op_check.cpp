@@ -83,23 +83,8 @@ std::optional<OpHeader> OpChecks::to_send(int peer) {
   p.sent = make_op_header(*args_, op_seq_, p.pair_seq++, peer);
   p.op = op_seq_;
   p.taken = false;
-  p.held = false;
   current_.push_back(peer);
   return p.sent;
-}
-
-std::optional<OpHeader> OpChecks::take_held(int peer) {
-  auto it = peers_.find(peer);
-  if (it == peers_.end() || it->second.op != op_seq_ || !it->second.held) return std::nullopt;
-  it->second.held = false;
-  return it->second.sent;
-}
-
-std::vector<int> OpChecks::held() const {
-  std::vector<int> v;
-  for (int peer : current_)
-    if (peers_.at(peer).held) v.push_back(peer);
-  return v;
 }
 
 OpChecks::Peer& OpChecks::current(int peer) {

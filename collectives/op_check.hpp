@@ -40,10 +40,6 @@ struct OpHeader {
 
 /// The chunk fingerprint that marks a header (data chunks carry fingerprint_of()).
 inline constexpr std::uint32_t op_header_fingerprint = 0x0C0C4EADu;
-/// The fingerprint of a chunk that holds the header followed by the sender's first data chunk of
-/// the operation to that peer (links where a frame costs more than a copy join them:
-/// Connection::joins_header). Receivers take either form.
-inline constexpr std::uint32_t op_header_data_fingerprint = 0x0C0C4EAEu;
 inline constexpr std::uint32_t op_header_magic = 0x4F504843u;
 
 /// This rank's view of the operation `args` (sequence number `op_seq`) towards `peer`.
@@ -72,13 +68,6 @@ class OpChecks {
   const OpHeader& sent(int peer);
   /// Peers sent a header in this operation whose own header has not been taken yet.
   std::vector<int> untaken() const;
-  /// The header to_send() gave for `peer` is held back, to go joined with the first data chunk
-  /// to that peer (Connection::joins_header). Every Op of the operation sees it.
-  void hold(int peer) { current(peer).held = true; }
-  /// The held header for `peer`, once (then it is no longer held); nothing if none is held.
-  std::optional<OpHeader> take_held(int peer);
-  /// Peers whose header is still held in this operation.
-  std::vector<int> held() const;
 
  private:
   struct Peer {
@@ -86,7 +75,6 @@ class OpChecks {
     std::uint64_t op = 0;        // the op_seq of the operation `sent` belongs to (0: none yet)
     OpHeader sent{};
     bool taken = false;
-    bool held = false;
   };
   Peer& current(int peer);
 

@@ -64,10 +64,6 @@ class Connection {
   virtual const char* kind() const noexcept = 0;
   /// Largest single put.
   virtual std::size_t slot_bytes() const noexcept = 0;
-  /// True where each put is a frame of its own that costs more than copying a small one (tcp:
-  /// a system call, and on loopback the receiver's protocol input too): an operation then sends
-  /// its header to a peer joined with its first data chunk, in one put.
-  virtual bool joins_header() const noexcept { return false; }
 
   /// Copies [src, src+n) into the peer's next ring slot and notifies it. Completes once `src`
   /// may be reused. `fingerprint` identifies the operation; the receiver checks it. Throws

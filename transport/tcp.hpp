@@ -18,7 +18,6 @@ class TcpConnection final : public SocketConnection {
 
   const char* kind() const noexcept override { return "tcp"; }
   std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
-  bool joins_header() const noexcept override { return true; }
   asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   asio::awaitable<Chunk> wait() override;
   void release() override;

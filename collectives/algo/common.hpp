@@ -12,7 +12,6 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "collectives/comm.hpp"
@@ -59,8 +58,7 @@ class Op {
   }
 
   // The link to `peer`; the first call of an operation sends the peer this rank's header
-  // (op_check.hpp) ahead of any data, or, where the link joins headers, holds it for the first
-  // put to that peer (or settle()). Algorithms link their peers before they start concurrent
+  // (op_check.hpp) ahead of any data. Algorithms link their peers before they start concurrent
   // coroutines, so that put never overlaps another on the same link.
   asio::awaitable<Connection*> link(int peer) {
     Connection* l = nullptr;
@@ -74,51 +72,29 @@ class Op {
     } catch (const boost::system::system_error& e) {
       raise(make_error_code(errc::peer_lost), e.what());
     }
-    if (std::optional<OpHeader> h = c_.checks().to_send(peer)) {
-      if (l->joins_header())
-        c_.checks().hold(peer);
-      else
-        co_await l->put(&*h, sizeof *h, op_header_fingerprint);
-    }
+    if (std::optional<OpHeader> h = c_.checks().to_send(peer))
+      co_await l->put(&*h, sizeof *h, op_header_fingerprint);
     co_return l;
   }
 
   // Takes `peer`'s header, once per operation and before any of its data, and fails the
-  // operation (errc::mismatch) unless it describes the same operation as this rank's. A header
-  // joined with the peer's first data chunk leaves that chunk, in its slot, for the next take().
+  // operation (errc::mismatch) unless it describes the same operation as this rank's.
   Task take_header(Connection* l, int peer) {
     if (!c_.checks().to_take(peer)) co_return;
     Chunk ch = co_await l->wait();
     const OpHeader& mine = c_.checks().sent(peer);
     OpHeader theirs{};
-    const bool joined = ch.fingerprint == op_header_data_fingerprint && ch.size >= sizeof theirs;
-    if ((ch.fingerprint == op_header_fingerprint && ch.size == sizeof theirs) || joined)
+    if (ch.fingerprint == op_header_fingerprint && ch.size == sizeof theirs)
       std::memcpy(&theirs, ch.data, sizeof theirs);
+    l->release();
     std::string why = compare_op_headers(mine, theirs, r_, peer);
-    if (!joined || !why.empty()) l->release();
     if (!why.empty()) raise(make_error_code(errc::mismatch), why);
-    if (joined)
-      carried_.emplace_back(
-          peer, Chunk{ch.data + sizeof theirs, ch.size - sizeof theirs, ch.fingerprint});
   }
 
   // Confirms every peer linked in this operation: a rank that only sent to a peer learns here
-  // that the peer expected exactly that. Headers still held go first.
+  // that the peer expected exactly that.
   Task settle() {
-    for (int peer : c_.checks().held())
-      if (std::optional<OpHeader> h = c_.checks().take_held(peer))
-        co_await c_.peers().existing(peer)->put(&*h, sizeof *h, op_header_fingerprint);
-    for (int peer : c_.checks().untaken()) {
-      co_await take_header(co_await link(peer), peer);
-      // Headers that agree say what each side sends the other: a peer whose header agrees sends
-      // no data to a rank that takes none, and one that does is broken.
-      if (std::optional<Chunk> data = carried(peer)) {
-        c_.peers().existing(peer)->release();
-        raise(make_error_code(errc::mismatch),
-              "rank " + std::to_string(peer) + " sent " + std::to_string(data->size) +
-                  " bytes of data with its header, but its header says this rank takes none");
-      }
-    }
+    for (int peer : c_.checks().untaken()) co_await take_header(co_await link(peer), peer);
   }
 
   // Resolves every peer link up front so per_chunk() is known before chunking starts.
@@ -143,14 +119,7 @@ class Op {
   asio::awaitable<Chunk> take(int peer, std::size_t expect_bytes) {
     Connection* l = co_await link(peer);
     co_await take_header(l, peer);
-    Chunk ch{};
-    if (std::optional<Chunk> joined = carried(peer)) {
-      // Its header agreed with this rank's, so it is this operation's; its size is checked.
-      ch = *joined;
-      ch.fingerprint = fp_;
-    } else {
-      ch = co_await l->wait();
-    }
+    Chunk ch = co_await l->wait();
     if (ch.fingerprint != fp_ || ch.size != expect_bytes) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -163,20 +132,8 @@ class Op {
     co_return ch;
   }
 
-  // Puts one chunk to `peer`: the first of the operation goes joined with the held header when
-  // both fit a slot and the data is small enough that copying it costs less than a frame.
   Task put(int peer, const void* p, std::size_t bytes) {
     Connection* l = co_await link(peer);
-    if (std::optional<OpHeader> h = c_.checks().take_held(peer)) {
-      if (bytes <= max_joined_bytes && sizeof *h + bytes <= l->slot_bytes()) {
-        std::vector<std::byte> joined(sizeof *h + bytes);
-        std::memcpy(joined.data(), &*h, sizeof *h);
-        if (bytes) std::memcpy(joined.data() + sizeof *h, p, bytes);
-        co_await l->put(joined.data(), joined.size(), op_header_data_fingerprint);
-        co_return;
-      }
-      co_await l->put(&*h, sizeof *h, op_header_fingerprint);
-    }
     co_await l->put(p, bytes, fp_);
   }
 
@@ -188,8 +145,6 @@ class Op {
   // the operation ends); false: send it as chunks.
   asio::awaitable<bool> send_block(Connection* l, int peer, const std::byte* src,
                                    std::size_t bytes) {
-    if (std::optional<OpHeader> h = c_.checks().take_held(peer))
-      co_await l->put(&*h, sizeof *h, op_header_fingerprint);
     transport::BlockOffer o = co_await l->next_offer();
     if (o.fingerprint != fp_ || o.size != bytes) {
       char buf[256];
@@ -229,22 +184,6 @@ class Op {
   }
 
  private:
-  // A joined put copies its data once more: worth it up to here (a frame over tcp loopback costs
-  // about as much as copying 64 KiB).
-  static constexpr std::size_t max_joined_bytes = 64 << 10;
-
-  // The data chunk that came joined with `peer`'s header, taken from where take_header() left
-  // it (still in its slot: the caller releases it).
-  std::optional<Chunk> carried(int peer) {
-    for (auto it = carried_.begin(); it != carried_.end(); ++it)
-      if (it->first == peer) {
-        Chunk ch = it->second;
-        carried_.erase(it);
-        return ch;
-      }
-    return std::nullopt;
-  }
-
   CommImpl& c_;
   const OpArgs& a_;
   std::uint32_t fp_;
@@ -253,9 +192,6 @@ class Op {
   std::size_t slot_bytes_ = 0;
   std::size_t per_chunk_ = 0;
   std::vector<std::byte> scratch_;
-  // Joined data chunks taken with their header, per peer (a rank links O(log n) peers in an
-  // operation, so a flat list).
-  std::vector<std::pair<int, Chunk>> carried_;
 };
 
 /// Runs tasks concurrently and waits for all; rethrows the first failure. A failing task has

@@ -449,15 +449,14 @@ TEST(Cancellation, QueuedOperationIsRemovedAndTerminalCancellationInFlightAborts
 
 // Runs the op_mismatch scenario with `flag`. The ranks in `involved` must fail that operation
 // with errc::mismatch and a message naming the operation and both ranks of a disagreeing pair;
-// every rank fails (the mismatch, or the operation after it) and none reads wrong data. Over
-// `transport` (tcp links send each header joined with the first data chunk to that peer).
+// every rank fails (the mismatch, or the operation after it) and none reads wrong data.
 void expect_op_mismatch(const std::string& flag, int nranks, const std::vector<int>& involved,
-                        const std::string& op_name, const std::string& transport = "auto") {
+                        const std::string& op_name) {
   LaunchOptions o;
   o.scenario = "op_mismatch";
   o.nranks = nranks;
   o.args = {flag};
-  o.env = {"COCCL_TIMEOUT=20", "COCCL_TRANSPORT=" + transport};
+  o.env = {"COCCL_TIMEOUT=20"};
   o.deadline = seconds(60);
   const LaunchResult r = launch(o);
   print_errors(r);
@@ -493,16 +492,6 @@ TEST(OpMismatch, AllToAllvCountsThatDisagreeFailTheRanksOfThatPair) {
 
 TEST(OpMismatch, BroadcastRootsThatDisagreeFailInsteadOfMovingNothing) {
   expect_op_mismatch("root", 3, {0, 2}, "broadcast");
-}
-
-TEST(OpMismatch, OverTcpAHeaderJoinedWithItsDataStillFailsBothRanks) {
-  expect_op_mismatch("send2recv1", 2, {0, 1}, "send_recv", "tcp");
-  expect_op_mismatch("type", 2, {0, 1}, "send_recv", "tcp");
-}
-
-TEST(OpMismatch, OverTcpAllToAllvCountsAndBroadcastRootsThatDisagreeFail) {
-  expect_op_mismatch("a2av", 4, {0, 2}, "all_to_allv", "tcp");
-  expect_op_mismatch("root", 3, {0, 2}, "broadcast", "tcp");
 }
 
 TEST(Abort, PeersInsideACollectiveFailPromptly) {
