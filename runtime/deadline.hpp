@@ -2,6 +2,7 @@
 // into errc::timed_out (never a hang).
 #pragma once
 
+#include <algorithm>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/append.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -25,6 +26,13 @@ std::chrono::steady_clock::duration seconds_to_duration(double s) noexcept;
 
 /// COCCL_TIMEOUT as a duration.
 std::chrono::steady_clock::duration default_timeout();
+
+/// The time left until `until`, at least 1 ms: a limit for a CloseAfter that still lets an
+/// operation already late start (and fail on its own terms) rather than close at once.
+inline std::chrono::steady_clock::duration time_left(std::chrono::steady_clock::time_point until) {
+  return std::max<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
+                                                       std::chrono::milliseconds(1));
+}
 
 /// Closes an I/O object (socket, acceptor) if it is still open when `limit` passes, so a silent or
 /// half-open peer fails the pending operation instead of holding it forever.

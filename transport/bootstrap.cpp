@@ -883,9 +883,7 @@ asio::awaitable<void> relay_share(asio::any_io_executor ex, RootAddress to, int 
   Frame answer;
   try {
     auto sock = co_await transport::dial(ex, to.address, until, false, traffic);
-    runtime::CloseAfter guard(
-        *sock, std::max<std::chrono::steady_clock::duration>(
-                   until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1)));
+    runtime::CloseAfter guard(*sock, runtime::time_left(until));
     Channel channel = co_await Channel::initiate(*sock, to.secret);
     co_await write_frame(*sock, channel, FrameType::share, payload);
     answer = co_await read_frame(*sock, channel, max_small_frame);
@@ -957,10 +955,6 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   const RootAddress root = roots[at];
   const bool first_of_share = rank_ == share_begin(at, nranks_, nroots);
   const Hello h{rank_, nranks_, self_info(), static_cast<std::uint32_t>(nroots), ids_digest(roots)};
-  auto left = [&] {
-    return std::max<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
-                                                         std::chrono::milliseconds(1));
-  };
   // Ends the wait when this communicator is shut down meanwhile (its link to the table closed).
   auto check_shut = [&] {
     if (shut_)
@@ -973,7 +967,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
     table_link_ = link;
     std::vector<std::uint8_t> got;
     try {
-      runtime::CloseAfter guard(*link, left());
+      runtime::CloseAfter guard(*link, runtime::time_left(until));
       Frame f = co_await read_frame(*link, channel, max_table_frame);
       if (f.type != FrameType::table) bad_message("expected the address table");
       got = std::move(f.payload);
@@ -1066,9 +1060,7 @@ asio::awaitable<std::vector<std::uint8_t>> Peers::relay_until_table(
   const int nroots = static_cast<int>(roots.size());
   std::size_t asked = 0;
   try {
-    runtime::CloseAfter guard(
-        *sock, std::max<std::chrono::steady_clock::duration>(
-                   until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1)));
+    runtime::CloseAfter guard(*sock, runtime::time_left(until));
     for (;;) {
       Frame f = co_await read_frame(*sock, channel, max_table_frame);
       if (f.type == FrameType::table) {
@@ -1221,8 +1213,7 @@ namespace {
 asio::awaitable<Frame> ask(asio::any_io_executor ex, PeerInfo ep, Secret secret,
                            std::size_t max_answer, std::chrono::steady_clock::time_point until) {
   auto sock = co_await transport::dial(ex, ep, until);
-  auto left = std::max<std::chrono::steady_clock::duration>(
-      until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1));
+  auto left = runtime::time_left(until);
   runtime::CloseAfter guard(*sock, left);
   try {
     Channel channel = co_await Channel::initiate(*sock, secret);

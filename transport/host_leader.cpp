@@ -128,9 +128,7 @@ asio::awaitable<void> HostLeader::pass_tables(const DirectoryFrame& frame, int n
 asio::awaitable<std::vector<std::uint8_t>> HostLeader::take_table(
     std::chrono::steady_clock::time_point until) {
   if (!root_ || stopped_) bad_message("the host's leader has no connection to the root");
-  runtime::CloseAfter guard(
-      *root_, std::max<std::chrono::steady_clock::duration>(
-                  until - std::chrono::steady_clock::now(), std::chrono::milliseconds(1)));
+  runtime::CloseAfter guard(*root_, runtime::time_left(until));
   Frame f = co_await read_frame(*root_, *channel_, max_table_frame);
   if (f.type != FrameType::table) bad_message("expected the address table from the root");
   co_return std::move(f.payload);

@@ -152,11 +152,16 @@ struct RankResult {
   float sum = -1;
 };
 
-// Ranks `ranks` of `nranks` join `id` on threads, all_reduce (rank + 1) and destroy. Every rank
-// finishes before any destroys (see destroy_test.cpp for why); `while_formed`, if given, runs in
-// between, while every rank's communicator lives.
-std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector<int> ranks,
-                                     const std::function<void()>& while_formed = {}) {
+// What each rank does with its communicator once it is made.
+enum class Then { sum, nothing };
+
+// Ranks `ranks` of `nranks` join the communicator of `ids` on threads and, with Then::sum,
+// all_reduce (rank + 1) (Then::nothing: a rank played by hand could not take part in an
+// operation); then they destroy it. Every rank finishes before any destroys (see destroy_test.cpp
+// for why); `while_formed`, if given, runs in between, while every rank's communicator lives.
+std::vector<RankResult> run_ranks(const std::vector<UniqueId>& ids, int nranks,
+                                  std::vector<int> ranks, Then then,
+                                  const std::function<void()>& while_formed = {}) {
   std::vector<RankResult> results(nranks);
   std::latch finished(static_cast<std::ptrdiff_t>(ranks.size()) + 1);
   std::latch released(1);
@@ -165,10 +170,12 @@ std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector
     threads.emplace_back([&, r] {
       Communicator c;
       try {
-        c = Communicator::create(id, r, nranks);
-        float in = static_cast<float>(r + 1), out = 0;
-        c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
-        results[r].sum = out;
+        c = detail::create_blocking(ids, r, nranks, {});
+        if (then == Then::sum) {
+          float in = static_cast<float>(r + 1), out = 0;
+          c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
+          results[r].sum = out;
+        }
       } catch (const std::system_error& e) {
         results[r].ec = e.code();
         results[r].what = e.what();
@@ -182,6 +189,11 @@ std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector
   released.count_down();
   for (auto& t : threads) t.join();
   return results;
+}
+
+std::vector<RankResult> join_and_sum(const UniqueId& id, int nranks, std::vector<int> ranks,
+                                     const std::function<void()>& while_formed = {}) {
+  return run_ranks({id}, nranks, std::move(ranks), Then::sum, while_formed);
 }
 
 std::vector<int> all_ranks(int n) {
@@ -554,27 +566,6 @@ tcp::endpoint nobody_at(const transport::RootAddress& root) {
   return gone.local_endpoint();
 }
 
-// Ranks `ranks` of `nranks` create their communicators of `id` on threads, and nothing more (a
-// rank played by hand could not take part in an operation); each destroys once all are through.
-std::vector<RankResult> create_only(const UniqueId& id, int nranks, std::vector<int> ranks) {
-  std::vector<RankResult> results(nranks);
-  std::latch through(static_cast<std::ptrdiff_t>(ranks.size()));
-  std::vector<std::thread> threads;
-  for (int r : ranks)
-    threads.emplace_back([&, r] {
-      Communicator c;
-      try {
-        c = Communicator::create(id, r, nranks);
-      } catch (const std::system_error& e) {
-        results[r].ec = e.code();
-        results[r].what = e.what();
-      }
-      through.arrive_and_wait();
-    });
-  for (auto& t : threads) t.join();
-  return results;
-}
-
 // Ranks 0 and 2 of 3 create their communicators while rank 1, played by hand, leads their host,
 // takes the host's table and fails (lead_and_fail, holding on for `hold`), under COCCL_TIMEOUT
 // `timeout`.
@@ -586,7 +577,7 @@ std::vector<RankResult> create_beside_a_failing_leader(std::chrono::milliseconds
   std::atomic<bool> listening{false};
   std::thread leader([&] { lead_and_fail(root, 1, 3, nobody_at(root), 1, hold, listening); });
   while (!listening) std::this_thread::sleep_for(1ms);
-  auto results = create_only(id, 3, {0, 2});
+  auto results = run_ranks({id}, 3, {0, 2}, Then::nothing);
   leader.join();
   return results;
 }
@@ -677,28 +668,7 @@ TEST(BootstrapRoots, RefuseSharesTheyDoNotWaitForAndTheRanksStillForm) {
   wrong.low_host = wrong.high_host = 7;
   wrong.hosts = 1;
   refused(wrong, "out of turn");
-  std::vector<float> sums(nranks, -1);
-  std::vector<std::string> errors(nranks);
-  std::vector<std::thread> threads;
-  std::latch done(nranks);
-  for (int r = 0; r < nranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Communicator c = detail::create_blocking(ids, r, nranks, {});
-        float in = static_cast<float>(r + 1), out = 0;
-        c.all_reduce(&in, &out, 1, DataType::float32, ReduceOp::sum);
-        sums[r] = out;
-        done.arrive_and_wait();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-        done.count_down();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < nranks; ++r) {
-    EXPECT_EQ(errors[r], "") << "rank " << r;
-    EXPECT_EQ(sums[r], 21.0f) << "rank " << r;
-  }
+  expect_all_summed(run_ranks(ids, nranks, all_ranks(nranks), Then::sum));
 }
 
 // Every rank says hello at once, far beyond the root's cap on connections that have not
