@@ -9,6 +9,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <coccl/error.hpp>
+#include <cstring>
 
 #include "runtime/log.hpp"
 
@@ -54,12 +55,11 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
       // The end of a link comes as an error here (eof, or aborted by close()): taken as a code,
       // not thrown, since every link of a destroyed communicator ends this way (coccl-sim closes
       // millions, and the throw cost more than the close).
-      co_await asio::async_read(socket_, asio::buffer(&h, sizeof h),
-                                asio::redirect_error(asio::use_awaitable, ec));
+      ec = co_await read_body(pass, &h, sizeof h);
       if (!pass.open()) co_return;
       if (!ec) switch (h.type) {
           case LinkHeader::put:
-            co_await on_put(h);
+            co_await on_put(h, pass);
             break;
           case LinkHeader::credit:
             on_credit(h.length);
@@ -71,8 +71,9 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
             break;
           case LinkHeader::abort: {
             std::string text(abort_text_size(h), '\0');
-            co_await asio::async_read(socket_, asio::buffer(text), asio::use_awaitable);
+            ec = co_await read_body(pass, text.data(), text.size());
             if (!pass.open()) co_return;
+            if (ec) break;
             close(make_error_code(abort_code(h.fingerprint)),
                   "rank " + std::to_string(peer_) + " aborted: " + text);
             co_return;
@@ -101,42 +102,116 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
   }
 }
 
+asio::awaitable<boost::system::error_code> SocketConnection::read_body(
+    const runtime::Gate::Pass& pass, void* dst, std::size_t n) {
+  auto* out = static_cast<std::byte*>(dst);
+  boost::system::error_code ec;
+  for (;;) {
+    const std::size_t take = std::min(n, read_end_ - read_at_);
+    std::memcpy(out, read_buf_.data() + read_at_, take);
+    read_at_ += take;
+    out += take;
+    n -= take;
+    if (n == 0) co_return ec;
+    // The buffer is empty here. A large rest (a put's payload) is read straight into place, so
+    // that a chunk is copied once; a small one comes with whatever follows it.
+    read_at_ = read_end_ = 0;
+    if (n >= read_buf_.size()) {
+      co_await asio::async_read(socket_, asio::buffer(out, n),
+                                asio::redirect_error(asio::use_awaitable, ec));
+      co_return ec;
+    }
+    const std::size_t got = co_await socket_.async_read_some(
+        asio::buffer(read_buf_), asio::redirect_error(asio::use_awaitable, ec));
+    if (!pass.open() || ec) co_return ec;
+    read_end_ = got;
+  }
+}
+
 void SocketConnection::enqueue(LinkHeader h, const void* data, std::size_t n, Resume done) {
-  queue_.push_back(Pending{h, data, n, std::move(done)});
-  if (!writing_) write_next();
+  queue_.push_back(Pending{h, data, n, std::move(done), nullptr});
+  schedule_write();
+}
+
+void SocketConnection::enqueue_copy(LinkHeader h, const void* data, std::size_t n) {
+  std::unique_ptr<std::byte[]> copy;
+  if (n > 0) {
+    copy.reset(new std::byte[n]);
+    std::memcpy(copy.get(), data, n);
+  }
+  const void* at = copy.get();
+  queue_.push_back(Pending{h, at, n, Resume(), std::move(copy)});
+  schedule_write();
+}
+
+void SocketConnection::enqueue_credit(std::uint64_t n) {
+  // Frames behind the batch in flight have not been handed to the stream yet.
+  if (queue_.size() > head_ + (writing_ ? batch_ : 0) &&
+      queue_.back().header.type == LinkHeader::credit) {
+    queue_.back().header.length += n;
+    return;
+  }
+  enqueue(LinkHeader{LinkHeader::credit, 0, n}, nullptr, 0, {});
+}
+
+void SocketConnection::schedule_write() {
+  if (writing_ || write_due_ || closed_) return;
+  // Posted, not started here: the frames an operation queues in one go (its header and its first
+  // data, the credits of the chunks it took) then leave in one write and arrive in one read.
+  write_due_ = true;
+  asio::post(socket_.get_executor(), [this, pass = gate_.enter()] {
+    if (!pass.open()) return;
+    write_due_ = false;
+    if (!writing_ && !closed_) write_next();
+  });
 }
 
 void SocketConnection::write_next() {
-  if (head_ == queue_.size() || closed_) {
+  // After close(), only the frames it kept to go before its notice are written.
+  if (head_ == queue_.size() || (closed_ && notice_.empty())) {
     writing_ = false;
     return;
   }
   writing_ = true;
-  const Pending& p = queue_[head_];
-  in_flight_ = p.header;
-  std::array<asio::const_buffer, 2> bufs{asio::buffer(&in_flight_, sizeof in_flight_),
-                                         asio::buffer(p.data, p.size)};
+  // Up to 32 frames in one write: 64 buffers, the most a socket write gathers.
+  batch_ = std::min<std::size_t>(queue_.size() - head_, 32);
+  in_flight_.resize(batch_);
+  gather_.clear();
+  for (std::size_t k = 0; k < batch_; ++k) {
+    const Pending& p = queue_[head_ + k];
+    in_flight_[k] = p.header;
+    gather_.push_back(asio::buffer(&in_flight_[k], sizeof(LinkHeader)));
+    if (p.size > 0) gather_.push_back(asio::buffer(p.data, p.size));
+  }
   asio::async_write(
-      socket_, bufs, [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
+      socket_, gather_, [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
         if (!pass.open()) return;
         writing_ = false;
-        if (closed_) {
-          // close() waited for this frame to finish so that the abort notice
-          // lands whole.
-          clear_queue();
-          finish_close();
-          return;
-        }
-        Pending done = std::move(queue_[head_++]);
+        std::vector<Resume> done;
+        for (std::size_t k = 0; k < batch_; ++k)
+          if (queue_[head_ + k].done) done.push_back(std::move(queue_[head_ + k].done));
+        head_ += batch_;
+        batch_ = 0;
         if (head_ == queue_.size()) {
           clear_queue();
         } else if (head_ >= 32 && 2 * head_ >= queue_.size()) {
-          // A queue that never drains (a long pipelined operation) drops what it
-          // has written rather than grow.
+          // A queue that never drains (a long pipelined operation) drops what it has written
+          // rather than grow.
           queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(head_));
           head_ = 0;
         }
-        if (done.done) resume_now(done.done, ec);
+        for (Resume& r : done) resume_now(r, ec);
+        if (closed_) {
+          // close() waited for these frames (and any it kept) so that its notice lands whole
+          // after them.
+          if (ec || head_ == queue_.size()) {
+            clear_queue();
+            finish_close();
+          } else {
+            write_next();
+          }
+          return;
+        }
         if (ec) {
           queue_broken(ec);
           return;
@@ -184,6 +259,7 @@ void SocketConnection::send_abort(std::error_code ec, const std::string& why) {
   LinkHeader h{LinkHeader::abort, code, text.size()};
   notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
   notice_ += text;
+  notice_bye_ = false;
   // The notice must not land inside another frame: while one is being written it waits for
   // close() to finish that frame. Writes are non-blocking so that a stopped peer with a full
   // socket buffer cannot hang an abort.
@@ -215,17 +291,29 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
   for (std::size_t i = head_; i < queue_.size(); ++i)
     if (queue_[i].done) resume_now(queue_[i].done, asio::error::operation_aborted);
   fail_waiters();
-  if (writing_ && !notice_.empty()) {
-    // Let the frame in flight finish (queue_[head_]) so the abort notice follows it whole; a peer
-    // that never drains its socket cannot hold this past a second.
-    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(head_) + 1, queue_.end());
-    linger_.expires_after(std::chrono::seconds(1));
-    linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
-      if (!e && pass.open()) finish_close();
-    });
+  if (!notice_.empty() && (writing_ || head_ != queue_.size())) {
+    // The notice goes after the frames in flight, whole. Before a goodbye, the copied frames
+    // queued behind them go too: their puts have completed, so the peer is owed them. A frame
+    // that borrows its caller's memory (its put just failed) and all after it are dropped.
+    std::size_t keep = writing_ ? batch_ : 0;
+    if (notice_bye_)
+      while (head_ + keep < queue_.size() &&
+             (queue_[head_ + keep].copy || queue_[head_ + keep].size == 0))
+        ++keep;
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(head_ + keep), queue_.end());
+    if (head_ == queue_.size()) {
+      clear_queue();
+      finish_close();
+    } else {
+      if (!writing_) write_next();
+      // A peer that never drains its socket cannot hold this past a second.
+      linger_.expires_after(std::chrono::seconds(1));
+      linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
+        if (!e && pass.open()) finish_close();
+      });
+    }
   } else {
     clear_queue();
-    notice_.clear();
     finish_close();
   }
   report_failure(ec, why);
@@ -244,18 +332,21 @@ void SocketConnection::fail_departed(const char* needed) {
 void SocketConnection::send_goodbye() {
   if (closed_) return;
   LinkHeader h{LinkHeader::bye, 0, 0};
-  if (writing_) {
-    // A frame (a credit, say) is in flight: the goodbye follows it whole, as an abort notice
-    // would (close() lingers for it). Dropped, the peer would read the end of the stream as a
-    // lost rank.
-    if (notice_.empty()) notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  if (writing_ || head_ != queue_.size()) {
+    // Frames are in flight or queued (a credit, the data of a put that completed): the goodbye
+    // follows them whole, as an abort notice would (close() lingers for them). Dropped, the peer
+    // would read the end of the stream as a lost rank.
+    if (notice_.empty()) {
+      notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+      notice_bye_ = true;
+    }
     return;
   }
   boost::system::error_code ignored;
   socket_.write_some_now(asio::buffer(&h, sizeof h), ignored);
 }
 
-asio::awaitable<void> SocketConnection::on_put(const LinkHeader&) {
+asio::awaitable<void> SocketConnection::on_put(const LinkHeader&, const runtime::Gate::Pass&) {
   throw std::system_error(make_error_code(errc::bad_message),
                           std::string("data frame on an ") + kind() + " link");
   co_return;

@@ -4,6 +4,7 @@
 // liveness and abort notices.
 #pragma once
 
+#include <array>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/error.hpp>
@@ -56,11 +57,23 @@ class SocketConnection : public Connection {
   void start();
 
  protected:
-  // Queues a frame; `done` (optional) runs once its bytes are handed to the kernel.
+  // Queues a frame; `done` (optional) runs once its bytes are handed to the kernel. Frames queued
+  // while the handler that queues them runs go out together, in one write, once it returns.
   void enqueue(LinkHeader h, const void* data, std::size_t n, Resume done);
-  // Reads the payload of a put frame (tcp); links that carry data elsewhere (shm, ib) keep this
-  // default, which rejects it.
-  virtual asio::awaitable<void> on_put(const LinkHeader& h);
+  // Queues a frame whose payload is copied now (at most copy_max bytes): the caller may reuse
+  // `data` at once. A goodbye still sends it first.
+  void enqueue_copy(LinkHeader h, const void* data, std::size_t n);
+  // Queues a credit for n more slots, added to one already queued behind the write in flight.
+  void enqueue_credit(std::uint64_t n);
+  static constexpr std::size_t copy_max = 4096;
+  // Reads the payload of a put frame (tcp) with read_body(); links that carry data elsewhere (shm,
+  // ib) keep this default, which rejects it.
+  virtual asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass);
+  // Reads the next n bytes of the stream into dst: those the reader already holds, then the rest
+  // (straight into dst where it is large). Returns the stream's error, if any; touches nothing of
+  // this object once `pass` reads closed.
+  asio::awaitable<boost::system::error_code> read_body(const runtime::Gate::Pass& pass, void* dst,
+                                                       std::size_t n);
   // A credit frame (tcp); the others return credits through their own channel.
   virtual void on_credit(std::uint64_t) {}
   // A slot of the peer's ring is free for the next put / the next chunk is ready to hand out.
@@ -105,8 +118,11 @@ class SocketConnection : public Connection {
     const void* data;
     std::size_t size;
     Resume done;
+    std::unique_ptr<std::byte[]> copy;  // owns `data` for enqueue_copy()
   };
   asio::awaitable<void> read_loop(runtime::Gate::Pass pass);
+  // Starts a write once the current handler returns, unless one is in flight or due.
+  void schedule_write();
   void write_next();
   void queue_broken(boost::system::error_code ec);
   void clear_queue() noexcept {
@@ -116,14 +132,22 @@ class SocketConnection : public Connection {
   void finish_close();
 
   // Frames to write, oldest at head_: a vector, since a deque allocates about 600 bytes even
-  // empty and a rank of a large job holds dozens of links. The frame in flight writes its header
-  // from in_flight_, so the vector may grow under it.
+  // empty and a rank of a large job holds dozens of links. The frames in flight (the batch_ from
+  // head_ on) write their headers from in_flight_, so the vector may grow under them.
   std::vector<Pending> queue_;
   std::size_t head_ = 0;
-  LinkHeader in_flight_{};
-  std::string notice_;         // abort notice waiting for the frame in flight
-  asio::steady_timer linger_;  // bounds how long a close waits for that frame
+  std::size_t batch_ = 0;
+  std::vector<LinkHeader> in_flight_;
+  std::vector<asio::const_buffer> gather_;
+  std::string notice_;         // abort or goodbye notice waiting for the frames in flight
+  bool notice_bye_ = false;    // notice_ is a goodbye
+  asio::steady_timer linger_;  // bounds how long a close waits for those frames
   bool writing_ = false;
+  bool write_due_ = false;  // schedule_write() posted a write that has not started
+  // Bytes read from the stream and not yet taken: the reader asks the stream for as much as fits,
+  // so that the small frames of an operation (header, data, credits) come in one read.
+  std::array<std::byte, 256> read_buf_{};
+  std::size_t read_at_ = 0, read_end_ = 0;
   runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 

@@ -33,6 +33,13 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   ++sent_;
+  if (n <= copy_max) {
+    // A small put is copied behind the frames already queued and completes now: the operation
+    // goes on to queue its next frames, and they leave together. If the write fails, the link
+    // closes and whoever waits on it next learns why.
+    enqueue_copy(LinkHeader{LinkHeader::put, fp, n}, src, n);
+    co_return;
+  }
   bool failed = false;
   try {
     co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
@@ -75,10 +82,10 @@ void TcpConnection::release() {
   // faulting its pages in again would cost every operation.
   if (released_ == filled_ && !reading_ && slots_ * slot_bytes_ <= kept_ring_max) ring_.reset();
   if (closed_ || departed_) return;
-  enqueue(LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0, {});
+  enqueue_credit(1);
 }
 
-asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h) {
+asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) {
   // The sender holds a credit for this slot, so it is free; a peer that ignores credits or
   // sends oversized frames is broken.
   if (h.length > slot_bytes_ || filled_ - released_ >= slots_)
@@ -87,12 +94,10 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h) {
   if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
   // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
   reading_ = true;
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done{reading_};
-  co_await asio::async_read(socket_, asio::buffer(ring_.get() + slot * slot_bytes_, h.length),
-                            asio::use_awaitable);
+  auto ec = co_await read_body(pass, ring_.get() + slot * slot_bytes_, h.length);
+  if (!pass.open()) co_return;
+  reading_ = false;
+  if (ec) throw boost::system::system_error(ec);
   sizes_[slot] = static_cast<std::uint32_t>(h.length);
   fingerprints_[slot] = h.fingerprint;
   ++filled_;
