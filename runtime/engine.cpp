@@ -101,29 +101,38 @@ void ProxyThread::hold_role() noexcept {
   }
 }
 
-ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) noexcept : t_(t) {
+ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) noexcept
+    : t_(t), held_(t.take_role(patience, false)) {}
+
+ProxyThread::Borrow::~Borrow() {
+  if (held_) t_.give_back_role();
+}
+
+bool ProxyThread::take_role(std::chrono::nanoseconds patience, bool even_if_owed) noexcept {
   // A proxy thread's own role is not lent to itself or to another proxy thread's handlers (they
   // would stop their own loop while they wait).
-  if (current || role_held) return;
-  // Owed a round, the proxy thread goes first: someone waits for the work it was handed. Asleep
-  // in the io_context, it holds the role until something wakes it.
-  auto take = [this] {
+  if (current || role_held) return false;
+  // Owed a round, the proxy thread goes first (unless the taker runs that round itself): someone
+  // waits for the work it was handed. Asleep in the io_context, it holds the role until something
+  // wakes it.
+  auto take = [this, even_if_owed] {
     int expected = free_role;
-    return !t_.owed_.load(std::memory_order_relaxed) &&
-           t_.holder_.compare_exchange_weak(expected, borrowed_role, std::memory_order_acquire,
-                                            std::memory_order_relaxed);
+    return (even_if_owed || !owed_.load(std::memory_order_relaxed)) &&
+           holder_.compare_exchange_weak(expected, borrowed_role, std::memory_order_acquire,
+                                         std::memory_order_relaxed);
   };
+  bool held = false;
   if (take()) {
-    held_ = true;
+    held = true;
   } else {
     // Asking makes the loop lend the role at its next round (lend_if_asked). The clock is read
     // only if the role does not come soon.
     std::optional<std::chrono::steady_clock::time_point> until;
-    t_.asking_.fetch_add(1, std::memory_order_relaxed);
+    asking_.fetch_add(1, std::memory_order_relaxed);
     for (unsigned tries = 1;; ++tries) {
-      if (t_.asleep_.load(std::memory_order_relaxed)) break;
+      if (asleep_.load(std::memory_order_relaxed)) break;
       if (take()) {
-        held_ = true;
+        held = true;
         break;
       }
       if ((tries & 63) == 0) {
@@ -136,24 +145,66 @@ ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) n
         cpu_relax();
       }
     }
-    t_.asking_.fetch_sub(1, std::memory_order_relaxed);
+    asking_.fetch_sub(1, std::memory_order_relaxed);
   }
-  if (held_) role_held = &t_;
+  if (held) role_held = this;
+  return held;
 }
 
-ProxyThread::Borrow::~Borrow() {
-  if (!held_) return;
+void ProxyThread::give_back_role() noexcept {
   // Coroutines parked on the loop's pollers wait for it: a napping proxy thread is woken now
   // rather than at the end of its nap. Read while the role is still held (the pollers are the
   // loop's state).
-  const bool pollers_wait = t_.pollers_waiting();
+  const bool pollers_wait = pollers_waiting();
   role_held = nullptr;
-  t_.lent_.store(true, std::memory_order_relaxed);
+  lent_.store(true, std::memory_order_relaxed);
   // Sequentially consistent, paired with hold_role()'s napping_ store and holder_ load: either the
   // nap sees the role free and is not begun, or this sees napping_ and wakes it.
-  t_.holder_.store(free_role, std::memory_order_seq_cst);
-  if (pollers_wait && t_.napping_.load(std::memory_order_seq_cst)) t_.wake_nap();
+  holder_.store(free_role, std::memory_order_seq_cst);
+  if (pollers_wait && napping_.load(std::memory_order_seq_cst)) wake_nap();
 }
+
+bool ProxyThread::drive(const std::function<void()>& start, const std::atomic<int>& done,
+                        std::chrono::nanoseconds patience, std::chrono::nanoseconds idle) {
+  if (!take_role(patience, true)) return false;
+  if (pinned_ > 0) {
+    give_back_role();
+    return false;
+  }
+  current = this;
+  // The role goes back however this ends (a handler that throws passes through to the caller).
+  struct GiveBack {
+    ProxyThread& t;
+    ~GiveBack() {
+      current = nullptr;
+      t.give_back_role();
+    }
+  } give_back{*this};
+  if (start) start();
+  using clock = std::chrono::steady_clock;
+  auto last_progress = clock::now();
+  for (unsigned rounds = 1;; ++rounds) {
+    // The loop's round, as run() does it; the handlers include the operation's completion.
+    bool progress = poll_pollers();
+    owed_.store(false, std::memory_order_relaxed);
+    // One handler at a time: one that pins the loop is the last this thread runs.
+    while (pinned_ == 0 && ctx_.poll_one() > 0) progress = true;
+    if (done.load(std::memory_order_acquire) || ctx_.stopped() || pinned_ > 0 ||
+        asking_.load(std::memory_order_relaxed) > 0)
+      break;
+    if (progress) {
+      last_progress = clock::now();
+      continue;
+    }
+    if ((rounds & 15) == 0 && clock::now() - last_progress >= idle) break;
+    // As the loop does between idle rounds: the peer waited for may need this core (ranks often
+    // outnumber cores), and spinning without yielding cost 4 ranks on 2 cores 2.8 ms an operation.
+    ::sched_yield();
+  }
+  return true;
+}
+
+bool ProxyThread::in_thread() const noexcept { return current == this; }
 
 ProxyThread::ProxyThread(int index)
     : index_(index), guard_(asio::make_work_guard(ctx_)), thread_([this] { run(); }) {}
@@ -190,11 +241,13 @@ void ProxyThread::unlist(Poller* p) {
 
 void ProxyThread::add_poller(Poller* p) {
   p->thread_ = this;
+  if (p->thread_bound()) ++pinned_;
   if (!p->dormant_) list(p);
 }
 
 void ProxyThread::remove_poller(Poller* p) {
   if (p->thread_ != this) return;
+  if (p->thread_bound()) --pinned_;
   if (p->slot_ != Poller::unlisted) unlist(p);
   p->thread_ = nullptr;
 }

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -40,6 +41,9 @@ class Poller {
   virtual bool poll() = 0;
   /// True while someone waits on this poller, so the loop must keep visiting it.
   virtual bool waiting() const = 0;
+  /// True if only the proxy thread itself may poll it (an io_uring that takes submissions from one
+  /// thread): while one is registered, the loop is pinned (ProxyThread::pin()).
+  virtual bool thread_bound() const { return false; }
 
  protected:
   /// A poller that can tell when it has nothing to do says so: while dormant, the loop neither
@@ -95,8 +99,29 @@ class ProxyThread {
 
   asio::io_context& context() noexcept { return ctx_; }
   asio::any_io_executor executor() { return ctx_.get_executor(); }
-  /// True when called from this proxy thread.
-  bool in_thread() const noexcept { return std::this_thread::get_id() == thread_.get_id(); }
+  /// True when called from this proxy thread's loop: the proxy thread itself, or a thread running
+  /// its rounds in drive().
+  bool in_thread() const noexcept;
+  /// True on the proxy thread itself (not a thread running its rounds in drive()).
+  bool on_own_thread() const noexcept { return std::this_thread::get_id() == thread_.get_id(); }
+  /// Holder of the role: while pinned (once per pin()), the loop's work stays on the proxy thread
+  /// itself: drive() declines, and a thread inside it stops after the handler that pinned. For
+  /// what binds to the thread that first uses it (an io_uring that takes submissions from one
+  /// thread): pin, move to the proxy thread (post and resume there), make it, and unpin once it
+  /// is registered as a thread_bound() poller, which pins the loop for as long as it stays.
+  void pin() noexcept { ++pinned_; }
+  void unpin() noexcept { --pinned_; }
+  /// pin() for as long as it lives.
+  class Pin {
+   public:
+    explicit Pin(ProxyThread& t) noexcept : t_(t) { t_.pin(); }
+    ~Pin() { t_.unpin(); }
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+
+   private:
+    ProxyThread& t_;
+  };
   /// True on the thread that holds this proxy thread's role now: the proxy thread itself, or a
   /// thread inside a Borrow of it.
   bool owned_here() const noexcept;
@@ -117,6 +142,20 @@ class ProxyThread {
     ProxyThread& t_;
     bool held_ = false;
   };
+
+  /// For a thread (not a proxy thread, holding no role) that hands this loop work and waits for
+  /// it: takes the role as Borrow does (within `patience`, even while the loop is owed a round),
+  /// calls `start` (which hands the work over) and runs the loop's rounds (ready handlers and
+  /// pollers) itself until `done` is non-zero, another thread asks for the role, or `idle` passes
+  /// without progress. Meanwhile it counts as this proxy thread (in_thread(), on_proxy_thread()),
+  /// so `start` queues the work directly, and a handler that makes a blocking call is refused as
+  /// on the loop. Returns false without calling `start` when it did not get the role, or when the
+  /// loop is pinned (pin(); the caller then hands the work over as usual); true once
+  /// `start` was called, whether or not `done` is set (the proxy thread finishes what is left).
+  /// Saves a blocking caller the hand-offs to the proxy thread and back when its links need the
+  /// loop (tcp). `start` may be empty (the work was handed over already).
+  bool drive(const std::function<void()>& start, const std::atomic<int>& done,
+             std::chrono::nanoseconds patience, std::chrono::nanoseconds idle);
 
   /// Holder of the role (owned_here()): true while someone needs the role that a holder only
   /// waiting for peers keeps: another thread trying to borrow it, coroutines parked on its pollers
@@ -157,6 +196,10 @@ class ProxyThread {
   // thread itself needs it for (wanted()).
   enum Holder : int { free_role = 0, proxy_role = 1, borrowed_role = 2 };
   void hold_role() noexcept;
+  // Borrow's taking of the role: true if this thread now holds it (role_held set).
+  bool take_role(std::chrono::nanoseconds patience, bool even_if_owed) noexcept;
+  // Borrow's giving back.
+  void give_back_role() noexcept;
   void lend_if_asked() noexcept;
   void release_role() noexcept { holder_.store(free_role, std::memory_order_release); }
   // The proxy thread naps in hold_role() while a borrower holds the role; wake_nap() ends the nap.
@@ -174,6 +217,7 @@ class ProxyThread {
   asio::executor_work_guard<asio::io_context::executor_type> guard_;
   std::vector<Poller*> pollers_;  // registered and awake, in no particular order
   std::vector<Poller*> idle_pollers_;
+  std::size_t pinned_ = 0;  // pin()s held, and registered pollers that are thread_bound()
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

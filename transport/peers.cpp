@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/error.hpp>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 #include "runtime/log.hpp"
@@ -575,6 +577,13 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
   auto sock = co_await transport::dial(ex_, where, std::chrono::steady_clock::now() + limit, true,
                                        traffic_);
+  // A tcp link may bind to the thread that makes it (io_uring): it is made on the proxy thread
+  // itself, never by a caller running the loop (ProxyThread::drive).
+  std::optional<runtime::ProxyThread::Pin> pinned;
+  if (kind == LinkKind::tcp && !env_.memory) {
+    pinned.emplace(thread_);
+    if (!thread_.on_own_thread()) co_await asio::post(ex_, asio::use_awaitable);
+  }
   std::unique_ptr<LinkSetup> setup = make_link_setup(kind, env_, peer, slots);
   const std::uint32_t want = setup->sockets();
   std::vector<Stream> further;
@@ -638,6 +647,7 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
       bad_message("rank " + std::to_string(peer) +
                   " connected before this rank had the address table");
   }
+  std::optional<runtime::ProxyThread::Pin> pinned;
   std::unique_ptr<LinkSetup> setup;
   std::vector<Stream> further;
   std::size_t slots = 0;
@@ -667,6 +677,12 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
       const auto notice = encode_notice(rank_, refused);
       co_await write_frame(*sock, *channel, FrameType::notice, notice);
       throw LinkError(make_error_code(errc::invalid_argument), refused);
+    }
+    // A tcp link may bind to the thread that makes it (io_uring): made on the proxy thread itself.
+    if (kind == LinkKind::tcp && !env_.memory) {
+      pinned.emplace(thread_);
+      if (!thread_.on_own_thread()) co_await asio::post(ex_, asio::use_awaitable);
+      if (!pass.open()) co_return;
     }
     setup = make_link_setup(kind, env_, peer, slots);
     // A link has as many sockets as the end that wants fewer.

@@ -54,6 +54,9 @@ constexpr std::size_t buffer_bytes = 64 << 10;
 // Abort notices carry a short reason (as on the Asio link); a larger one is a protocol error.
 constexpr std::size_t max_abort_text = 4096;
 constexpr std::size_t max_sockets = 16;
+// Puts of at most this many bytes (and below COCCL_TCP_ZC_MIN) are copied and complete at once,
+// as on the Asio link (SocketConnection::copy_max).
+constexpr std::size_t copy_max = 4096;
 constexpr std::size_t buf_ring_bytes = buffers_per_socket * sizeof(io_uring_buf);
 
 // Completion tags in the low bits of user_data: send operations are tagged with the address of
@@ -210,6 +213,8 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
                        [](const Sock& s) { return !s.sending && s.queue.empty(); });
   }
   bool poll() override { return reap() > 0; }
+  // The ring takes submissions and runs its deferred completions on the thread that enabled it.
+  bool thread_bound() const override { return ring_ && ring_->deferred; }
   bool waiting() const override {
     if (recv_waiter_ || credit_waiter_ || !zc_wait_.empty()) return true;
     return std::any_of(socks_.begin(), socks_.end(), [](const Sock& s) { return s.sending; });
@@ -222,11 +227,10 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
     LinkHeader header;
     const void* data;
     std::size_t size;
-    Resume done;  // resumes the put; empty for control frames
+    Resume done;  // resumes the put; empty for control frames and copied puts
     bool zc = false;
     bool failed = false;
-    std::array<iovec, 2> iov{};
-    msghdr msg{};
+    std::unique_ptr<std::byte[]> copy{};  // owns `data` for a copied put
   };
   struct Sock {
     int fd = -1;
@@ -242,9 +246,13 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
     std::uint64_t next_chunk = 0;  // the put this socket delivers next
     bool armed = false;
     bool ended = false;
-    // Send: frames in order; the front one is in flight while `sending`.
+    // Send: frames in order; the front `batch` are in flight while `sending`, in one SENDMSG
+    // gathered from `iov` (or one zero-copy send).
     std::deque<std::unique_ptr<Out>> queue;
     bool sending = false;
+    std::size_t batch = 0;
+    std::vector<iovec> iov;
+    msghdr msg{};
   };
 
   io_uring* uring() { return &ring_->ring; }
@@ -265,7 +273,16 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   void finish(std::unique_ptr<Out> o);
   void send_failed(int res);
   void enqueue(std::size_t i, std::unique_ptr<Out> o);
-  void send_next(std::size_t i);
+  // Starts the sends of every socket with frames queued and none in flight, in one submission,
+  // once the handler queuing them returns (so that an operation's frames leave together).
+  void schedule_sends();
+  // Prepares the next send of socket i, if it has frames and none in flight; true if it did.
+  bool send_next(std::size_t i);
+  // After close() with a goodbye: no socket has a frame queued or in flight.
+  bool drained() const noexcept {
+    return std::all_of(socks_.begin(), socks_.end(),
+                       [](const Sock& s) { return !s.sending && s.queue.empty(); });
+  }
   void finish_close();
   void release_resources();
   bool departed_now() const;
@@ -307,8 +324,10 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   Waiter credit_waiter_;
   bool closed_ = false;
   bool finished_ = false;
-  bool bye_seen_ = false;  // the peer said goodbye on socket 0
-  bool departed_ = false;  // ... and every socket has delivered all it carried
+  bool sends_due_ = false;   // schedule_sends() posted a submission that has not run
+  bool notice_bye_ = false;  // notice_ is a goodbye
+  bool bye_seen_ = false;    // the peer said goodbye on socket 0
+  bool departed_ = false;    // ... and every socket has delivered all it carried
   std::error_code error_;
   std::string error_text_;
   std::string notice_;  // abort notice waiting for the frame in flight on socket 0
@@ -659,17 +678,32 @@ void UringTcpConnection::protocol_error(const std::string& what) {
 
 void UringTcpConnection::enqueue(std::size_t i, std::unique_ptr<Out> o) {
   socks_[i].queue.push_back(std::move(o));
-  send_next(i);
+  if (!socks_[i].sending) schedule_sends();
 }
 
-void UringTcpConnection::send_next(std::size_t i) {
+void UringTcpConnection::schedule_sends() {
+  if (sends_due_ || closed_) return;
+  sends_due_ = true;
+  asio::post(ex_, [this, pass = gate_.enter()] {
+    if (!pass.open()) return;
+    sends_due_ = false;
+    if (closed_) return;
+    bool any = false;
+    for (std::size_t i = 0; i < socks_.size(); ++i) any |= send_next(i);
+    if (any) submit();
+  });
+}
+
+bool UringTcpConnection::send_next(std::size_t i) {
   Sock& s = socks_[i];
-  if (s.sending || s.queue.empty() || closed_) return;
+  // After close(), only the frames it kept to go before its goodbye are sent.
+  if (s.sending || s.queue.empty() || (closed_ && !notice_bye_)) return false;
   s.sending = true;
   Out& o = *s.queue.front();
   const auto fd = static_cast<int>(i);
   const auto tag = reinterpret_cast<std::uint64_t>(&o);
   if (o.zc) {
+    s.batch = 1;
     // Header then payload, linked so that nothing comes between them on the socket.
     io_uring_sqe* h = sqe();
     io_uring_prep_send(h, fd, &o.header, sizeof o.header, MSG_WAITALL | MSG_MORE | MSG_NOSIGNAL);
@@ -680,17 +714,25 @@ void UringTcpConnection::send_next(std::size_t i) {
     d->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(d, tag | tag_send);
   } else {
-    o.iov[0] = {&o.header, sizeof o.header};
-    o.iov[1] = {const_cast<void*>(o.data), o.size};
-    o.msg.msg_iov = o.iov.data();
-    o.msg.msg_iovlen = o.size > 0 ? 2 : 1;
+    // The copied frames at the front go in one SENDMSG (up to 32: 64 iovecs); its completion
+    // carries the front frame's tag.
+    s.batch = 0;
+    s.iov.clear();
+    while (s.batch < s.queue.size() && s.batch < 32 && !s.queue[s.batch]->zc) {
+      Out& f = *s.queue[s.batch++];
+      s.iov.push_back({&f.header, sizeof f.header});
+      if (f.size > 0) s.iov.push_back({const_cast<void*>(f.data), f.size});
+    }
+    s.msg = msghdr{};
+    s.msg.msg_iov = s.iov.data();
+    s.msg.msg_iovlen = s.iov.size();
     io_uring_sqe* q = sqe();
-    io_uring_prep_sendmsg(q, fd, &o.msg, MSG_WAITALL | MSG_NOSIGNAL);
+    io_uring_prep_sendmsg(q, fd, &s.msg, MSG_WAITALL | MSG_NOSIGNAL);
     q->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(q, tag | tag_send);
   }
   ++inflight_;
-  submit();
+  return true;
 }
 
 void UringTcpConnection::on_sent(Out* o, int res, unsigned flags) {
@@ -699,29 +741,42 @@ void UringTcpConnection::on_sent(Out* o, int res, unsigned flags) {
   while (i < socks_.size() && (socks_[i].queue.empty() || socks_[i].queue.front().get() != o)) ++i;
   if (i == socks_.size()) return;  // cannot happen: every send is the front of its socket's queue
   Sock& s = socks_[i];
-  std::unique_ptr<Out> own = std::move(s.queue.front());
-  s.queue.pop_front();
   s.sending = false;
-  const std::size_t expected = own->zc ? own->size : sizeof own->header + own->size;
-  own->failed = res < 0 || static_cast<std::size_t>(res) != expected;
-  const bool failed = own->failed;
-  if (own->zc && (flags & IORING_CQE_F_MORE)) {
-    // The kernel still reads the caller's buffer: the put completes with the notification.
-    ++inflight_;
-    zc_wait_.push_back(std::move(own));
-  } else {
-    finish(std::move(own));
+  const bool zc = o->zc;
+  std::size_t expected = 0;
+  for (std::size_t k = 0; k < s.batch; ++k)
+    expected += zc ? s.queue[k]->size : sizeof(LinkHeader) + s.queue[k]->size;
+  const bool failed = res < 0 || static_cast<std::size_t>(res) != expected;
+  for (std::size_t k = 0; k < s.batch; ++k) {
+    std::unique_ptr<Out> own = std::move(s.queue.front());
+    s.queue.pop_front();
+    own->failed = failed;
+    if (zc && (flags & IORING_CQE_F_MORE)) {
+      // The kernel still reads the caller's buffer: the put completes with the notification.
+      ++inflight_;
+      zc_wait_.push_back(std::move(own));
+    } else {
+      finish(std::move(own));
+    }
   }
+  s.batch = 0;
   if (closed_) {
-    // close() waited for this frame so that the abort notice lands whole after it.
-    if (i == 0 && !notice_.empty()) finish_close();
+    // close() waited for the frames in flight (and, before a goodbye, every frame it kept) so
+    // that its notice lands whole after them.
+    if (failed || !notice_bye_) {
+      if (i == 0 && !notice_.empty()) finish_close();
+    } else if (drained()) {
+      finish_close();
+    } else if (send_next(i)) {
+      submit();
+    }
     return;
   }
   if (failed) {
     send_failed(res < 0 ? -res : EPIPE);
     return;
   }
-  send_next(i);
+  if (send_next(i)) submit();
 }
 
 void UringTcpConnection::on_notified(Out* o) {
@@ -768,6 +823,20 @@ asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, st
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   const std::size_t i = sent_++ % socks_.size();
+  if (n < zc_min_ && n <= copy_max) {
+    // A small put is copied behind the frames already queued and completes now: the operation
+    // goes on to queue its next frames, and they leave together. If the send fails, the link
+    // closes and whoever waits on it next learns why.
+    auto o =
+        std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::put, fp, n}, nullptr, n, Resume()});
+    if (n > 0) {
+      o->copy.reset(new std::byte[n]);
+      std::memcpy(o->copy.get(), src, n);
+      o->data = o->copy.get();
+    }
+    enqueue(i, std::move(o));
+    co_return;
+  }
   bool failed = false;
   try {
     co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
@@ -831,6 +900,7 @@ void UringTcpConnection::send_abort(std::error_code ec, const std::string& why) 
   LinkHeader h{LinkHeader::abort, code, text.size()};
   notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
   notice_ += text;
+  notice_bye_ = false;
   // The notice must not land inside another frame: while one is in flight on socket 0 it waits
   // for close() to let that frame finish. Non-blocking, so that a stopped peer with a full socket
   // buffer cannot hang an abort.
@@ -842,11 +912,14 @@ void UringTcpConnection::send_abort(std::error_code ec, const std::string& why) 
 void UringTcpConnection::send_goodbye() {
   if (closed_) return;
   LinkHeader h{LinkHeader::bye, 0, 0};
-  if (socks_[0].sending) {
-    // A frame (a credit, say) is in flight on socket 0: the goodbye follows it whole, as an abort
-    // notice would (close() lingers for it). Dropped, the peer would read the end of the stream
-    // as a lost rank.
-    if (notice_.empty()) notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  if (!drained()) {
+    // Frames are in flight or queued (a credit, the data of a put that completed): the goodbye
+    // follows them, as an abort notice would (close() lingers for them). Dropped, the peer would
+    // read the end of the stream as a lost rank.
+    if (notice_.empty()) {
+      notice_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+      notice_bye_ = true;
+    }
     return;
   }
   (void)::send(socks_[0].fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -864,7 +937,27 @@ void UringTcpConnection::close(std::error_code ec, const std::string& why) {
   for (auto& o : zc_wait_)
     if (o->done) resume_now(o->done, asio::error::operation_aborted);
   fail_waiters();
-  if (socks_[0].sending && !notice_.empty()) {
+  if (notice_bye_ && !notice_.empty()) {
+    // Before a goodbye, the copied frames go too: their puts have completed, so the peer is owed
+    // them. A frame that borrows its caller's memory (its put just failed) and all after it on
+    // its socket are dropped.
+    for (Sock& s : socks_) {
+      std::size_t keep = s.sending ? s.batch : 0;
+      while (keep < s.queue.size() && (s.queue[keep]->copy || s.queue[keep]->size == 0)) ++keep;
+      s.queue.erase(s.queue.begin() + static_cast<std::ptrdiff_t>(keep), s.queue.end());
+    }
+    if (drained()) {
+      finish_close();
+    } else {
+      bool any = false;
+      for (std::size_t i = 0; i < socks_.size(); ++i) any |= send_next(i);
+      if (any) submit();
+      linger_.expires_after(std::chrono::seconds(1));
+      linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
+        if (!e && pass.open()) finish_close();
+      });
+    }
+  } else if (socks_[0].sending && !notice_.empty()) {
     // Let the frame in flight on socket 0 finish so the abort notice follows it whole; a peer
     // that never drains its socket cannot hold this past a second.
     linger_.expires_after(std::chrono::seconds(1));

@@ -49,5 +49,12 @@ TEST(FastPathHandover, ALatePeersOperationIsHandedOverAndWhatFollowsKeepsItsOrde
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
+// Over shm, blocking callers on three threads (small operations on the fast path, larger ones
+// driving the loop) and handlers that make blocking calls, refused (tests/multirank/blocking.cpp).
+TEST(BlockingCallers, SeveralThreadsOverShmAndRefusedHandlers) {
+  const LaunchResult r = run("blocking_threads", 3, {"COCCL_TIMEOUT=60", "COCCL_TRANSPORT=shm"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
 }  // namespace
 }  // namespace coccl::test

@@ -105,6 +105,29 @@ TEST_P(TcpEngine, KilledRankIsNamedByEverySurvivor) {
   }
 }
 
+// Blocking callers on three threads at once, each with a communicator of its own on the one proxy
+// thread, run that thread's loop in turn (asio) or hand their operations to it (uring); handlers
+// that make blocking calls are refused wherever they run (tests/multirank/blocking.cpp).
+TEST_P(TcpEngine, BlockingCallersOnSeveralThreadsAndRefusedHandlers) {
+  LaunchOptions o;
+  o.scenario = "blocking_threads";
+  o.nranks = 3;
+  o.env = tcp_env(engine());
+  const LaunchResult r = launch(o);
+  ASSERT_TRUE(r.all_passed()) << r.describe();
+}
+
+// Small puts complete once copied, before their bytes are written: a rank that sends and then
+// destroys its communicator at once still delivers every message, small and large.
+TEST_P(TcpEngine, SendsThenDestroyAreAllDelivered) {
+  LaunchOptions o;
+  o.scenario = "send_and_leave";
+  o.nranks = 2;
+  o.env = tcp_env(engine());
+  const LaunchResult r = launch(o);
+  ASSERT_TRUE(r.all_passed()) << r.describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, TcpEngine, ::testing::Values("uring", "asio"),
                          [](const auto& info) { return std::string(info.param); });
 

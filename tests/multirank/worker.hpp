@@ -80,6 +80,12 @@ int run_links(Worker& w);
 int run_fast_path(Worker& w);
 int run_fast_handover(Worker& w);
 
+/// Blocking callers and late sends (blocking.cpp): "blocking_threads" (callers on several threads
+/// at once; blocking calls from handlers refused) and "send_and_leave" (rank 0 sends to rank 1 and
+/// destroys its communicator at once; rank 1 receives later).
+int run_blocking_threads(Worker& w);
+int run_send_and_leave(Worker& w);
+
 /// Recovery scenarios (recovery.cpp): shrink after killed ranks, grow, the FTAR loop.
 int run_shrink(Worker& w);
 int run_shrink_mismatch(Worker& w);
