@@ -103,7 +103,7 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
 }
 
 asio::awaitable<boost::system::error_code> SocketConnection::read_body(
-    const runtime::Gate::Pass& pass, void* dst, std::size_t n) {
+    const runtime::Gate::Pass& pass, void* dst, std::size_t n, std::size_t spare) {
   auto* out = static_cast<std::byte*>(dst);
   boost::system::error_code ec;
   for (;;) {
@@ -114,11 +114,18 @@ asio::awaitable<boost::system::error_code> SocketConnection::read_body(
     n -= take;
     if (n == 0) co_return ec;
     // The buffer is empty here. A large rest (a put's payload) is read straight into place, so
-    // that a chunk is copied once; a small one comes with whatever follows it.
+    // that a chunk is copied once, together with what follows it where dst has room to spare
+    // (the rest of its slot): those bytes go to the buffer, and the next frames need no read of
+    // their own.
     read_at_ = read_end_ = 0;
     if (n >= read_buf_.size()) {
-      co_await asio::async_read(socket_, asio::buffer(out, n),
-                                asio::redirect_error(asio::use_awaitable, ec));
+      const std::size_t extra = std::min(spare, read_buf_.size());
+      const std::size_t got = co_await asio::async_read(
+          socket_, asio::buffer(out, n + extra), asio::transfer_at_least(n),
+          asio::redirect_error(asio::use_awaitable, ec));
+      if (!pass.open() || ec) co_return ec;
+      std::memcpy(read_buf_.data(), out + n, got - n);
+      read_end_ = got - n;
       co_return ec;
     }
     const std::size_t got = co_await socket_.async_read_some(
@@ -183,41 +190,50 @@ void SocketConnection::write_next() {
     gather_.push_back(asio::buffer(&in_flight_[k], sizeof(LinkHeader)));
     if (p.size > 0) gather_.push_back(asio::buffer(p.data, p.size));
   }
-  asio::async_write(
-      socket_, gather_, [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
-        if (!pass.open()) return;
-        writing_ = false;
-        std::vector<Resume> done;
-        for (std::size_t k = 0; k < batch_; ++k)
-          if (queue_[head_ + k].done) done.push_back(std::move(queue_[head_ + k].done));
-        head_ += batch_;
-        batch_ = 0;
-        if (head_ == queue_.size()) {
-          clear_queue();
-        } else if (head_ >= 32 && 2 * head_ >= queue_.size()) {
-          // A queue that never drains (a long pipelined operation) drops what it has written
-          // rather than grow.
-          queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(head_));
-          head_ = 0;
-        }
-        for (Resume& r : done) resume_now(r, ec);
-        if (closed_) {
-          // close() waited for these frames (and any it kept) so that its notice lands whole
-          // after them.
-          if (ec || head_ == queue_.size()) {
-            clear_queue();
-            finish_close();
-          } else {
-            write_next();
-          }
-          return;
-        }
-        if (ec) {
-          queue_broken(ec);
-          return;
-        }
-        write_next();
-      });
+  asio::async_write(socket_, gather_,
+                    [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
+                      if (pass.open()) written(ec);
+                    });
+}
+
+void SocketConnection::written(boost::system::error_code ec) {
+  writing_ = false;
+  std::vector<Resume> done;
+  for (std::size_t k = 0; k < batch_; ++k)
+    if (queue_[head_ + k].done) done.push_back(std::move(queue_[head_ + k].done));
+  head_ += batch_;
+  batch_ = 0;
+  if (head_ == queue_.size()) {
+    clear_queue();
+  } else if (head_ >= 32 && 2 * head_ >= queue_.size()) {
+    // A queue that never drains (a long pipelined operation) drops what it has written rather
+    // than grow. The frames left are moved into a new vector, not erased in place: erase
+    // move-assigns them, and Boost 1.81's any_completion_handler move assignment wraps the source
+    // in itself and recursed without end here (a crash of every long operation whose queue held
+    // 32 frames written and more to go).
+    std::vector<Pending> rest;
+    rest.reserve(queue_.size() - head_);
+    for (std::size_t i = head_; i < queue_.size(); ++i) rest.push_back(std::move(queue_[i]));
+    queue_.swap(rest);
+    head_ = 0;
+  }
+  for (Resume& r : done) resume_now(r, ec);
+  if (closed_) {
+    // close() waited for these frames (and any it kept) so that its notice lands whole after
+    // them.
+    if (ec || head_ == queue_.size()) {
+      clear_queue();
+      finish_close();
+    } else {
+      write_next();
+    }
+    return;
+  }
+  if (ec) {
+    queue_broken(ec);
+    return;
+  }
+  write_next();
 }
 
 void SocketConnection::queue_broken(boost::system::error_code ec) {

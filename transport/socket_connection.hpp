@@ -70,10 +70,11 @@ class SocketConnection : public Connection {
   // ib) keep this default, which rejects it.
   virtual asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass);
   // Reads the next n bytes of the stream into dst: those the reader already holds, then the rest
-  // (straight into dst where it is large). Returns the stream's error, if any; touches nothing of
-  // this object once `pass` reads closed.
+  // (straight into dst where it is large, with up to `spare` bytes more that dst has room for,
+  // which the reader keeps). Returns the stream's error, if any; touches nothing of this object
+  // once `pass` reads closed.
   asio::awaitable<boost::system::error_code> read_body(const runtime::Gate::Pass& pass, void* dst,
-                                                       std::size_t n);
+                                                       std::size_t n, std::size_t spare = 0);
   // A credit frame (tcp); the others return credits through their own channel.
   virtual void on_credit(std::uint64_t) {}
   // A slot of the peer's ring is free for the next put / the next chunk is ready to hand out.
@@ -124,6 +125,8 @@ class SocketConnection : public Connection {
   // Starts a write once the current handler returns, unless one is in flight or due.
   void schedule_write();
   void write_next();
+  // The write of the batch in flight finished.
+  void written(boost::system::error_code ec);
   void queue_broken(boost::system::error_code ec);
   void clear_queue() noexcept {
     queue_.clear();

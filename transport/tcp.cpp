@@ -94,7 +94,8 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::
   if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
   // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
   reading_ = true;
-  auto ec = co_await read_body(pass, ring_.get() + slot * slot_bytes_, h.length);
+  auto ec =
+      co_await read_body(pass, ring_.get() + slot * slot_bytes_, h.length, slot_bytes_ - h.length);
   if (!pass.open()) co_return;
   reading_ = false;
   if (ec) throw boost::system::system_error(ec);
@@ -105,6 +106,12 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::
 }
 
 void TcpConnection::on_credit(std::uint64_t n) {
+  // A peer returning slots this side never filled is broken (or hostile): left unchecked, the
+  // count of slots in use would wrap and no put could go again.
+  if (n > sent_ - acked_)
+    throw std::system_error(make_error_code(errc::bad_message),
+                            "a credit for " + std::to_string(n) + " slots, with " +
+                                std::to_string(sent_ - acked_) + " in use");
   acked_ += n;
   resume(credit_waiter_);
 }

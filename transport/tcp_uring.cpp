@@ -243,7 +243,8 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
     std::size_t body_got = 0;
     std::byte* body = nullptr;
     std::string text;
-    std::uint64_t next_chunk = 0;  // the put this socket delivers next
+    std::uint64_t next_chunk = 0;  // one socket: the put it delivers next
+    std::uint64_t chunk = 0;       // the put being received
     bool armed = false;
     bool ended = false;
     // Send: frames in order; the front `batch` are in flight while `sending`, in one SENDMSG
@@ -288,6 +289,12 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   bool departed_now() const;
   asio::awaitable<void> park(Waiter& slot, bool (UringTcpConnection::*ready)() const);
   bool can_put() const noexcept { return sent_ - acked_ < slots_; }
+  // A put frame's length field: over several sockets its put index (mod 2^32) in the upper half,
+  // since chunks may take any socket and must come out in put order.
+  std::uint64_t frame_length(std::uint64_t k, std::size_t n) const noexcept {
+    return socks_.size() > 1 ? (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k)) << 32) | n
+                             : n;
+  }
   bool can_recv() const noexcept { return filled_ != consumed_; }
   static asio::awaitable<void> suspend(Waiter& slot);
   void resume(Waiter& w, boost::system::error_code ec = {});
@@ -316,7 +323,10 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   std::unique_ptr<std::byte[]> slot_ring_;
   std::vector<std::uint32_t> sizes_;
   std::vector<std::uint32_t> fingerprints_;
-  std::vector<bool> landed_;  // slot holds a complete chunk not yet counted in filled_
+  std::vector<bool> landed_;           // slot holds a complete chunk not yet counted in filled_
+  std::vector<bool> receiving_;        // slot's chunk is being received
+  std::vector<std::uint8_t> carried_;  // per slot: the socket its chunk came on
+  std::uint64_t striped_ = 0;          // large puts sent, which go round the sockets
   std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
   std::uint64_t sent_ = 0, acked_ = 0;
 
@@ -351,13 +361,14 @@ UringTcpConnection::UringTcpConnection(int self, int peer,
       slot_ring_(new std::byte[slots * slot_bytes]),
       sizes_(slots),
       fingerprints_(slots),
-      landed_(slots, false) {
+      landed_(slots, false),
+      receiving_(slots, false),
+      carried_(slots, 0) {
   std::vector<int> fds;
   for (std::size_t i = 0; i < sockets.size(); ++i) {
     boost::system::error_code ignored;
     sockets[i].set_option(asio::ip::tcp::no_delay(true), ignored);
     socks_[i].fd = sockets[i].release();
-    socks_[i].next_chunk = i;
     fds.push_back(socks_[i].fd);
   }
   // A constructor that throws runs no destructor: give back what was taken so far.
@@ -580,17 +591,36 @@ void UringTcpConnection::consume(std::size_t i, const std::byte* p, std::size_t 
 
 void UringTcpConnection::begin_frame(Sock& s) {
   switch (s.frame.type) {
-    case LinkHeader::put:
+    case LinkHeader::put: {
+      // Over several sockets a put names its place in put order (frame_length()); over one, the
+      // order is the socket's.
+      s.chunk = s.next_chunk;
+      if (socks_.size() > 1) {
+        const auto seq = static_cast<std::uint32_t>(s.frame.length >> 32);
+        s.chunk = filled_ + static_cast<std::uint32_t>(seq - static_cast<std::uint32_t>(filled_));
+        s.frame.length &= 0xffffffffu;
+      }
       // The sender holds a credit for this chunk's slot, so it is free; a peer that ignores
-      // credits or sends oversized frames is broken.
-      if (s.frame.length > slot_bytes_ || s.next_chunk - released_ >= slots_) {
+      // credits, sends a chunk twice or sends oversized frames is broken.
+      const std::size_t slot = s.chunk % slots_;
+      if (s.frame.length > slot_bytes_ || s.chunk - released_ >= slots_ || landed_[slot] ||
+          receiving_[slot]) {
         protocol_error("put without credit");
         return;
       }
-      s.body = slot_ring_.get() + (s.next_chunk % slots_) * slot_bytes_;
+      receiving_[slot] = true;
+      carried_[slot] = static_cast<std::uint8_t>(&s - socks_.data());
+      s.body = slot_ring_.get() + slot * slot_bytes_;
       if (s.frame.length == 0) end_frame(s);
       return;
+    }
     case LinkHeader::credit:
+      // Slots this side never filled: left unchecked, the count in use would wrap.
+      if (s.frame.length > sent_ - acked_) {
+        protocol_error("a credit for " + std::to_string(s.frame.length) + " slots, with " +
+                       std::to_string(sent_ - acked_) + " in use");
+        return;
+      }
       acked_ += s.frame.length;
       s.head_got = 0;
       resume(credit_waiter_);
@@ -625,11 +655,12 @@ void UringTcpConnection::end_frame(Sock& s) {
     close(make_error_code(code), "rank " + std::to_string(peer_) + " aborted: " + s.text);
     return;
   }
-  const std::size_t slot = s.next_chunk % slots_;
+  const std::size_t slot = s.chunk % slots_;
   sizes_[slot] = static_cast<std::uint32_t>(s.frame.length);
   fingerprints_[slot] = s.frame.fingerprint;
   landed_[slot] = true;
-  s.next_chunk += socks_.size();
+  receiving_[slot] = false;
+  ++s.next_chunk;
   // Chunks become visible in put order: one that overtook its predecessor on another socket
   // waits for it.
   bool more = false;
@@ -822,13 +853,17 @@ asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, st
   co_await park(credit_waiter_, &UringTcpConnection::can_put);
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
-  const std::size_t i = sent_++ % socks_.size();
-  if (n < zc_min_ && n <= copy_max) {
+  const std::uint64_t k = sent_++;
+  const bool copied = n < zc_min_ && n <= copy_max;
+  // Small puts go on socket 0, so that an operation's frames to this peer (its header, its data)
+  // leave in one send; larger ones go round the sockets.
+  const std::size_t i = copied ? 0 : striped_++ % socks_.size();
+  const LinkHeader header{LinkHeader::put, fp, frame_length(k, n)};
+  if (copied) {
     // A small put is copied behind the frames already queued and completes now: the operation
     // goes on to queue its next frames, and they leave together. If the send fails, the link
     // closes and whoever waits on it next learns why.
-    auto o =
-        std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::put, fp, n}, nullptr, n, Resume()});
+    auto o = std::unique_ptr<Out>(new Out{header, nullptr, n, Resume()});
     if (n > 0) {
       o->copy.reset(new std::byte[n]);
       std::memcpy(o->copy.get(), src, n);
@@ -841,8 +876,7 @@ asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, st
   try {
     co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
         [&](auto handler) {
-          auto o = std::unique_ptr<Out>(
-              new Out{LinkHeader{LinkHeader::put, fp, n}, src, n, Resume(std::move(handler))});
+          auto o = std::unique_ptr<Out>(new Out{header, src, n, Resume(std::move(handler))});
           o->zc = n >= zc_min_;
           enqueue(i, std::move(o));
         },
@@ -878,11 +912,11 @@ asio::awaitable<Chunk> UringTcpConnection::wait() {
 void UringTcpConnection::release() {
   // The credit goes back on the socket that carried the chunk: it carries that socket's ACK with
   // it, which a zero-copy send waits for before the kernel lets go of the sender's buffer.
-  const std::size_t i = released_++ % socks_.size();
+  const std::size_t i = carried_[released_++ % slots_];
   if (closed_ || bye_seen_) return;
-  // Credits add up: one still queued behind a send takes this one too.
+  // Credits add up: one still queued behind the sends in flight takes this one too.
   Sock& s = socks_[i];
-  for (std::size_t k = s.sending ? 1 : 0; k < s.queue.size(); ++k)
+  for (std::size_t k = s.sending ? s.batch : 0; k < s.queue.size(); ++k)
     if (s.queue[k]->header.type == LinkHeader::credit) {
       ++s.queue[k]->header.length;
       return;

@@ -7,12 +7,16 @@
 //   then hands the buffers straight back to the kernel.
 // - Sends: a put of at least COCCL_TCP_ZC_MIN bytes is its header (SEND) linked to an
 //   IORING_OP_SEND_ZC of the caller's buffer; the put completes only once the kernel's
-//   notification says it no longer reads that buffer. Smaller puts and control frames are one
-//   copying SENDMSG. One send is in flight per socket, which keeps each socket's frames in order.
-// - Sockets are registered files. Put k goes on socket k mod n and the receiver expects it there,
-//   so chunks come out in put order whatever order the sockets deliver them in. The credit for
-//   chunk k returns on the socket that carried it (with that socket's ACK, which a zero-copy send
-//   waits for); abort and goodbye notices go on socket 0.
+//   notification says it no longer reads that buffer. Smaller puts and control frames are
+//   copying SENDMSGs, the frames queued on a socket gathered into one; a put of at most 4 KiB is
+//   copied and completes at once. One send is in flight per socket, which keeps each socket's
+//   frames in order.
+// - Sockets are registered files. Puts of at most 4 KiB go on socket 0 (an operation's frames to
+//   a peer then leave in one send), larger ones round the sockets; over several sockets a put's
+//   frame carries its index in put order, and the receiver lands it in that slot, so chunks come
+//   out in put order whatever order the sockets deliver them in. The credit for chunk k returns
+//   on the socket that carried it (with that socket's ACK, which a zero-copy send waits for);
+//   abort and goodbye notices go on socket 0.
 // - Completions reach the proxy thread's io_context through an eventfd registered with the ring
 //   and read by an Asio stream_descriptor; while a coroutine waits on the link, the proxy's driver
 //   loop also polls the completion queue directly (runtime::Poller), which costs no system call.

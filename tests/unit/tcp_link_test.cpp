@@ -1,0 +1,239 @@
+// The tcp link on Asio (transport/tcp.hpp), one end real and the other played by hand over an
+// in-memory stream: frames that arrive together, or a byte at a time, come out whole and in
+// order; releases return credits; small puts complete at once and their frames still reach the
+// peer in order, before a goodbye given in the same breath; a queue longer than one write goes out
+// whole; a credit for slots never filled fails the link as a protocol error.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <coccl/error.hpp>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/memory.hpp"
+#include "transport/tcp.hpp"
+
+namespace coccl {
+namespace {
+
+namespace asio = boost::asio;
+using transport::LinkHeader;
+using transport::Stream;
+
+constexpr std::size_t slots = 4;
+constexpr std::size_t slot_bytes = 4096;
+
+std::vector<std::uint8_t> payload(std::size_t n, std::uint8_t first) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(first + i * 7);
+  return v;
+}
+
+void append_frame(std::vector<std::uint8_t>& out, LinkHeader h,
+                  const std::vector<std::uint8_t>& body = {}) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&h);
+  out.insert(out.end(), p, p + sizeof h);
+  out.insert(out.end(), body.begin(), body.end());
+}
+
+struct Failure {
+  std::optional<std::error_code> ec;
+  std::string why;
+};
+
+// One link end under test on `a`; the test plays the peer on `peer`.
+struct Link {
+  asio::io_context io;
+  std::optional<Stream> peer;
+  std::unique_ptr<transport::TcpConnection> conn;
+  Failure failure;
+
+  explicit Link(std::size_t ring_slots = slots) {
+    auto [a, b] = transport::memory::make_pair(io.get_executor(), io.get_executor(), 1 << 20);
+    peer.emplace(std::move(b));
+    conn = std::make_unique<transport::TcpConnection>(
+        0, 1, std::move(a), ring_slots, slot_bytes,
+        [this](int, std::error_code ec, const std::string& why) {
+          failure.ec = ec;
+          failure.why = why;
+        });
+    conn->start();
+  }
+
+  // Runs handlers until `done` holds (the link's reader always waits, so the context never runs
+  // out of work); false if it does not within 10 s.
+  template <typename Done>
+  bool run_until(Done done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      if (io.stopped()) io.restart();
+      io.run_one_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  }
+
+  // Writes `bytes` as the peer, in pieces of `piece` bytes (each its own write).
+  void send(const std::vector<std::uint8_t>& bytes, std::size_t piece) {
+    asio::co_spawn(
+        io,
+        [&, piece]() -> asio::awaitable<void> {
+          for (std::size_t at = 0; at < bytes.size(); at += piece)
+            co_await asio::async_write(
+                *peer, asio::buffer(bytes.data() + at, std::min(piece, bytes.size() - at)),
+                asio::use_awaitable);
+        },
+        asio::detached);
+  }
+
+  // Reads one frame as the peer: its header and body.
+  std::pair<LinkHeader, std::vector<std::uint8_t>> receive() {
+    LinkHeader h{};
+    std::vector<std::uint8_t> body;
+    bool got = false;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await asio::async_read(*peer, asio::buffer(&h, sizeof h), asio::use_awaitable);
+          if (h.type == LinkHeader::put) {
+            body.resize(h.length);
+            co_await asio::async_read(*peer, asio::buffer(body), asio::use_awaitable);
+          }
+          got = true;
+        },
+        asio::detached);
+    EXPECT_TRUE(run_until([&] { return got; })) << "no frame came";
+    return {h, body};
+  }
+};
+
+void expect_three_chunks(std::size_t piece) {
+  SCOPED_TRACE("pieces of " + std::to_string(piece) + " bytes");
+  Link link;
+  const std::vector<std::vector<std::uint8_t>> sent = {payload(8, 1), payload(300, 2),
+                                                       payload(slot_bytes, 3)};
+  std::vector<std::uint8_t> wire;
+  for (std::size_t k = 0; k < sent.size(); ++k)
+    append_frame(wire,
+                 LinkHeader{LinkHeader::put, static_cast<std::uint32_t>(11 + k), sent[k].size()},
+                 sent[k]);
+  link.send(wire, piece);
+  std::vector<std::vector<std::uint8_t>> got;
+  std::vector<std::uint32_t> fingerprints;
+  bool all = false;
+  asio::co_spawn(
+      link.io,
+      [&]() -> asio::awaitable<void> {
+        for (std::size_t k = 0; k < sent.size(); ++k) {
+          transport::Chunk c = co_await link.conn->wait();
+          const auto* p = reinterpret_cast<const std::uint8_t*>(c.data);
+          got.emplace_back(p, p + c.size);
+          fingerprints.push_back(c.fingerprint);
+          link.conn->release();
+        }
+        all = true;
+      },
+      asio::detached);
+  ASSERT_TRUE(link.run_until([&] { return all; })) << link.failure.why;
+  ASSERT_FALSE(link.failure.ec) << link.failure.why;
+  ASSERT_EQ(got.size(), sent.size());
+  for (std::size_t k = 0; k < sent.size(); ++k) {
+    EXPECT_EQ(got[k], sent[k]) << "chunk " << k;
+    EXPECT_EQ(fingerprints[k], 11 + k);
+  }
+  // Every release returns a credit; those queued together merge.
+  std::uint64_t credits = 0;
+  while (credits < sent.size()) {
+    auto [h, body] = link.receive();
+    ASSERT_EQ(h.type, LinkHeader::credit);
+    ASSERT_GT(h.length, 0u);
+    credits += h.length;
+  }
+  EXPECT_EQ(credits, sent.size());
+}
+
+TEST(TcpLink, FramesArrivingTogetherOrAByteAtATimeComeOutWholeAndInOrder) {
+  expect_three_chunks(1 << 20);
+  expect_three_chunks(1);
+  expect_three_chunks(5);
+}
+
+TEST(TcpLink, SmallPutsCompleteAtOnceAndTheirFramesPrecedeAGoodbyeGivenRightAfter) {
+  Link link;
+  const auto small = payload(8, 4), other = payload(4096, 5);
+  bool completed = false;
+  asio::co_spawn(
+      link.io,
+      [&]() -> asio::awaitable<void> {
+        co_await link.conn->put(small.data(), small.size(), 21);
+        co_await link.conn->put(other.data(), other.size(), 22);
+        completed = true;
+        // In the same handler: nothing of the puts has been written yet.
+        link.conn->send_goodbye();
+        link.conn->close(make_error_code(errc::aborted), "destroyed");
+      },
+      asio::detached);
+  // The puts complete without the peer reading anything (copied, not written yet).
+  while (!completed && link.io.poll_one() > 0) {
+  }
+  EXPECT_TRUE(completed);
+  auto [h1, b1] = link.receive();
+  EXPECT_EQ(h1.type, LinkHeader::put);
+  EXPECT_EQ(h1.fingerprint, 21u);
+  EXPECT_EQ(b1, small);
+  auto [h2, b2] = link.receive();
+  EXPECT_EQ(h2.type, LinkHeader::put);
+  EXPECT_EQ(h2.fingerprint, 22u);
+  EXPECT_EQ(b2, other);
+  auto [h3, b3] = link.receive();
+  EXPECT_EQ(h3.type, LinkHeader::bye);
+}
+
+// More frames queued at once than one write takes (32): the queue drops the frames written while
+// the rest wait, and every frame still goes out once, in order, with its own payload.
+TEST(TcpLink, AQueueLongerThanOneWriteGoesOutWholeAndInOrder) {
+  const std::size_t count = 45;
+  Link link(64);
+  bool queued = false;
+  asio::co_spawn(
+      link.io,
+      [&]() -> asio::awaitable<void> {
+        for (std::size_t k = 0; k < count; ++k) {
+          const auto body = payload(16 + k, static_cast<std::uint8_t>(k));
+          co_await link.conn->put(body.data(), body.size(), static_cast<std::uint32_t>(100 + k));
+        }
+        queued = true;
+      },
+      asio::detached);
+  ASSERT_TRUE(link.run_until([&] { return queued; }));
+  for (std::size_t k = 0; k < count; ++k) {
+    auto [h, body] = link.receive();
+    ASSERT_EQ(h.type, LinkHeader::put) << "frame " << k;
+    EXPECT_EQ(h.fingerprint, 100 + k);
+    EXPECT_EQ(body, payload(16 + k, static_cast<std::uint8_t>(k))) << "frame " << k;
+  }
+  EXPECT_FALSE(link.failure.ec) << link.failure.why;
+}
+
+TEST(TcpLink, ACreditForSlotsNeverFilledFailsTheLinkAsAProtocolError) {
+  Link link;
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::credit, 0, 1});
+  link.send(wire, wire.size());
+  ASSERT_TRUE(link.run_until([&] { return link.failure.ec.has_value(); }));
+  EXPECT_EQ(*link.failure.ec, make_error_code(errc::bad_message));
+  EXPECT_NE(link.failure.why.find("a credit for 1 slots, with 0 in use"), std::string::npos)
+      << link.failure.why;
+}
+
+}  // namespace
+}  // namespace coccl
