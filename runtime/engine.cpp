@@ -17,7 +17,8 @@ config::Param<std::int64_t> proxy_threads{
     "COCCL_PROXY_THREADS", 1, "proxy threads of the process engine (communicators are spread)"};
 config::Param<std::int64_t> spin_us{
     "COCCL_SPIN_US", 2000,
-    "microseconds a proxy thread polls without progress before it sleeps on its event sources; "
+    "microseconds a proxy thread polls without progress before it sleeps on its event sources, "
+    "and a blocking caller running the loop itself before it hands the rest to the proxy thread; "
     "also how long an operation on the fast path of small operations spins for its peers (and "
     "its caller for the proxy thread's role) before the proxy thread takes it over"};
 

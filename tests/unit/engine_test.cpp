@@ -339,6 +339,92 @@ TEST(ProxyThreadBorrow, OnlyAnAwakePollerThatWaitsMakesTheRoleWanted) {
 // runtime::complete from another thread: the handler runs on its io_context's thread, and the
 // caller may destroy that io_context as soon as the handler has run (a run_one() loop), which the
 // sanitizer builds check by doing it many times.
+// ---- A caller running the loop while it waits (drive) -------------------------------------------
+
+TEST(ProxyThreadDrive, TheCallerRunsTheWorkItStartsAndCountsAsTheProxyThreadMeanwhile) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  on_thread(t, [] {});
+  std::atomic<int> done{0};
+  std::thread::id ran_on;
+  bool in_thread = false, on_proxy = false, own = true;
+  const bool driven = t.drive(
+      [&] {
+        // Queued by the caller, run by the caller.
+        asio::post(t.executor(), [&] {
+          ran_on = std::this_thread::get_id();
+          in_thread = t.in_thread();
+          on_proxy = on_proxy_thread();
+          own = t.on_own_thread();
+          done.store(1, std::memory_order_release);
+        });
+      },
+      done, 10s, 10s);
+  ASSERT_TRUE(driven);
+  EXPECT_EQ(done.load(), 1);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(in_thread);
+  EXPECT_TRUE(on_proxy);
+  EXPECT_FALSE(own);
+  // Afterwards the caller is an ordinary thread again, and the loop runs on.
+  EXPECT_FALSE(t.in_thread());
+  EXPECT_FALSE(on_proxy_thread());
+  EXPECT_FALSE(t.owned_here());
+  on_thread(t, [] {});
+}
+
+TEST(ProxyThreadDrive, APinnedLoopIsNotDrivenAndAPinStopsTheDriverAfterItsHandler) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  std::atomic<int> never{0};
+  // Pinned: the caller hands over (start is not called).
+  on_thread(t, [&] { t.pin(); });
+  bool started = false;
+  EXPECT_FALSE(t.drive([&] { started = true; }, never, 10s, 10s));
+  EXPECT_FALSE(started);
+  on_thread(t, [&] { t.unpin(); });
+  // A handler run by the caller pins the loop: the caller stops after it, and the handler queued
+  // behind it runs on the proxy thread itself.
+  std::atomic<int> done{0};
+  std::atomic<bool> second_on_own{false};
+  const bool driven = t.drive(
+      [&] {
+        asio::post(t.executor(), [&] {
+          t.pin();
+          asio::post(t.executor(), [&] {
+            second_on_own = t.on_own_thread();
+            t.unpin();
+            done.store(1, std::memory_order_release);
+            done.notify_all();
+          });
+        });
+      },
+      done, 10s, 10s);
+  EXPECT_TRUE(driven);
+  done.wait(0, std::memory_order_acquire);
+  EXPECT_TRUE(second_on_own.load());
+}
+
+TEST(ProxyThreadDrive, TheCallerStopsWhenAnotherThreadAsksForTheRole) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  on_thread(t, [] {});
+  std::atomic<int> never{0};
+  std::atomic<bool> borrowed{false};
+  std::thread other;
+  // The caller never sees its work done; it gives the role up when the other thread asks.
+  EXPECT_TRUE(t.drive(
+      [&] {
+        other = std::thread([&] {
+          ProxyThread::Borrow b(t, 10s);
+          borrowed = static_cast<bool>(b);
+        });
+      },
+      never, 10s, 60s));
+  other.join();
+  EXPECT_TRUE(borrowed.load());
+}
+
 TEST(Handoff, CompletesOnTheHandlersThreadAndLetsTheCallerDestroyItsContextAtOnce) {
   ProxyThread proxy(0);
   for (int i = 0; i < 300; ++i) {
