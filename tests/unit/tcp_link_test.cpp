@@ -8,20 +8,28 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <coccl/error.hpp>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "runtime/engine.hpp"
 #include "transport/memory.hpp"
 #include "transport/tcp.hpp"
+#include "transport/tcp_uring.hpp"
 
 namespace coccl {
 namespace {
@@ -233,6 +241,123 @@ TEST(TcpLink, ACreditForSlotsNeverFilledFailsTheLinkAsAProtocolError) {
   EXPECT_EQ(*link.failure.ec, make_error_code(errc::bad_message));
   EXPECT_NE(link.failure.why.find("a credit for 1 slots, with 0 in use"), std::string::npos)
       << link.failure.why;
+}
+
+// ---- The io_uring link over two sockets: puts carry their index in put order -------------------
+
+// A uring link end (rank 0) on a proxy thread, over two loopback sockets whose other ends the test
+// writes by hand as rank 1.
+struct UringLink {
+  runtime::ProxyThread thread{0};
+  asio::io_context io;  // the hand-played peer's sockets (used blocking)
+  std::vector<asio::ip::tcp::socket> peer;
+  std::unique_ptr<transport::Connection> conn;
+  std::mutex m;
+  Failure failure;
+
+  // Runs `f` on the link's proxy thread and waits for it.
+  template <typename F>
+  void on_thread(F f) {
+    std::promise<void> done;
+    asio::post(thread.executor(), [&] {
+      f();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
+  UringLink() {
+    asio::ip::tcp::acceptor listener(io, {asio::ip::address_v4::loopback(), 0});
+    std::vector<asio::ip::tcp::socket> mine;
+    for (int i = 0; i < 2; ++i) {
+      asio::ip::tcp::socket a(thread.context()), b(io);
+      b.connect(listener.local_endpoint());
+      listener.accept(a);
+      mine.push_back(std::move(a));
+      peer.push_back(std::move(b));
+    }
+    on_thread([&] {
+      std::string why;
+      auto ring = transport::make_uring_ring(why);
+      ASSERT_TRUE(ring) << why;
+      conn = transport::make_uring_connection(
+          0, 1, std::move(mine), std::move(ring), slots, slot_bytes, thread,
+          [this](int, std::error_code ec, const std::string& text) {
+            std::lock_guard lock(m);
+            failure.ec = ec;
+            failure.why = text;
+          });
+    });
+  }
+  ~UringLink() {
+    on_thread([&] { conn.reset(); });
+  }
+
+  // Writes a put frame for put `k` (its index in put order) on socket `i`, as rank 1.
+  void put(std::size_t i, std::uint32_t k, const std::vector<std::uint8_t>& body) {
+    std::vector<std::uint8_t> wire;
+    append_frame(wire, LinkHeader{LinkHeader::put, 7, (std::uint64_t{k} << 32) | body.size()},
+                 body);
+    asio::write(peer[i], asio::buffer(wire));
+  }
+
+  std::optional<std::error_code> failed() {
+    std::lock_guard lock(m);
+    return failure.ec;
+  }
+};
+
+bool uring_here() { return transport::uring_unavailable().empty(); }
+
+TEST(UringTcpLink, PutsOvertakingEachOtherAcrossSocketsComeOutInPutOrder) {
+  if (!uring_here()) GTEST_SKIP() << transport::uring_unavailable();
+  UringLink link;
+  // Put 1 arrives first, on socket 1; put 0 then on socket 0; put 2 on socket 1 again.
+  const auto p0 = payload(8, 1), p1 = payload(100, 2), p2 = payload(3000, 3);
+  link.put(1, 1, p1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  link.put(0, 0, p0);
+  link.put(1, 2, p2);
+  std::vector<std::vector<std::uint8_t>> got;
+  auto done = asio::co_spawn(
+      link.thread.executor(),
+      [&]() -> asio::awaitable<void> {
+        for (int k = 0; k < 3; ++k) {
+          transport::Chunk c = co_await link.conn->wait();
+          const auto* p = reinterpret_cast<const std::uint8_t*>(c.data);
+          got.emplace_back(p, p + c.size);
+          link.conn->release();
+        }
+      },
+      asio::use_future);
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  done.get();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], p0);
+  EXPECT_EQ(got[1], p1);
+  EXPECT_EQ(got[2], p2);
+  EXPECT_FALSE(link.failed());
+}
+
+TEST(UringTcpLink, APutOutsideTheCreditedSlotsOrSentTwiceIsAProtocolError) {
+  if (!uring_here()) GTEST_SKIP() << transport::uring_unavailable();
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "beyond the window" : "the same put twice");
+    UringLink link;
+    if (variant == 0) {
+      // Four slots: put 4 needs a credit for put 0's slot, which was never returned.
+      link.put(0, 4, payload(8, 1));
+    } else {
+      link.put(0, 1, payload(8, 1));
+      link.put(1, 1, payload(8, 2));
+    }
+    for (int i = 0; i < 500 && !link.failed(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(link.failed());
+    EXPECT_EQ(*link.failed(), make_error_code(errc::bad_message));
+    std::lock_guard lock(link.m);
+    EXPECT_NE(link.failure.why.find("put without credit"), std::string::npos) << link.failure.why;
+  }
 }
 
 }  // namespace
