@@ -567,6 +567,13 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
                   "connection to rank " + std::to_string(peer) + " failed: " + at(peer).failed);
 }
 
+asio::awaitable<void> Peers::stay_on_proxy_thread(
+    LinkKind kind, std::optional<runtime::ProxyThread::Pin>& pinned) {
+  if (kind != LinkKind::tcp || env_.memory) co_return;
+  pinned.emplace(thread_);
+  if (!thread_.on_own_thread()) co_await asio::post(ex_, asio::use_awaitable);
+}
+
 asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   auto limit = runtime::default_timeout();
   const PeerInfo where = co_await locate(peer, std::chrono::steady_clock::now() + limit);
@@ -577,13 +584,8 @@ asio::awaitable<void> Peers::dial(int peer, std::size_t slots) {
   Reservation room = co_await make_room(peer, slots * options_.slot_bytes);
   auto sock = co_await transport::dial(ex_, where, std::chrono::steady_clock::now() + limit, true,
                                        traffic_);
-  // A tcp link may bind to the thread that makes it (io_uring): it is made on the proxy thread
-  // itself, never by a caller running the loop (ProxyThread::drive).
   std::optional<runtime::ProxyThread::Pin> pinned;
-  if (kind == LinkKind::tcp && !env_.memory) {
-    pinned.emplace(thread_);
-    if (!thread_.on_own_thread()) co_await asio::post(ex_, asio::use_awaitable);
-  }
+  co_await stay_on_proxy_thread(kind, pinned);
   std::unique_ptr<LinkSetup> setup = make_link_setup(kind, env_, peer, slots);
   const std::uint32_t want = setup->sockets();
   std::vector<Stream> further;
@@ -678,12 +680,8 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
       co_await write_frame(*sock, *channel, FrameType::notice, notice);
       throw LinkError(make_error_code(errc::invalid_argument), refused);
     }
-    // A tcp link may bind to the thread that makes it (io_uring): made on the proxy thread itself.
-    if (kind == LinkKind::tcp && !env_.memory) {
-      pinned.emplace(thread_);
-      if (!thread_.on_own_thread()) co_await asio::post(ex_, asio::use_awaitable);
-      if (!pass.open()) co_return;
-    }
+    co_await stay_on_proxy_thread(kind, pinned);
+    if (!pass.open()) co_return;
     setup = make_link_setup(kind, env_, peer, slots);
     // A link has as many sockets as the end that wants fewer.
     const std::uint32_t sockets = std::min(request.sockets, setup->sockets());

@@ -178,6 +178,12 @@ class Peers {
   asio::awaitable<void> handle_incoming(std::shared_ptr<Stream> s, Admission::Ticket ticket);
   // Lower rank: dial the peer and make the link.
   asio::awaitable<void> dial(int peer, std::size_t slots);
+  // Before a link of `kind` is set up: a tcp link may bind to the thread that makes it (io_uring),
+  // so it is made on the proxy thread itself, never by a caller running the loop
+  // (ProxyThread::drive). Pins the loop in `pinned` (held until the link is made) and resumes on
+  // the proxy thread.
+  asio::awaitable<void> stay_on_proxy_thread(LinkKind kind,
+                                             std::optional<runtime::ProxyThread::Pin>& pinned);
   // Higher rank: answer a connection request at once, whatever this rank is doing, so link
   // setup never waits on the accepting rank's own progress (that could form a cycle).
   asio::awaitable<void> answer(int peer, std::shared_ptr<Stream> s,

@@ -140,12 +140,15 @@ void SocketConnection::enqueue(LinkHeader h, const void* data, std::size_t n, Re
   schedule_write();
 }
 
+std::unique_ptr<std::byte[]> copy_payload(const void* src, std::size_t n) {
+  if (n == 0) return nullptr;
+  std::unique_ptr<std::byte[]> copy(new std::byte[n]);
+  std::memcpy(copy.get(), src, n);
+  return copy;
+}
+
 void SocketConnection::enqueue_copy(LinkHeader h, const void* data, std::size_t n) {
-  std::unique_ptr<std::byte[]> copy;
-  if (n > 0) {
-    copy.reset(new std::byte[n]);
-    std::memcpy(copy.get(), data, n);
-  }
+  auto copy = copy_payload(data, n);
   const void* at = copy.get();
   queue_.push_back(Pending{h, at, n, Resume(), std::move(copy)});
   schedule_write();
@@ -198,9 +201,8 @@ void SocketConnection::write_next() {
 
 void SocketConnection::written(boost::system::error_code ec) {
   writing_ = false;
-  std::vector<Resume> done;
-  for (std::size_t k = 0; k < batch_; ++k)
-    if (queue_[head_ + k].done) done.push_back(std::move(queue_[head_ + k].done));
+  // Posted, not run here (resume_now), so the queue may change below before they run.
+  for (std::size_t k = 0; k < batch_; ++k) resume_now(queue_[head_ + k].done, ec);
   head_ += batch_;
   batch_ = 0;
   if (head_ == queue_.size()) {
@@ -217,7 +219,6 @@ void SocketConnection::written(boost::system::error_code ec) {
     queue_.swap(rest);
     head_ = 0;
   }
-  for (Resume& r : done) resume_now(r, ec);
   if (closed_) {
     // close() waited for these frames (and any it kept) so that its notice lands whole after
     // them.

@@ -38,6 +38,12 @@ std::size_t abort_text_size(const LinkHeader& h);
 /// The error an abort notice names: its code when it is one of coccl's, else errc::remote_error.
 errc abort_code(std::uint32_t code) noexcept;
 
+/// A put of at most this many bytes is copied and completes at once, on either tcp engine, so that
+/// the frames an operation queues in one go leave together.
+inline constexpr std::size_t copied_put_max = 4096;
+/// A copy of [src, src + n) that a queued frame owns (null for n = 0).
+std::unique_ptr<std::byte[]> copy_payload(const void* src, std::size_t n);
+
 using Resume = asio::any_completion_handler<void(boost::system::error_code)>;
 // A parked waiter. Held in an optional and never assigned: Boost 1.81's any_completion_handler
 // move assignment wraps the source in itself and recurses without end.
@@ -60,12 +66,11 @@ class SocketConnection : public Connection {
   // Queues a frame; `done` (optional) runs once its bytes are handed to the kernel. Frames queued
   // while the handler that queues them runs go out together, in one write, once it returns.
   void enqueue(LinkHeader h, const void* data, std::size_t n, Resume done);
-  // Queues a frame whose payload is copied now (at most copy_max bytes): the caller may reuse
-  // `data` at once. A goodbye still sends it first.
+  // Queues a frame whose payload is copied now (at most copied_put_max bytes): the caller may
+  // reuse `data` at once. A goodbye still sends it first.
   void enqueue_copy(LinkHeader h, const void* data, std::size_t n);
   // Queues a credit for n more slots, added to one already queued behind the write in flight.
   void enqueue_credit(std::uint64_t n);
-  static constexpr std::size_t copy_max = 4096;
   // Reads the payload of a put frame (tcp) with read_body(); links that carry data elsewhere (shm,
   // ib) keep this default, which rejects it.
   virtual asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass);

@@ -33,7 +33,7 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   ++sent_;
-  if (n <= copy_max) {
+  if (n <= copied_put_max) {
     // A small put is copied behind the frames already queued and completes now: the operation
     // goes on to queue its next frames, and they leave together. If the write fails, the link
     // closes and whoever waits on it next learns why.

@@ -51,12 +51,7 @@ constexpr unsigned ring_entries = 256;
 // Per socket: provided buffers the multishot receive fills (the kernel picks one per completion).
 constexpr unsigned buffers_per_socket = 16;
 constexpr std::size_t buffer_bytes = 64 << 10;
-// Abort notices carry a short reason (as on the Asio link); a larger one is a protocol error.
-constexpr std::size_t max_abort_text = 4096;
 constexpr std::size_t max_sockets = 16;
-// Puts of at most this many bytes (and below COCCL_TCP_ZC_MIN) are copied and complete at once,
-// as on the Asio link (SocketConnection::copy_max).
-constexpr std::size_t copy_max = 4096;
 constexpr std::size_t buf_ring_bytes = buffers_per_socket * sizeof(io_uring_buf);
 
 // Completion tags in the low bits of user_data: send operations are tagged with the address of
@@ -243,8 +238,7 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
     std::size_t body_got = 0;
     std::byte* body = nullptr;
     std::string text;
-    std::uint64_t next_chunk = 0;  // one socket: the put it delivers next
-    std::uint64_t chunk = 0;       // the put being received
+    std::uint64_t chunk = 0;  // the put being received
     bool armed = false;
     bool ended = false;
     // Send: frames in order; the front `batch` are in flight while `sending`, in one SENDMSG
@@ -323,8 +317,10 @@ class UringTcpConnection final : public Connection, public runtime::Poller {
   std::unique_ptr<std::byte[]> slot_ring_;
   std::vector<std::uint32_t> sizes_;
   std::vector<std::uint32_t> fingerprints_;
-  std::vector<bool> landed_;           // slot holds a complete chunk not yet counted in filled_
-  std::vector<bool> receiving_;        // slot's chunk is being received
+  // Per slot: free (its chunk counted in filled_, or not arrived), being received, or landed and
+  // waiting for the chunks before it.
+  enum class Slot : std::uint8_t { free, receiving, landed };
+  std::vector<Slot> slot_state_;
   std::vector<std::uint8_t> carried_;  // per slot: the socket its chunk came on
   std::uint64_t striped_ = 0;          // large puts sent, which go round the sockets
   std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
@@ -361,8 +357,7 @@ UringTcpConnection::UringTcpConnection(int self, int peer,
       slot_ring_(new std::byte[slots * slot_bytes]),
       sizes_(slots),
       fingerprints_(slots),
-      landed_(slots, false),
-      receiving_(slots, false),
+      slot_state_(slots, Slot::free),
       carried_(slots, 0) {
   std::vector<int> fds;
   for (std::size_t i = 0; i < sockets.size(); ++i) {
@@ -592,9 +587,9 @@ void UringTcpConnection::consume(std::size_t i, const std::byte* p, std::size_t 
 void UringTcpConnection::begin_frame(Sock& s) {
   switch (s.frame.type) {
     case LinkHeader::put: {
-      // Over several sockets a put names its place in put order (frame_length()); over one, the
-      // order is the socket's.
-      s.chunk = s.next_chunk;
+      // Over several sockets a put names its place in put order (frame_length()); over one, chunks
+      // land in order, each the next one due.
+      s.chunk = filled_;
       if (socks_.size() > 1) {
         const auto seq = static_cast<std::uint32_t>(s.frame.length >> 32);
         s.chunk = filled_ + static_cast<std::uint32_t>(seq - static_cast<std::uint32_t>(filled_));
@@ -603,12 +598,12 @@ void UringTcpConnection::begin_frame(Sock& s) {
       // The sender holds a credit for this chunk's slot, so it is free; a peer that ignores
       // credits, sends a chunk twice or sends oversized frames is broken.
       const std::size_t slot = s.chunk % slots_;
-      if (s.frame.length > slot_bytes_ || s.chunk - released_ >= slots_ || landed_[slot] ||
-          receiving_[slot]) {
+      if (s.frame.length > slot_bytes_ || s.chunk - released_ >= slots_ ||
+          slot_state_[slot] != Slot::free) {
         protocol_error("put without credit");
         return;
       }
-      receiving_[slot] = true;
+      slot_state_[slot] = Slot::receiving;
       carried_[slot] = static_cast<std::uint8_t>(&s - socks_.data());
       s.body = slot_ring_.get() + slot * slot_bytes_;
       if (s.frame.length == 0) end_frame(s);
@@ -648,24 +643,19 @@ void UringTcpConnection::begin_frame(Sock& s) {
 void UringTcpConnection::end_frame(Sock& s) {
   s.head_got = 0;
   if (s.frame.type == LinkHeader::abort) {
-    auto code = static_cast<errc>(s.frame.fingerprint);
-    if (s.frame.fingerprint < 1 ||
-        s.frame.fingerprint > static_cast<std::uint32_t>(errc::cuda_error))
-      code = errc::remote_error;
-    close(make_error_code(code), "rank " + std::to_string(peer_) + " aborted: " + s.text);
+    close(make_error_code(abort_code(s.frame.fingerprint)),
+          "rank " + std::to_string(peer_) + " aborted: " + s.text);
     return;
   }
   const std::size_t slot = s.chunk % slots_;
   sizes_[slot] = static_cast<std::uint32_t>(s.frame.length);
   fingerprints_[slot] = s.frame.fingerprint;
-  landed_[slot] = true;
-  receiving_[slot] = false;
-  ++s.next_chunk;
+  slot_state_[slot] = Slot::landed;
   // Chunks become visible in put order: one that overtook its predecessor on another socket
   // waits for it.
   bool more = false;
-  while (landed_[filled_ % slots_]) {
-    landed_[filled_ % slots_] = false;
+  while (slot_state_[filled_ % slots_] == Slot::landed) {
+    slot_state_[filled_ % slots_] = Slot::free;
     ++filled_;
     more = true;
   }
@@ -854,7 +844,7 @@ asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, st
   if (departed_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   const std::uint64_t k = sent_++;
-  const bool copied = n < zc_min_ && n <= copy_max;
+  const bool copied = n < zc_min_ && n <= copied_put_max;
   // Small puts go on socket 0, so that an operation's frames to this peer (its header, its data)
   // leave in one send; larger ones go round the sockets.
   const std::size_t i = copied ? 0 : striped_++ % socks_.size();
@@ -864,11 +854,8 @@ asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, st
     // goes on to queue its next frames, and they leave together. If the send fails, the link
     // closes and whoever waits on it next learns why.
     auto o = std::unique_ptr<Out>(new Out{header, nullptr, n, Resume()});
-    if (n > 0) {
-      o->copy.reset(new std::byte[n]);
-      std::memcpy(o->copy.get(), src, n);
-      o->data = o->copy.get();
-    }
+    o->copy = copy_payload(src, n);
+    o->data = o->copy.get();
     enqueue(i, std::move(o));
     co_return;
   }

@@ -57,14 +57,18 @@ class TcpEngine : public ::testing::TestWithParam<const char*> {
   std::string engine_line() const {
     return engine() == "uring" ? "tcp engine: io_uring" : "tcp engine: asio";
   }
+  // `scenario` on `nranks` ranks over tcp on this engine.
+  LaunchResult run(const std::string& scenario, int nranks) const {
+    LaunchOptions o;
+    o.scenario = scenario;
+    o.nranks = nranks;
+    o.env = tcp_env(engine());
+    return launch(o);
+  }
 };
 
 TEST_P(TcpEngine, EveryCollectiveWithThreeRanks) {
-  LaunchOptions o;
-  o.scenario = "every_collective";
-  o.nranks = 3;
-  o.env = tcp_env(engine());
-  const LaunchResult r = launch(o);
+  const LaunchResult r = run("every_collective", 3);
   ASSERT_TRUE(r.all_passed()) << r.describe();
   EXPECT_TRUE(every_rank_says(r, engine_line())) << r.describe();
 }
@@ -109,22 +113,14 @@ TEST_P(TcpEngine, KilledRankIsNamedByEverySurvivor) {
 // thread, run that thread's loop in turn (asio) or hand their operations to it (uring); handlers
 // that make blocking calls are refused wherever they run (tests/multirank/blocking.cpp).
 TEST_P(TcpEngine, BlockingCallersOnSeveralThreadsAndRefusedHandlers) {
-  LaunchOptions o;
-  o.scenario = "blocking_threads";
-  o.nranks = 3;
-  o.env = tcp_env(engine());
-  const LaunchResult r = launch(o);
+  const LaunchResult r = run("blocking_threads", 3);
   ASSERT_TRUE(r.all_passed()) << r.describe();
 }
 
 // Small puts complete once copied, before their bytes are written: a rank that sends and then
 // destroys its communicator at once still delivers every message, small and large.
 TEST_P(TcpEngine, SendsThenDestroyAreAllDelivered) {
-  LaunchOptions o;
-  o.scenario = "send_and_leave";
-  o.nranks = 2;
-  o.env = tcp_env(engine());
-  const LaunchResult r = launch(o);
+  const LaunchResult r = run("send_and_leave", 2);
   ASSERT_TRUE(r.all_passed()) << r.describe();
 }
 
