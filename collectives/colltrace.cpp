@@ -7,22 +7,23 @@ namespace coccl::detail {
 CollTrace::Entry& CollTrace::begin(std::uint64_t seq, const char* op, std::size_t count, int type,
                                    int root, std::chrono::steady_clock::time_point now) {
   const Entry made{seq, op, count, type, root, State::started, now, {}};
-  if (ring_.size() < capacity_) {
-    ++recorded_;
-    return ring_.emplace_back(made);
-  }
-  Entry& e = ring_[recorded_++ % capacity_];
+  ++recorded_;
+  const std::size_t at = next_;
+  next_ = at + 1 == capacity_ ? 0 : at + 1;
+  if (ring_.size() < capacity_) return ring_.emplace_back(made);
+  Entry& e = ring_[at];
   e = made;
   return e;
 }
 
-void CollTrace::end(std::uint64_t seq, bool ok) {
+void CollTrace::end(std::uint64_t seq, bool ok,
+                    std::optional<std::chrono::steady_clock::time_point> at) {
   // Operations end in the order they begin, so the newest entry is the one to close.
   if (recorded_ == 0) return;
-  Entry& e = ring_[(recorded_ - 1) % capacity_];
+  Entry& e = ring_[next_ == 0 ? capacity_ - 1 : next_ - 1];
   if (e.seq != seq || e.state != State::started) return;
   e.state = ok ? State::done : State::failed;
-  e.ended = std::chrono::steady_clock::now();
+  e.ended = at ? *at : std::chrono::steady_clock::now();
 }
 
 std::string CollTrace::json(int rank) const {

@@ -266,8 +266,11 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
   begin_op(args, now);
   fast_.start(args);
   if (fast_.run_for(fast_wait_, thread_, crowded_)) {
+    // Done at its first step, the operation took no time the trace's microseconds can show: the
+    // clock is not read again.
+    const bool waited = fast_.waited();
     fast_.end();
-    end_op(true);
+    end_op(true, waited ? std::nullopt : std::optional(now));
     ++fast_done_;
     ec.clear();
     return FastResult::done;
@@ -299,8 +302,8 @@ void CommImpl::begin_op(const OpArgs& args, std::chrono::steady_clock::time_poin
   trace_.begin(seq_, op_name_, args.count, static_cast<int>(args.type), args.root, now);
 }
 
-void CommImpl::end_op(bool ok) {
-  trace_.end(seq_, ok);
+void CommImpl::end_op(bool ok, std::optional<std::chrono::steady_clock::time_point> at) {
+  trace_.end(seq_, ok, at);
   finished_ = seq_;
 }
 
@@ -516,6 +519,7 @@ std::optional<std::string> CommImpl::record_failure(std::error_code ec, const st
   error_ = ec;
   error_text_ =
       "rank " + std::to_string(rank_) + (name_.empty() ? "" : " of '" + name_ + "'") + ": " + why;
+  failed_.store(true, std::memory_order_release);
   return error_text_;
 }
 
@@ -654,6 +658,7 @@ std::string CommImpl::last_error() {
 
 std::error_code CommImpl::error() {
   take_device_failure();
+  if (!failed_.load(std::memory_order_acquire)) return {};
   std::lock_guard lock(error_mutex_);
   return error_;
 }

@@ -192,7 +192,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   // Proxy thread (role held): the running operation begins / has ended.
   void begin_op(const OpArgs& args,
                 std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
-  void end_op(bool ok);
+  void end_op(bool ok, std::optional<std::chrono::steady_clock::time_point> at = std::nullopt);
   asio::awaitable<void> drain();
   // The watchdog fails the communicator when a link has been blocked for longer than
   // COCCL_TIMEOUT. Links block only inside operations, so it ticks only while watched(): an
@@ -267,6 +267,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   mutable std::mutex error_mutex_;  // error_/error_text_ are read from user threads
   std::error_code error_;
   std::string error_text_;
+  // Set once error_ is: error() answers a healthy communicator (every fast-path call asks) without
+  // the lock.
+  std::atomic<bool> failed_{false};
 };
 
 /// coccl::moe::AllToAllv across hosts: the all_to_allv kernel with counts in device memory

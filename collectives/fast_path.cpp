@@ -211,7 +211,9 @@ void FastOp::combine() {
 
 bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread,
                      bool yield) {
+  waited_ = false;
   if (step()) return true;
+  waited_ = true;
   if (stuck_) return false;
   // Waiting for the peers: the read of their rings' tails, a cache miss (they write them on
   // every release), is taken here rather than by a later try_put on the critical path.

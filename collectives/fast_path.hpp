@@ -50,6 +50,8 @@ class FastOp {
   /// away between polls (ranks outnumber cores); otherwise spin on it, as the peers have cores of
   /// their own.
   bool run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
+  /// Whether the last run_for() had to wait for the peers (its first step did not complete it).
+  bool waited() const noexcept { return waited_; }
   /// Keeps the arguments of an operation run_for() did not complete, for finish(): moved here,
   /// where they stay until end().
   OpArgs& adopt(OpArgs&& a) noexcept;
@@ -90,6 +92,7 @@ class FastOp {
   std::size_t elt_ = 0;
   bool reduces_ = false;
   bool stuck_ = false;  // a chunk finish() has to judge
+  bool waited_ = false;
   std::optional<transport::Peers::Use> use_;
 };
 

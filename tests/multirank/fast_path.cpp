@@ -6,9 +6,14 @@
 // reference, from a blocking caller, from a coroutine on the proxy thread, and from several threads
 // with communicators of their own at once.
 //
+// "fast_mixed" runs the same cases on a communicator whose rank 0 alone has the fast path: what it
+// sends is taken by the slow path of the others, and what they send by its fast path.
+//
 // "fast_handover" runs with COCCL_SPIN_US=0: an operation whose peers are late is handed to
 // the proxy thread at once. Operations started behind it wait for it (ordering), one cancelled
 // while it waits is removed, and a small operation queued behind a large one waits its turn.
+#include "collectives/fast_path.hpp"
+
 #include <algorithm>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -120,10 +125,8 @@ void expect_taken(Worker& w, const std::string& what, std::uint64_t got, std::ui
                      std::to_string(want));
 }
 
-// Blocking callers: every eligible size and kind, checked; one operation above
-// COCCL_FAST_MAX_BYTES does not count.
-void blocking_calls(Worker& w) {
-  FastCount count(w.comm);
+// Every eligible size and kind on w.comm, checked against the reference; returns how many ran.
+std::uint64_t eligible_cases(Worker& w) {
   std::uint64_t eligible = 0;
   const std::pair<DataType, ReduceOp> reductions[] = {{DataType::float32, ReduceOp::sum},
                                                       {DataType::int32, ReduceOp::max},
@@ -151,6 +154,14 @@ void blocking_calls(Worker& w) {
     all_to_all_case(w, DataType::int32, n);
     ++eligible;
   }
+  return eligible;
+}
+
+// Blocking callers: every eligible size and kind, checked; one operation above
+// COCCL_FAST_MAX_BYTES does not count.
+void blocking_calls(Worker& w) {
+  FastCount count(w.comm);
+  const std::uint64_t eligible = eligible_cases(w);
   expect_taken(w, "blocking operations", count.taken(), eligible);
   if (count.handed() != 0)
     w.fail("blocking operations",
@@ -226,6 +237,28 @@ int run_fast_path(Worker& w) {
   blocking_calls(w);
   awaited_calls(w);
   threads_and_communicators(w);
+  return exit_ok;
+}
+
+// Rank 0 on the fast path, the others on the slow path (their communicator made with
+// COCCL_FAST_MAX_BYTES=0): the two paths must send and take the same chunks.
+int run_fast_mixed(Worker& w) {
+  if (w.rank != 0) params::fast_max_bytes.set_override("0");
+  Communicator mixed = w.comm.split(0, w.rank);
+  params::fast_max_bytes.set_override(std::nullopt);
+  // The first operation makes the links: the slow path.
+  all_reduce_case(w, mixed, DataType::int32, ReduceOp::sum, 1, false);
+  const Communicator parent = w.comm;
+  w.comm = mixed;
+  FastCount count(mixed);
+  const std::uint64_t eligible = eligible_cases(w);
+  expect_taken(w, "operations with the other ranks on the slow path", count.taken(),
+               w.rank == 0 ? eligible : 0);
+  if (count.handed() != 0)
+    w.fail("operations with the other ranks on the slow path",
+           std::to_string(count.handed()) + " handed over with no limit on the fast path's wait");
+  w.comm = parent;
+  mixed.destroy();
   return exit_ok;
 }
 

@@ -1,7 +1,8 @@
 // The fast path of small host operations (collectives/fast_path.hpp) on real processes over shm:
 // every eligible operation takes it, from blocking callers, coroutines on the proxy thread and
 // several threads at once, and every result matches the reference (scenario "fast_path"); turned
-// off, nothing takes it and the results are the same; an operation whose peers are late is handed
+// off, nothing takes it and the results are the same; with it on one rank only, the results are
+// the same (scenario "fast_mixed"); an operation whose peers are late is handed
 // to the proxy thread, and what is started behind it keeps its order and can be cancelled
 // (scenario "fast_handover").
 #include <gtest/gtest.h>
@@ -37,6 +38,12 @@ TEST_P(FastPath, TurnedOffNothingTakesItAndTheResultsAreTheSame) {
   std::vector<std::string> env = always;
   env.push_back("COCCL_FAST_MAX_BYTES=0");
   const LaunchResult r = run("fast_path", GetParam(), env, {"off"});
+  EXPECT_TRUE(r.all_passed()) << r.describe();
+}
+
+// Rank 0 on the fast path, the others on the slow path: each takes what the other path sends.
+TEST_P(FastPath, OneRankOnItTheOthersOnTheSlowPath) {
+  const LaunchResult r = run("fast_mixed", GetParam(), always);
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
       {"links", run_links},
       {"fast_path", run_fast_path},
       {"fast_handover", run_fast_handover},
+      {"fast_mixed", run_fast_mixed},
       {"blocking_threads", run_blocking_threads},
       {"send_and_leave", run_send_and_leave},
   };

@@ -11,6 +11,8 @@
 #include <numeric>
 #include <vector>
 
+#include "collectives/comm_params.hpp"
+
 namespace coccl {
 namespace {
 
@@ -403,6 +405,30 @@ TEST_F(SingleRank, SmallOperationsAwaitedOnItsExecutorTakeTheFastPath) {
   EXPECT_EQ(after.fast_ops - before.fast_ops, 4u);
   EXPECT_EQ(after.fast_handed_over, before.fast_handed_over);
   for (const TraceEntry& e : last_ops(4)) EXPECT_EQ(e.state, TraceEntry::State::done) << e.op;
+}
+
+// COCCL_COLLTRACE_SIZE bounds the trace: once the ring has wrapped (twice, and then a partial
+// lap), it holds the newest operations, oldest first, each closed as done with its own count.
+TEST(SingleRankTrace, KeepsTheNewestOperationsInOrderOnceItsRingWraps) {
+  params::colltrace_size.set_override("5");
+  Communicator c = Communicator::create(UniqueId::create(), 0, 1);
+  params::colltrace_size.set_override(std::nullopt);
+  const CommStatus before = c.status();
+  for (std::size_t i = 1; i <= 13; ++i) {
+    std::vector<float> in(i, 1.0f), out(i);
+    c.all_reduce(in.data(), out.data(), i, DataType::float32, ReduceOp::sum);
+  }
+  const CommStatus st = c.status();
+  EXPECT_GT(st.fast_ops, before.fast_ops);
+  ASSERT_EQ(st.trace.size(), 5u);
+  for (std::size_t k = 0; k < 5; ++k) {
+    const TraceEntry& e = st.trace[k];
+    EXPECT_EQ(e.seq, st.started - 4 + k) << k;
+    EXPECT_EQ(e.count, 9 + k) << k;
+    EXPECT_EQ(e.op, "all_reduce") << k;
+    EXPECT_EQ(e.state, TraceEntry::State::done) << k;
+  }
+  c.destroy();
 }
 
 TEST(SingleRankLifetime, SplitOfOneRankGivesAOneRankCommunicator) {
