@@ -226,11 +226,11 @@ JobStatus query_job(const UniqueId& id, std::chrono::milliseconds wait) {
             job.why[r] = other_share;
             continue;
           }
-          if (!view.seen[r]) {
+          if (!view.seen(r)) {
             job.why[r] = "never reached the bootstrap root";
             continue;
           }
-          asio::co_spawn(io, ask_rank(r, view.table[r]), asio::detached);
+          asio::co_spawn(io, ask_rank(r, view.listener(r)), asio::detached);
         }
       },
       [&](std::exception_ptr e) { root_error = e; });

@@ -39,8 +39,10 @@ namespace coccl::transport {
 
 namespace {
 
-constexpr std::uint32_t id_magic = 0x31444343u;        // "CCD1"
-constexpr std::uint32_t root_view_magic = 0x52565743;  // "CWVR"
+constexpr std::uint32_t id_magic = 0x31444343u;  // "CCD1"
+// A status answer holding a record per rank of the root's share (the first format, "CWVR", had
+// one per rank of the communicator).
+constexpr std::uint32_t root_view_magic = 0x32565743;  // "CWV2"
 
 // A connection that carried hellos: a rank's own, or its host's leader's. The root sends the
 // entries its ranks keep back on it once the communicator forms. Frames go out one at a time
@@ -80,13 +82,18 @@ struct Root : std::enable_shared_from_this<Root> {
   bool rank0_left = false;  // it took the table, then its connection ended without a goodbye
   std::map<int, std::string> failures;  // ranks whose set-up failed, and why (their notices)
   bool done = false;                    // serving nothing more
-  std::vector<PeerInfo> table;
-  std::vector<std::uint32_t> host_ranks;  // per rank held: ranks on its host (its root's count)
+  // What the root holds is sized by its share, not by the communicator, so that many roots of a
+  // large communicator each hold O(N/roots log N). Per rank of the share [first, last), at
+  // rank - first: its entry (listener, and the ranks on its host once the share is complete),
+  // whether its hello came, and whose connection carried it. Every access by a rank that came on
+  // the wire checks in_share first.
+  std::vector<DirectoryEntry> own;
   std::vector<bool> seen;
-  std::vector<std::int32_t> via;  // per rank: whose connection carried its hello
-  // The ranks whose entries the ranks of this share keep (every rank when full), and the roots
-  // whose part of them has not come yet.
-  std::vector<int> needed;
+  std::vector<std::int32_t> via;
+  // The entries of other shares that this share's ranks keep (every other rank when full),
+  // sorted by rank; each root's part is filled by its share (root_take_share). `awaiting`: the
+  // roots whose part has not come yet.
+  std::vector<DirectoryEntry> foreign;
   std::set<int> awaiting;
   // The roots' barrier (Share): tokens received per round, rounds sent, and the aggregate of
   // the shares heard from (this one included once complete).
@@ -110,19 +117,33 @@ struct Root : std::enable_shared_from_this<Root> {
     first = share_begin(at, n, nroots);
     last = share_begin(at + 1, n, nroots);
     full = static_cast<std::int64_t>(n) <= params::directory_full.get();
-    table.resize(n);
-    host_ranks.assign(n, 0);
-    seen.assign(n, false);
-    via.assign(n, -1);
+    own.resize(static_cast<std::size_t>(last - first));
+    for (int r = first; r < last; ++r) own[r - first] = {r, PeerInfo{}, 0};
+    seen.assign(own.size(), false);
+    via.assign(own.size(), -1);
     tokens.assign(barrier_rounds(nroots), false);
+    auto keep = [&](int r) {
+      if (in_share(r)) return;  // in `own`: each rank keeps itself, so all of the share's are
+      foreign.push_back({r, PeerInfo{}, 0});
+      awaiting.insert(root_of(r, n, nroots));
+    };
     if (full) {
-      needed.resize(n);
-      for (int r = 0; r < n; ++r) needed[r] = r;
+      foreign.reserve(static_cast<std::size_t>(n) - own.size());
+      for (int r = 0; r < n; ++r) keep(r);
     } else {
-      needed = range_needs(first, last, n);
+      for (int r : range_needs(first, last, n)) keep(r);
     }
-    for (int r : needed)
-      if (r < first || r >= last) awaiting.insert(root_of(r, n, nroots));
+  }
+
+  bool in_share(int rank) const { return rank >= first && rank < last; }
+
+  // The entries of root k's share (k != index) that this share's ranks keep.
+  std::span<DirectoryEntry> foreign_of(int k) {
+    const int b = share_begin(k, nranks, roots), e = share_begin(k + 1, nranks, roots);
+    auto by_rank = [](const DirectoryEntry& d, int r) { return d.rank < r; };
+    auto lo = std::lower_bound(foreign.begin(), foreign.end(), b, by_rank);
+    auto hi = std::lower_bound(lo, foreign.end(), e, by_rank);
+    return {lo, hi};
   }
 
   void finish() {
@@ -162,18 +183,20 @@ void carrier_send(const std::shared_ptr<Root>& root, const std::shared_ptr<Carri
   asio::co_spawn(root->acceptor.get_executor(), carrier_write_loop(root, c), asio::detached);
 }
 
-// The root's answer to a status query: how far the rendezvous got and who has arrived.
+// The root's answer to a status query: how far the rendezvous got and who of its share has
+// arrived. Its records cover the share only; failures are few (at most 1024) and go as pairs.
 std::vector<std::uint8_t> encode_root_view(const Root& root) {
   Writer w;
   const int n = std::max(root.nranks, 0);
-  w.put(root_view_magic).put<std::int32_t>(n).put<std::int32_t>(root.arrived);
+  w.put(root_view_magic).put<std::int32_t>(n).put<std::int32_t>(root.roots);
+  w.put<std::int32_t>(root.index).put<std::int32_t>(root.arrived);
   w.put<std::uint8_t>(root.rank0_lost ? 1 : root.rank0_left ? 2 : 0);
   w.put<std::uint8_t>(root.formed ? 1 : 0);
-  w.put<std::int32_t>(root.first).put<std::int32_t>(n > 0 ? root.last : 0);
-  for (int r = 0; r < n; ++r) {
-    w.put<std::uint8_t>(root.seen[r] ? 1 : 0);
-    w.put(root.table[r]);
-    w.put<std::int32_t>(root.via[r]);
+  w.put<std::int32_t>(root.first).put<std::int32_t>(root.last);
+  for (std::size_t i = 0; i < root.own.size(); ++i) {
+    w.put<std::uint8_t>(root.seen[i] ? 1 : 0);
+    w.put(root.own[i].info);
+    w.put<std::int32_t>(root.via[i]);
   }
   w.put<std::uint32_t>(static_cast<std::uint32_t>(root.failures.size()));
   for (const auto& [rank, why] : root.failures) {
@@ -192,11 +215,15 @@ std::vector<std::uint8_t> encode_root_view(const Root& root) {
   return std::move(w.bytes());
 }
 
+}  // namespace
+
 RootView decode_root_view(std::span<const std::uint8_t> payload) {
   Reader r(payload);
   if (r.get<std::uint32_t>() != root_view_magic) bad_message("not a root's status answer");
   RootView v;
   v.nranks = r.get<std::int32_t>();
+  v.roots = r.get<std::int32_t>();
+  v.index = r.get<std::int32_t>();
   v.arrived = r.get<std::int32_t>();
   const auto rank0 = r.get<std::uint8_t>();
   if (rank0 > 2) bad_message("root's status answer has an unknown state of rank 0");
@@ -207,39 +234,55 @@ RootView decode_root_view(std::span<const std::uint8_t> payload) {
   v.formed = formed == 1;
   v.first = r.get<std::int32_t>();
   v.last = r.get<std::int32_t>();
-  // Each rank takes 1 + sizeof(PeerInfo) + 4 bytes: a count the payload cannot hold is refused
-  // before anything is allocated for it.
+  // The share must be root `index`'s of `roots` (so within the communicator), and its records
+  // (1 + sizeof(PeerInfo) + 4 bytes each) must fit the payload: checked before anything is
+  // allocated for them. With no hello yet the root is shaped as one root of no ranks.
   const std::size_t per_rank = 1 + sizeof(PeerInfo) + sizeof(std::int32_t);
-  if (v.nranks < 0 || static_cast<std::size_t>(v.nranks) > payload.size() / per_rank ||
-      v.first < 0 || v.first > v.last || v.last > v.nranks || v.arrived < 0 ||
+  if (v.nranks < 0 || v.roots < 1 || v.roots > std::max(v.nranks, 1) || v.index < 0 ||
+      v.index >= v.roots || v.first != share_begin(v.index, v.nranks, v.roots) ||
+      v.last != share_begin(v.index + 1, v.nranks, v.roots) ||
+      static_cast<std::size_t>(v.last - v.first) > payload.size() / per_rank || v.arrived < 0 ||
       v.arrived > v.last - v.first)
     bad_message("root's status answer has an impossible size");
-  v.seen.resize(v.nranks);
-  v.table.resize(v.nranks);
-  v.via.resize(v.nranks);
-  for (int i = 0; i < v.nranks; ++i) {
-    v.seen[i] = r.get<std::uint8_t>() != 0;
-    v.table[i] = r.get<PeerInfo>();
-    v.via[i] = r.get<std::int32_t>();
+  v.records.resize(static_cast<std::size_t>(v.last - v.first));
+  int seen = 0;
+  for (RootView::Record& rec : v.records) {
+    const auto s = r.get<std::uint8_t>();
+    if (s > 1) bad_message("root's status answer has an unknown state of a rank");
+    rec.seen = s == 1;
+    rec.listener = r.get<PeerInfo>();
+    rec.via = r.get<std::int32_t>();
+    // A hello is carried by a rank of the same share (a leader meets only its root's ranks).
+    if (rec.seen ? rec.via < v.first || rec.via >= v.last : rec.via != -1)
+      bad_message("root's status answer names a carrier outside its share");
+    seen += rec.seen ? 1 : 0;
   }
-  v.failed.resize(v.nranks);
+  if (seen != v.arrived) bad_message("root's status answer counts other ranks than it has seen");
+  // Each failure takes at least its rank and its text's length.
   const auto failures = r.get<std::uint32_t>();
+  if (failures > payload.size() / (2 * sizeof(std::uint32_t)))
+    bad_message("root's status answer names more failures than it holds");
   for (std::uint32_t i = 0; i < failures; ++i) {
     const int rank = r.get<std::int32_t>();
     auto text = r.get_bytes();
     if (rank < 0 || rank >= v.nranks) bad_message("root's status answer names a rank out of range");
-    v.failed[rank].assign(text.begin(), text.end());
+    if (!v.failed.emplace(rank, std::string(text.begin(), text.end())).second)
+      bad_message("root's status answer names a failed rank twice");
   }
   const auto waiting = r.get<std::uint32_t>();
-  if (waiting > payload.size()) bad_message("root's status answer waits for too many roots");
+  if (waiting >= static_cast<std::uint32_t>(v.roots))
+    bad_message("root's status answer waits for too many roots");
   for (std::uint32_t i = 0; i < waiting; ++i) {
     const int k = r.get<std::int32_t>();
-    if (k < 0 || k >= std::max(v.nranks, 1)) bad_message("root's status answer names no root");
+    if (k < 0 || k >= v.roots || k == v.index || (!v.awaiting.empty() && k <= v.awaiting.back()))
+      bad_message("root's status answer names no other root, or one twice");
     v.awaiting.push_back(k);
   }
   if (!r.done()) bad_message("trailing bytes after the root's status answer");
   return v;
 }
+
+namespace {
 
 // The share's first rank acknowledges its table; one that died after its hello does not (the
 // write of the table may still have succeeded into the socket's buffer).
@@ -299,8 +342,17 @@ asio::awaitable<void> root_form(std::shared_ptr<Root> root) {
   held.header.full = root->full ? 1 : 0;
   held.header.hosts =
       root->low_host == root->high_host ? 1u : std::max<std::uint32_t>(root->hosts, 2);
-  held.entries.reserve(root->needed.size());
-  for (int r : root->needed) held.entries.push_back({r, root->table[r], root->host_ranks[r]});
+  {
+    // Every entry the share's ranks keep, in rank order: the other shares' below this one, its
+    // own, the others' above. From now on `held` alone has the other shares' entries.
+    const std::vector<DirectoryEntry> foreign = std::exchange(root->foreign, {});
+    auto above = std::lower_bound(foreign.begin(), foreign.end(), root->first,
+                                  [](const DirectoryEntry& d, int r) { return d.rank < r; });
+    held.entries.reserve(foreign.size() + root->own.size());
+    held.entries.insert(held.entries.end(), foreign.begin(), above);
+    held.entries.insert(held.entries.end(), root->own.begin(), root->own.end());
+    held.entries.insert(held.entries.end(), above, foreign.end());
+  }
   for (const std::shared_ptr<Carrier>& c : std::exchange(root->carriers, {})) {
     std::vector<std::uint8_t> payload;
     try {
@@ -358,9 +410,8 @@ void root_advance(const std::shared_ptr<Root>& root) {
 void root_share_complete(const std::shared_ptr<Root>& root) {
   root->complete = true;
   std::unordered_map<std::uint64_t, std::uint32_t> on_host;
-  for (int r = root->first; r < root->last; ++r) ++on_host[root->table[r].host_hash];
-  for (int r = root->first; r < root->last; ++r)
-    root->host_ranks[r] = on_host[root->table[r].host_hash];
+  for (const DirectoryEntry& e : root->own) ++on_host[e.info.host_hash];
+  for (DirectoryEntry& e : root->own) e.host_ranks = on_host[e.info.host_hash];
   for (const auto& [host, count] : on_host) {
     root->low_host = std::min(root->low_host, host);
     root->high_host = std::max(root->high_host, host);
@@ -371,8 +422,8 @@ void root_share_complete(const std::shared_ptr<Root>& root) {
     // share that keep one of that root's ranks.
     std::map<int, std::vector<DirectoryEntry>> out;
     std::vector<int> needs;
-    for (int r = root->first; r < root->last; ++r) {
-      const DirectoryEntry e{r, root->table[r], root->host_ranks[r]};
+    for (const DirectoryEntry& e : root->own) {
+      const int r = e.rank;
       if (root->full) {
         for (int k = 0; k < root->roots; ++k)
           if (k != root->index) out[k].push_back(e);
@@ -450,13 +501,10 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
         refusal = "entries from " + whose + " that root " + std::to_string(root->index) +
                   " did not wait for";
       } else {
-        const int b = share_begin(from, root->nranks, root->roots);
-        const int e = share_begin(from + 1, root->nranks, root->roots);
-        auto lo = std::lower_bound(root->needed.begin(), root->needed.end(), b);
-        auto hi = std::lower_bound(lo, root->needed.end(), e);
-        bool same = static_cast<std::size_t>(hi - lo) == share.entries.size();
-        for (std::size_t i = 0; same && i < share.entries.size(); ++i)
-          same = share.entries[i].rank == lo[i];
+        const std::span<const DirectoryEntry> wanted = root->foreign_of(from);
+        bool same = wanted.size() == share.entries.size();
+        for (std::size_t i = 0; same && i < wanted.size(); ++i)
+          same = share.entries[i].rank == wanted[i].rank;
         if (!same)
           refusal = "entries from " + whose + " are not the ones root " +
                     std::to_string(root->index) + "'s ranks keep";
@@ -477,10 +525,8 @@ asio::awaitable<void> root_take_share(std::shared_ptr<Root> root, std::shared_pt
     root->high_host = std::max(root->high_host, share.high_host);
     root->hosts = std::max(root->hosts, share.hosts);
   } else {
-    for (const DirectoryEntry& e : share.entries) {
-      root->table[e.rank] = e.info;
-      root->host_ranks[e.rank] = e.host_ranks;
-    }
+    // Exactly the entries of `from` that this root waits for, in the same order (checked above).
+    std::ranges::copy(share.entries, root->foreign_of(from).begin());
     root->awaiting.erase(from);
   }
   try {
@@ -515,7 +561,7 @@ bool root_admit(Root& root, const Hello& hello, int via, bool direct) {
               ") than the ranks that reached this root before it (" + std::to_string(root.roots) +
               "): every rank must pass the same ids in the same "
               "order";
-  else if (at != root.index)
+  else if (!root.in_share(rank))
     refusal = "rank " + std::to_string(rank) + " says hello to root " + std::to_string(root.index) +
               ", but its share belongs to root " + std::to_string(at);
   else if (!direct && rank == root.first)
@@ -527,13 +573,14 @@ bool root_admit(Root& root, const Hello& hello, int via, bool direct) {
     if (root.failures.size() < 1024) root.failures[rank] = refusal;
     return false;
   }
-  if (root.seen[rank]) {
+  const int i = rank - root.first;
+  if (root.seen[i]) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", rank);
     return false;
   }
-  root.seen[rank] = true;
-  root.table[rank] = hello.info;
-  root.via[rank] = via;
+  root.seen[i] = true;
+  root.own[i].info = hello.info;
+  root.via[i] = via;
   ++root.arrived;
   return true;
 }
@@ -583,19 +630,22 @@ bool same_peer(const PeerInfo& a, const PeerInfo& b) {
 
 // A rank whose hello a host's leader carried says hello itself: the leader went before it passed
 // the rank its table (or the rank gave up waiting for it). The table goes on this connection
-// instead, at once when formed. Only the same rank with the same listener is taken.
+// instead, at once when formed. Only the same rank of this share, seen before, with the same
+// listener is taken.
 void root_reroute(const std::shared_ptr<Root>& root, std::shared_ptr<Stream> sock, Channel channel,
                   const Hello& h) {
   const int r = h.rank;
-  const bool same = h.nranks == root->nranks && static_cast<int>(h.roots) == root->roots &&
-                    h.ids == root->ids && same_peer(h.info, root->table[r]);
-  if (!same || root->via[r] == r) {
+  const int i = r - root->first;
+  const bool same = root->in_share(r) && root->seen[i] && h.nranks == root->nranks &&
+                    static_cast<int>(h.roots) == root->roots && h.ids == root->ids &&
+                    same_peer(h.info, root->own[i].info);
+  if (!same || root->via[i] == r) {
     COCCL_WARN(boot, -1, "bootstrap root: dropped a second hello from rank %d", r);
     return;
   }
   COCCL_INFO(boot, -1, "bootstrap root: rank %d, carried by rank %d, now says hello itself", r,
-             root->via[r]);
-  root->via[r] = r;
+             root->via[i]);
+  root->via[i] = r;
   auto c = std::make_shared<Carrier>(std::move(sock), std::move(channel));
   c->ranks.push_back(r);
   if (!root->formed) {
@@ -661,7 +711,9 @@ asio::awaitable<void> root_handle(std::shared_ptr<Root> root, std::shared_ptr<St
     co_return;
   }
   if (root->done || root->expired) co_return;
-  if (root->nranks > 0 && hello.rank >= 0 && hello.rank < root->nranks && root->seen[hello.rank]) {
+  // The share's arrays are indexed from its first rank: a rank from the wire outside the share
+  // goes to root_admit, which refuses it.
+  if (root->in_share(hello.rank) && root->seen[hello.rank - root->first]) {
     root_reroute(root, sock, std::move(*channel), hello);
     co_return;
   }
@@ -1128,8 +1180,8 @@ asio::awaitable<std::string> Peers::gone_because(int peer) {
     try {
       RootView view = co_await query_root(
           ex_, *root_, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
-      if (peer < static_cast<int>(view.failed.size()) && !view.failed[peer].empty())
-        co_return "; " + view.failed[peer];
+      if (auto f = view.failed.find(peer); f != view.failed.end() && !f->second.empty())
+        co_return "; " + f->second;
     } catch (const std::exception&) {
       co_return std::string();
     }
@@ -1157,7 +1209,7 @@ asio::awaitable<std::string> Peers::why_no_table(int target) {
   if (!view) co_return "the " + which + " does not answer either (its process may be gone)";
   // A refused hello or share says why (other ids, a wrong share).
   std::string refused;
-  for (const std::string& f : view->failed)
+  for (const auto& [rank, f] : view->failed)
     if (!f.empty()) {
       refused = "; " + f;
       break;
@@ -1166,7 +1218,7 @@ asio::awaitable<std::string> Peers::why_no_table(int target) {
     std::string missing;
     int count = 0;
     for (int r = v.first; r < v.last; ++r) {
-      if (v.seen[r]) continue;
+      if (v.seen(r)) continue;
       if (count < 16) missing += (count ? ", " : "") + std::to_string(r);
       ++count;
     }
@@ -1198,9 +1250,9 @@ asio::awaitable<std::string> Peers::why_no_table(int target) {
   if (view->rank0_lost && target == view->first)
     co_return "rank " + std::to_string(target) + " reached the " + which +
         " but could not take its address table (it has gone)";
-  const int via = target < static_cast<int>(view->via.size()) ? view->via[target] : -1;
+  const int via = view->via(target);
   if (via >= 0 && via != target) {
-    const std::string leader_says = co_await ask_about(via, view->table[via]);
+    const std::string leader_says = co_await ask_about(via, view->listener(via));
     co_return "the " + which + " sent the table to rank " + std::to_string(via) +
         ", the leader of its host, which did not pass it on (" + leader_says + ")";
   }

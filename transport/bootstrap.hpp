@@ -21,7 +21,9 @@
 #include <chrono>
 #include <coccl/unique_id.hpp>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,25 +57,58 @@ PeerInfo start_memory_root(runtime::ProxyThread& thread, const Secret& secret,
 asio::ip::tcp::endpoint start_root(runtime::ProxyThread& thread,
                                    const asio::ip::tcp::endpoint& endpoint, const Secret& secret);
 
-/// The bootstrap root's view of a communicator, as it answers a status query.
-/// With several roots (ids) each sees its share of the ranks: what it says of others is empty.
+/// The bootstrap root's view of a communicator, as it answers a status query. With several roots
+/// (ids) each sees its share of the ranks, [first, last), and its answer holds a record for each
+/// rank of that share only: its size grows with the share, not with the communicator. The
+/// accessors take a rank of the communicator; outside the share they answer "not seen".
 struct RootView {
   int nranks = 0;           // 0 while no hello has arrived
+  int roots = 1;            // the communicator's ids
+  int index = 0;            // this root's place among them
   int arrived = 0;          // hellos received, of the ranks [first, last)
   int first = 0, last = 0;  // the ranks whose hellos this root takes
   bool formed = false;      // every rank of every share arrived; the tables went out
   bool rank0_lost = false;  // formed, but the share's first rank did not take its table
   bool rank0_left = false;  // the first rank took it, then left without a goodbye
   /// The other roots this one still waits for (their entries, or a barrier token), once its own
-  /// share is complete or their entries are due.
+  /// share is complete or their entries are due; ascending.
   std::vector<int> awaiting;
-  std::vector<std::string> failed;  // per rank: why its set-up failed, if it told the root
-  std::vector<bool> seen;           // per rank: its hello arrived
-  std::vector<PeerInfo> table;      // per rank: its listener (valid where seen)
-  /// Per rank: the rank whose connection carried its hello (itself when it came directly, its
-  /// host's leader otherwise; valid where seen).
-  std::vector<int> via;
+  /// Why ranks' set-up failed, by rank, as they told this root: any rank of the communicator (a
+  /// refused share is recorded under the rank that relayed it, of another share).
+  std::map<int, std::string> failed;
+
+  /// What the root holds of one rank of its share.
+  struct Record {
+    bool seen = false;    // its hello arrived
+    PeerInfo listener{};  // valid where seen
+    /// The rank whose connection carried its hello (itself when it came directly, its host's
+    /// leader otherwise, a rank of the share either way); -1 where not seen.
+    int via = -1;
+  };
+  /// The share's records: rank first + i at i.
+  std::vector<Record> records;
+
+  /// Whether `rank`'s hello arrived (false outside the share).
+  bool seen(int rank) const { return record(rank).seen; }
+  /// `rank`'s listener where seen; an all-zero PeerInfo outside the share.
+  const PeerInfo& listener(int rank) const { return record(rank).listener; }
+  /// Whose connection carried `rank`'s hello; -1 where not seen and outside the share.
+  int via(int rank) const { return record(rank).via; }
+
+ private:
+  const Record& record(int rank) const {
+    static const Record none;
+    const std::int64_t i = static_cast<std::int64_t>(rank) - first;
+    return i >= 0 && i < static_cast<std::int64_t>(records.size()) ? records[i] : none;
+  }
 };
+
+/// Reads a root's status answer (what query_root does with it). Throws std::system_error
+/// (errc::bad_message) on a payload that is malformed or truncated, or that says the impossible:
+/// a share that is not root `index`'s of `roots`, more records or failures than the payload holds
+/// (refused before anything is allocated for them), a hello carried from outside the share, a
+/// failure of a rank outside the communicator, a root awaited twice or not another root.
+RootView decode_root_view(std::span<const std::uint8_t> payload);
 
 /// Asks the root of `root` for its view (coccl-status). Throws std::system_error (errc::timed_out
 /// naming the root when `until` passes, errc::bad_message for a root with another secret) or

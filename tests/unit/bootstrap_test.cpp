@@ -671,6 +671,182 @@ TEST(BootstrapRoots, RefuseSharesTheyDoNotWaitForAndTheRanksStillForm) {
   expect_all_summed(run_ranks(ids, nranks, all_ranks(nranks), Then::sum));
 }
 
+// A root's status answer as it comes on the wire.
+std::vector<std::uint8_t> root_answer(const transport::RootAddress& root) {
+  asio::io_context io;
+  std::vector<std::uint8_t> bytes;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto sock = co_await transport::dial(io.get_executor(), root.address,
+                                             std::chrono::steady_clock::now() + 5s);
+        transport::Channel channel = co_await transport::Channel::initiate(*sock, root.secret);
+        const std::vector<std::uint8_t> nothing;
+        co_await transport::write_frame(*sock, channel, transport::FrameType::status_query,
+                                        nothing);
+        transport::Frame f = co_await transport::read_frame(*sock, channel, 1 << 20);
+        EXPECT_EQ(f.type, transport::FrameType::status);
+        bytes = std::move(f.payload);
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  io.run_for(10s);
+  return bytes;
+}
+
+std::vector<UniqueId> several_ids(int n) {
+  std::vector<UniqueId> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(UniqueId::create());
+  return ids;
+}
+
+// The answer of root `k` of `nroots` ids for `nranks` ranks, asked while every rank's
+// communicator lives.
+std::vector<std::uint8_t> formed_root_answer(int nranks, int nroots, int k) {
+  const std::vector<UniqueId> ids = several_ids(nroots);
+  std::vector<std::uint8_t> answer;
+  expect_all_summed(run_ranks(ids, nranks, all_ranks(nranks), Then::sum,
+                              [&] { answer = root_answer(transport::decode(ids[k])); }));
+  return answer;
+}
+
+// With several ids a root answers for its share alone: its ranks' records, none of the others'.
+TEST(BootstrapRoots, AStatusAnswerDescribesTheRootsShareOnly) {
+  const auto bytes = formed_root_answer(8, 4, 1);  // shares [0, 2), [2, 4), [4, 6), [6, 8)
+  const transport::RootView v = transport::decode_root_view(bytes);
+  EXPECT_EQ(v.nranks, 8);
+  EXPECT_EQ(v.roots, 4);
+  EXPECT_EQ(v.index, 1);
+  EXPECT_EQ(v.first, 2);
+  EXPECT_EQ(v.last, 4);
+  EXPECT_EQ(v.arrived, 2);
+  EXPECT_TRUE(v.formed);
+  EXPECT_TRUE(v.awaiting.empty());
+  EXPECT_TRUE(v.failed.empty());
+  ASSERT_EQ(v.records.size(), 2u);
+  // Rank 2 relays for its root and says hello itself; rank 3, alone on the host in its share,
+  // leads itself.
+  for (int r : {2, 3}) {
+    EXPECT_TRUE(v.seen(r)) << "rank " << r;
+    EXPECT_EQ(v.via(r), r) << "rank " << r;
+    EXPECT_NE(v.listener(r).port, 0) << "rank " << r;
+  }
+  for (int r : {-1, 0, 1, 4, 7, 8}) {
+    EXPECT_FALSE(v.seen(r)) << "rank " << r;
+    EXPECT_EQ(v.via(r), -1) << "rank " << r;
+    EXPECT_EQ(v.listener(r).port, 0) << "rank " << r;
+  }
+}
+
+// A root's answer costs a record per rank of its share: the same share [2, 4) of 4, 8 and 16
+// ranks answers in as many bytes, and a share of 4 ranks in two records more.
+TEST(BootstrapRoots, AStatusAnswerGrowsWithTheShareNotWithTheRanks) {
+  const std::size_t of_4 = formed_root_answer(4, 2, 1).size();
+  const std::size_t of_8 = formed_root_answer(8, 4, 1).size();
+  const std::size_t of_16 = formed_root_answer(16, 8, 1).size();
+  EXPECT_EQ(of_8, of_4);
+  EXPECT_EQ(of_16, of_4);
+  const std::size_t share_of_4 = formed_root_answer(8, 2, 1).size();  // ranks [4, 8)
+  EXPECT_EQ(share_of_4 - of_8, 2 * (1 + sizeof(transport::PeerInfo) + sizeof(std::int32_t)));
+}
+
+// Says hello to root `k` of `ids` as rank `rank` of `nranks` listening at `listener`, on a
+// connection of its own; returns the connection (open until the Said goes), and the frame the
+// root sends back within `wait` (none: the root closed the connection, or sent nothing).
+struct Said {
+  std::shared_ptr<transport::Stream> sock;
+  std::optional<transport::FrameType> answer;
+};
+Said say_hello(asio::io_context& io, const std::vector<transport::RootAddress>& ids, int k,
+               int rank, int nranks, const transport::PeerInfo& listener,
+               std::chrono::milliseconds wait) {
+  Said said;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        said.sock = co_await transport::dial(io.get_executor(), ids[k].address,
+                                             std::chrono::steady_clock::now() + 5s);
+        transport::Channel channel =
+            co_await transport::Channel::initiate(*said.sock, ids[k].secret);
+        const transport::Hello hello{rank, nranks, listener, static_cast<std::uint32_t>(ids.size()),
+                                     transport::ids_digest(ids)};
+        co_await transport::write_frame(*said.sock, channel, transport::FrameType::hello,
+                                        transport::encode_hello(hello));
+        if (wait.count() == 0) co_return;
+        runtime::CloseAfter guard(*said.sock, wait);
+        transport::Frame f = co_await transport::read_frame(*said.sock, channel, 1 << 20);
+        said.answer = f.type;
+      },
+      [](std::exception_ptr) {});
+  io.restart();
+  io.run_for(10s);
+  return said;
+}
+
+std::vector<transport::RootAddress> decoded(const std::vector<UniqueId>& ids) {
+  std::vector<transport::RootAddress> roots;
+  for (const UniqueId& id : ids) roots.push_back(transport::decode(id));
+  return roots;
+}
+
+// A root's arrays cover its share only: a hello naming a rank of another share (below it or
+// above it) is refused with the reason, and touches none of the share's records.
+TEST(BootstrapRoots, AHelloNamingARankOfAnotherShareIsRefusedWithTheReason) {
+  const auto roots = decoded(several_ids(3));  // 6 ranks: shares [0, 2), [2, 4), [4, 6)
+  const transport::PeerInfo somewhere = transport::PeerInfo::from(nobody_at(roots[1]));
+  asio::io_context io;
+  // Rank 2, the first of root 1's share, arrives first and shapes the root. Every connection
+  // here stays open to the end.
+  const Said rank2 = say_hello(io, roots, 1, 2, 6, somewhere, 0ms);
+  ASSERT_TRUE(root_comes_to(
+      roots[1], [](const std::optional<transport::RootView>& v) { return v && v->arrived == 1; },
+      5s));
+  const Said below = say_hello(io, roots, 1, 0, 6, somewhere, 0ms);
+  const Said above = say_hello(io, roots, 1, 5, 6, somewhere, 0ms);
+  std::optional<transport::RootView> view;
+  ASSERT_TRUE(root_comes_to(
+      roots[1],
+      [&](const std::optional<transport::RootView>& v) {
+        view = v;
+        return v && v->failed.size() == 2;
+      },
+      5s));
+  EXPECT_EQ(view->first, 2);
+  EXPECT_EQ(view->last, 4);
+  EXPECT_EQ(view->arrived, 1);
+  ASSERT_EQ(view->records.size(), 2u);
+  EXPECT_TRUE(view->seen(2));
+  EXPECT_FALSE(view->seen(3));
+  EXPECT_FALSE(view->seen(0));
+  EXPECT_FALSE(view->seen(5));
+  EXPECT_NE(view->failed.at(0).find("its share belongs to root 0"), std::string::npos)
+      << view->failed.at(0);
+  EXPECT_NE(view->failed.at(5).find("its share belongs to root 2"), std::string::npos)
+      << view->failed.at(5);
+}
+
+// Once formed, a second hello of a rank that a leader carried takes the table on its own
+// connection (root_reroute). One naming a rank of another share, with that rank's own listener,
+// is dropped: no table, and the root's answer is what it was.
+TEST(BootstrapRoots, AFormedRootDropsAHelloNamingARankOfAnotherShare) {
+  const std::vector<UniqueId> ids = several_ids(2);  // 4 ranks: shares [0, 2), [2, 4)
+  const auto roots = decoded(ids);
+  std::vector<std::uint8_t> before, after;
+  asio::io_context io;
+  std::vector<Said> dropped;
+  expect_all_summed(run_ranks(ids, 4, all_ranks(4), Then::sum, [&] {
+    const transport::RootView of_0 = transport::decode_root_view(root_answer(roots[0]));
+    before = root_answer(roots[1]);
+    for (int r : {0, 1}) dropped.push_back(say_hello(io, roots, 1, r, 4, of_0.listener(r), 2s));
+    after = root_answer(roots[1]);
+  }));
+  ASSERT_EQ(dropped.size(), 2u);
+  for (const Said& s : dropped) EXPECT_FALSE(s.answer);
+  EXPECT_FALSE(before.empty());
+  EXPECT_EQ(after, before);
+}
+
 // Every rank says hello at once, far beyond the root's cap on connections that have not
 // authenticated yet: the root takes them as room frees and every rank joins (at the default cap,
 // thousands of ranks starting together meet the same).
@@ -702,9 +878,9 @@ Formed join_and_ask_root(const UniqueId& id, int nranks) {
 // Every rank's hello came on its own connection.
 void expect_all_direct(const Formed& f) {
   ASSERT_TRUE(f.view);
-  ASSERT_EQ(f.view->via.size(), f.results.size());
-  for (std::size_t r = 0; r < f.results.size(); ++r)
-    EXPECT_EQ(f.view->via[r], static_cast<int>(r)) << "rank " << r;
+  ASSERT_EQ(f.view->records.size(), f.results.size());
+  for (int r = 0; r < static_cast<int>(f.results.size()); ++r)
+    EXPECT_EQ(f.view->via(r), r) << "rank " << r;
 }
 
 TEST(HostLeaders, CarryTheHellosOfTheirHostOnOneConnection) {
@@ -713,13 +889,13 @@ TEST(HostLeaders, CarryTheHellosOfTheirHostOnOneConnection) {
   expect_all_summed(f.results);
   ASSERT_TRUE(f.view);
   EXPECT_EQ(f.view->arrived, n);
-  ASSERT_EQ(f.view->via.size(), static_cast<std::size_t>(n));
+  ASSERT_EQ(f.view->records.size(), static_cast<std::size_t>(n));
   // Rank 0 takes the table on its own connection; one of the others leads the rest.
-  EXPECT_EQ(f.view->via[0], 0);
-  const int leader = f.view->via[1];
+  EXPECT_EQ(f.view->via(0), 0);
+  const int leader = f.view->via(1);
   ASSERT_GE(leader, 1);
   ASSERT_LT(leader, n);
-  for (int r = 1; r < n; ++r) EXPECT_EQ(f.view->via[r], leader) << "rank " << r;
+  for (int r = 1; r < n; ++r) EXPECT_EQ(f.view->via(r), leader) << "rank " << r;
 }
 
 TEST(HostLeaders, OffEveryRankSaysHelloItself) {
