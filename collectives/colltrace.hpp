@@ -30,6 +30,8 @@ class CollTrace {
 
   Entry& begin(std::uint64_t seq, const char* op, std::size_t count, int type, int root,
                std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+  /// Sets the start of the newest entry if it is `seq`'s (begun with a provisional time).
+  void restart(std::uint64_t seq, std::chrono::steady_clock::time_point at);
   /// Closes the newest entry if it is `seq`'s, ended at `at` (now when not given).
   void end(std::uint64_t seq, bool ok,
            std::optional<std::chrono::steady_clock::time_point> at = std::nullopt);

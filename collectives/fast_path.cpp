@@ -221,14 +221,17 @@ bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread
                      bool yield) {
   waited_ = false;
   if (step()) return true;
-  waited_ = true;
   if (stuck_) return false;
+  // The clock is read once the operation waits anyway: its start in the trace, and the spin's
+  // budget.
+  waited_ = true;
+  wait_start_ = std::chrono::steady_clock::now();
+  const auto until = wait_start_ + budget;
   // Waiting for the peers: the read of their rings' tails, a cache miss (they write them on
   // every release), is taken here rather than by a later try_put on the critical path.
   for (Peer& p : peers_) p.link->learn_credit();
-  // The clock is read only once the spin has lasted: a read costs as much as a few polls (it was
-  // 6% of a 2-rank 8-byte all_reduce read every 64 polls), a yield far more.
-  std::optional<std::chrono::steady_clock::time_point> until;
+  // The clock is read again only once the spin has lasted: a read costs as much as a few polls
+  // (it was 6% of a 2-rank 8-byte all_reduce read every 64 polls), a yield far more.
   for (unsigned i = 1;; ++i) {
     // With a core per rank the spin yields too once it has lasted (some microseconds; a peer's
     // operation takes well under one): a peer that another thread pushed off its core (a proxy
@@ -245,9 +248,7 @@ bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread
     if ((i & 7) != 0) continue;
     if (thread.wanted()) return false;
     if ((i & ((yielding ? 8 : 1024) - 1)) != 0) continue;
-    const auto now = std::chrono::steady_clock::now();
-    if (!until) until = now + budget;
-    if (now >= *until) return false;
+    if (std::chrono::steady_clock::now() >= until) return false;
   }
 }
 

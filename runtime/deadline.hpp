@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
+#include <ctime>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -23,6 +24,18 @@ namespace asio = boost::asio;
 /// `s` seconds as a duration, within [0, 10^9 s]: NaN and negative values are 0, and larger
 /// values (up to infinity) are 10^9 s, some 31 years, beyond which the count would overflow.
 std::chrono::steady_clock::duration seconds_to_duration(double s) noexcept;
+
+/// steady_clock's time as of the kernel's last tick (CLOCK_MONOTONIC_COARSE: the clock that
+/// steady_clock reads on Linux, a few milliseconds behind at most), for bookkeeping that counts in
+/// seconds (a link's last use) on paths where a precise read (about 20 ns) is a sizeable part of
+/// the work.
+inline std::chrono::steady_clock::time_point coarse_now() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::steady_clock::time_point(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+}
 
 /// COCCL_TIMEOUT as a duration.
 std::chrono::steady_clock::duration default_timeout();

@@ -65,6 +65,18 @@ void on_thread(ProxyThread& t, F f) {
   ASSERT_EQ(done.get_future().wait_for(5s), std::future_status::ready);
 }
 
+// coarse_now() reads the clock steady_clock reads (its epoch, not the wall clock's), at most a tick
+// behind (a tick is 1 to 10 ms; the bound leaves room for a loaded machine).
+TEST(CoarseClock, ReadsSteadyClockTimeAtMostATickBehind) {
+  for (int i = 0; i < 100; ++i) {
+    const auto before = std::chrono::steady_clock::now();
+    const auto coarse = coarse_now();
+    const auto after = std::chrono::steady_clock::now();
+    ASSERT_LE(coarse, after);
+    ASSERT_GT(coarse, before - 200ms);
+  }
+}
+
 TEST(ProxyThread, PollsARegisteredPollerUntilItReportsProgress) {
   ProxyThread t(0);
   FakePoller p(/*progress_at=*/1000, /*waiting=*/true);
