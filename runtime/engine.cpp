@@ -90,20 +90,16 @@ void ProxyThread::hold_role() noexcept {
     // served that late at worst while callers keep the role busy. Every nap that ends is a context
     // switch and a round that keeps the role from the callers: with a 100 us nap, 4 ranks on 2
     // cores took 12.7-14 us per small blocking all_reduce, with 1 ms 10-12.3 (docs/performance.md).
-    nap(true);
+    const std::uint32_t word = nap_word_.load(std::memory_order_seq_cst);
+    napping_.store(true, std::memory_order_seq_cst);
+    if (!owed_.load(std::memory_order_seq_cst) &&
+        holder_.load(std::memory_order_seq_cst) == borrowed_role) {
+      timespec limit{0, 1'000'000};
+      ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&nap_word_), FUTEX_WAIT_PRIVATE, word,
+                &limit, nullptr, 0);
+    }
+    napping_.store(false, std::memory_order_relaxed);
   }
-}
-
-void ProxyThread::nap(bool while_borrowed) noexcept {
-  const std::uint32_t word = nap_word_.load(std::memory_order_seq_cst);
-  napping_.store(true, std::memory_order_seq_cst);
-  if (!owed_.load(std::memory_order_seq_cst) &&
-      (!while_borrowed || holder_.load(std::memory_order_seq_cst) == borrowed_role)) {
-    timespec limit{0, 1'000'000};
-    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&nap_word_), FUTEX_WAIT_PRIVATE, word,
-              &limit, nullptr, 0);
-  }
-  napping_.store(false, std::memory_order_relaxed);
 }
 
 ProxyThread::Borrow::Borrow(ProxyThread& t, std::chrono::nanoseconds patience) noexcept
@@ -320,23 +316,9 @@ void ProxyThread::run() {
       last_progress = clock::now();
       continue;
     }
-    // A borrower's work keeps the loop awake (so lendable) as its own would. While no coroutine
-    // waits on a poller, the loop then naps with the role free, as hold_role() does while it is
-    // borrowed: a caller running operations back to back on the borrowed role needs neither the
-    // loop's rounds nor its core. Yielding instead, the loop took the role back whenever a caller
-    // was between two operations, and the caller had to ask for it again: 2 ranks on 2 cores ran
-    // 8-byte blocking all_reduces at 0.3 us in some runs and 2 to 10 us in others
-    // (docs/performance.md). The nap ends when work is owed to the loop, a borrower leaves while
-    // pollers wait, or after 1 ms.
-    if (lent) {
-      last_progress = clock::now();
-      if (!waiting) {
-        release_role();
-        nap(false);
-        hold_role();
-        continue;
-      }
-    }
+    // A borrower's work keeps the loop awake (so lendable) as its own would, but the loop still
+    // yields its core between rounds: the borrower may need it.
+    if (lent) last_progress = clock::now();
     if (clock::now() - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
       // yielding lets the peer we wait for run instead of burning our time slice. Meanwhile the

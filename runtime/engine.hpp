@@ -202,12 +202,8 @@ class ProxyThread {
   void give_back_role() noexcept;
   void lend_if_asked() noexcept;
   void release_role() noexcept { holder_.store(free_role, std::memory_order_release); }
-  // The proxy thread naps in hold_role() while a borrower holds the role, and in run() after a
-  // round in which the role was lent; wake_nap() ends the nap.
+  // The proxy thread naps in hold_role() while a borrower holds the role; wake_nap() ends the nap.
   void wake_nap() noexcept;
-  // Sleeps on nap_word_ for at most 1 ms unless work is owed to the loop or (`while_borrowed`) the
-  // role is no longer borrowed.
-  void nap(bool while_borrowed) noexcept;
   std::atomic<int> holder_{proxy_role};
   std::atomic<bool> asleep_{false};
   std::atomic<int> asking_{0};
