@@ -605,29 +605,38 @@ TEST(HostLeaders, FollowersOfALeaderThatHangsWithTheirTableNameIt) {
 
 // ---- The roots of several ids ----
 
-// Sends one share to the root at `to`, as the first rank of another root's share relays it;
-// returns the root's answer: empty when taken, else its refusal.
-std::string relay_to_root(const transport::RootAddress& to, const transport::Share& share) {
+// One authenticated frame to the root at `to` and the frame it answers with (type 0 and no
+// payload when none came within the limit).
+transport::Frame ask_root_once(const transport::RootAddress& to, transport::FrameType type,
+                               const std::vector<std::uint8_t>& payload) {
   asio::io_context io;
-  std::string answer = "no answer";
+  transport::Frame answer{};
   asio::co_spawn(
       io,
       [&]() -> asio::awaitable<void> {
         auto sock = co_await transport::dial(io.get_executor(), to.address,
                                              std::chrono::steady_clock::now() + 5s);
         transport::Channel channel = co_await transport::Channel::initiate(*sock, to.secret);
-        co_await transport::write_frame(*sock, channel, transport::FrameType::share,
-                                        transport::encode_share(share));
-        transport::Frame f = co_await transport::read_frame(*sock, channel, 4096);
-        answer = f.type == transport::FrameType::status
-                     ? std::string(f.payload.begin(), f.payload.end())
-                     : "refused: " + std::string(f.payload.begin(), f.payload.end());
+        co_await transport::write_frame(*sock, channel, type, payload);
+        answer = co_await transport::read_frame(*sock, channel, 1 << 20);
       },
       [](std::exception_ptr e) {
         if (e) std::rethrow_exception(e);
       });
   io.run_for(10s);
   return answer;
+}
+
+// Sends one share to the root at `to`, as the first rank of another root's share relays it;
+// returns the root's answer: empty when taken, else its refusal.
+std::string relay_to_root(const transport::RootAddress& to, const transport::Share& share) {
+  const transport::Frame f =
+      ask_root_once(to, transport::FrameType::share, transport::encode_share(share));
+  if (f.type == transport::FrameType::status)
+    return std::string(f.payload.begin(), f.payload.end());
+  if (f.type == transport::FrameType::notice)
+    return "refused: " + std::string(f.payload.begin(), f.payload.end());
+  return "no answer";
 }
 
 // A share that is not what a root waits for (entries its ranks do not keep, for another root,
@@ -673,26 +682,9 @@ TEST(BootstrapRoots, RefuseSharesTheyDoNotWaitForAndTheRanksStillForm) {
 
 // A root's status answer as it comes on the wire.
 std::vector<std::uint8_t> root_answer(const transport::RootAddress& root) {
-  asio::io_context io;
-  std::vector<std::uint8_t> bytes;
-  asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> {
-        auto sock = co_await transport::dial(io.get_executor(), root.address,
-                                             std::chrono::steady_clock::now() + 5s);
-        transport::Channel channel = co_await transport::Channel::initiate(*sock, root.secret);
-        const std::vector<std::uint8_t> nothing;
-        co_await transport::write_frame(*sock, channel, transport::FrameType::status_query,
-                                        nothing);
-        transport::Frame f = co_await transport::read_frame(*sock, channel, 1 << 20);
-        EXPECT_EQ(f.type, transport::FrameType::status);
-        bytes = std::move(f.payload);
-      },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-  io.run_for(10s);
-  return bytes;
+  transport::Frame f = ask_root_once(root, transport::FrameType::status_query, {});
+  EXPECT_EQ(f.type, transport::FrameType::status);
+  return std::move(f.payload);
 }
 
 std::vector<UniqueId> several_ids(int n) {
