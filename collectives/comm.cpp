@@ -262,7 +262,7 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
       in_transit_.load(std::memory_order_relaxed) != 0 || error())
     return FastResult::declined;
   // Coarse: the links' last use counts in seconds, and the trace's start is provisional (below).
-  // A precise read before the operation's first put was 7% of a 2-rank 8-byte all_reduce.
+  // A precise read (about 20 ns) was a fifth of a blocking call on one rank, before the first put.
   const auto now = runtime::coarse_now();
   if (!fast_candidate(args) || !validate(args, rank_, size_).empty() || !fast_.prepare(args, now))
     return FastResult::declined;

@@ -30,17 +30,13 @@ using transport::Connection;
 const std::byte* cbytes(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 
-}  // namespace
-
-FastOp::FastOp(CommImpl& comm) : c_(comm) {}
-
-namespace {
-
 // Polls a waiting fast-path operation spins on before it yields between polls (each poll is a
 // pause and a look at the peers' rings: some tens of nanoseconds).
 constexpr unsigned spin_polls = 256;
 
 }  // namespace
+
+FastOp::FastOp(CommImpl& comm) : c_(comm) {}
 
 bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now) {
   const int n = c_.size(), r = c_.rank();

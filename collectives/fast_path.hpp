@@ -47,8 +47,8 @@ class FastOp {
   /// Progress without waiting, within `budget` of spinning; true once the operation is complete
   /// (the receive buffer final, every chunk taken released). False: it stopped early (budget spent,
   /// another thread wants the role, or something only finish() can handle). `yield`: give the core
-  /// away between polls (ranks outnumber cores); otherwise spin on it, as the peers have cores of
-  /// their own.
+  /// away between polls (ranks outnumber cores); otherwise spin on it for some microseconds first,
+  /// as the peers have cores of their own.
   bool run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
   /// Whether the last run_for() had to wait for the peers (its first step did not complete it),
   /// and when its wait began.
