@@ -16,20 +16,23 @@ CollTrace::Entry& CollTrace::begin(std::uint64_t seq, const char* op, std::size_
   return e;
 }
 
-void CollTrace::restart(std::uint64_t seq, std::chrono::steady_clock::time_point at) {
-  if (recorded_ == 0) return;
+CollTrace::Entry* CollTrace::running(std::uint64_t seq) noexcept {
+  if (recorded_ == 0) return nullptr;
   Entry& e = ring_[next_ == 0 ? capacity_ - 1 : next_ - 1];
-  if (e.seq == seq && e.state == State::started) e.started = at;
+  return e.seq == seq && e.state == State::started ? &e : nullptr;
+}
+
+void CollTrace::restart(std::uint64_t seq, std::chrono::steady_clock::time_point at) {
+  if (Entry* e = running(seq)) e->started = at;
 }
 
 void CollTrace::end(std::uint64_t seq, bool ok,
                     std::optional<std::chrono::steady_clock::time_point> at) {
   // Operations end in the order they begin, so the newest entry is the one to close.
-  if (recorded_ == 0) return;
-  Entry& e = ring_[next_ == 0 ? capacity_ - 1 : next_ - 1];
-  if (e.seq != seq || e.state != State::started) return;
-  e.state = ok ? State::done : State::failed;
-  e.ended = at ? *at : std::chrono::steady_clock::now();
+  Entry* e = running(seq);
+  if (!e) return;
+  e->state = ok ? State::done : State::failed;
+  e->ended = at ? *at : std::chrono::steady_clock::now();
 }
 
 std::string CollTrace::json(int rank) const {

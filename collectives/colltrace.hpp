@@ -41,6 +41,9 @@ class CollTrace {
   std::vector<TraceEntry> entries() const;
 
  private:
+  // The newest entry, if it is `seq`'s and still running.
+  Entry* running(std::uint64_t seq) noexcept;
+
   std::size_t capacity_;
   std::vector<Entry> ring_;  // entry i of the record at i % capacity_
   std::uint64_t recorded_ = 0;

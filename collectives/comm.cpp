@@ -273,14 +273,14 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
   // fraction of a microsecond after it started); one handed over at its first step reads the
   // clock now; one done at its first step took no time the trace's microseconds can show, and
   // keeps its provisional start as its end.
-  const bool waited = fast_.waited();
-  if (waited)
-    trace_.restart(seq_, fast_.wait_start());
+  const auto waited_since = fast_.waited_since();
+  if (waited_since)
+    trace_.restart(seq_, *waited_since);
   else if (!done)
     trace_.restart(seq_, std::chrono::steady_clock::now());
   if (done) {
     fast_.end();
-    end_op(true, waited ? std::nullopt : std::optional(now));
+    end_op(true, waited_since ? std::nullopt : std::optional(now));
     ++fast_done_;
     ec.clear();
     return FastResult::done;

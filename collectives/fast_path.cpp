@@ -215,14 +215,13 @@ void FastOp::combine() {
 
 bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread,
                      bool yield) {
-  waited_ = false;
+  waited_since_.reset();
   if (step()) return true;
   if (stuck_) return false;
   // The clock is read once the operation waits anyway: its start in the trace, and the spin's
   // budget.
-  waited_ = true;
-  wait_start_ = std::chrono::steady_clock::now();
-  const auto until = wait_start_ + budget;
+  waited_since_ = std::chrono::steady_clock::now();
+  const auto until = *waited_since_ + budget;
   // Waiting for the peers: the read of their rings' tails, a cache miss (they write them on
   // every release), is taken here rather than by a later try_put on the critical path.
   for (Peer& p : peers_) p.link->learn_credit();

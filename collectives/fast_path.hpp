@@ -50,10 +50,11 @@ class FastOp {
   /// away between polls (ranks outnumber cores); otherwise spin on it for some microseconds first,
   /// as the peers have cores of their own.
   bool run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
-  /// Whether the last run_for() had to wait for the peers (its first step did not complete it),
-  /// and when its wait began.
-  bool waited() const noexcept { return waited_; }
-  std::chrono::steady_clock::time_point wait_start() const noexcept { return wait_start_; }
+  /// When the last run_for() began to wait for the peers; nothing if its first step completed the
+  /// operation or stopped it.
+  std::optional<std::chrono::steady_clock::time_point> waited_since() const noexcept {
+    return waited_since_;
+  }
   /// Keeps the arguments of an operation run_for() did not complete, for finish(): moved here,
   /// where they stay until end().
   OpArgs& adopt(OpArgs&& a) noexcept;
@@ -94,8 +95,7 @@ class FastOp {
   std::size_t elt_ = 0;
   bool reduces_ = false;
   bool stuck_ = false;  // a chunk finish() has to judge
-  bool waited_ = false;
-  std::chrono::steady_clock::time_point wait_start_{};
+  std::optional<std::chrono::steady_clock::time_point> waited_since_;
   std::optional<transport::Peers::Use> use_;
 };
 

@@ -140,6 +140,11 @@ void SocketConnection::enqueue(LinkHeader h, const void* data, std::size_t n, Re
   schedule_write();
 }
 
+std::string credit_refusal(std::uint64_t n, std::uint64_t in_use) {
+  if (n <= in_use) return {};
+  return "a credit for " + std::to_string(n) + " slots, with " + std::to_string(in_use) + " in use";
+}
+
 std::unique_ptr<std::byte[]> copy_payload(const void* src, std::size_t n) {
   if (n == 0) return nullptr;
   std::unique_ptr<std::byte[]> copy(new std::byte[n]);

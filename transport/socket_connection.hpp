@@ -38,6 +38,11 @@ std::size_t abort_text_size(const LinkHeader& h);
 /// The error an abort notice names: its code when it is one of coccl's, else errc::remote_error.
 errc abort_code(std::uint32_t code) noexcept;
 
+/// Why a credit for `n` slots is refused when `in_use` of the peer's slots hold this side's chunks
+/// (a credit for slots never filled would wrap the count in use, and no put could go again);
+/// empty when it is in order.
+std::string credit_refusal(std::uint64_t n, std::uint64_t in_use);
+
 /// A put of at most this many bytes is copied and completes at once, on either tcp engine, so that
 /// the frames an operation queues in one go leave together.
 inline constexpr std::size_t copied_put_max = 4096;

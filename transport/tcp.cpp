@@ -106,12 +106,9 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::
 }
 
 void TcpConnection::on_credit(std::uint64_t n) {
-  // A peer returning slots this side never filled is broken (or hostile): left unchecked, the
-  // count of slots in use would wrap and no put could go again.
-  if (n > sent_ - acked_)
-    throw std::system_error(make_error_code(errc::bad_message),
-                            "a credit for " + std::to_string(n) + " slots, with " +
-                                std::to_string(sent_ - acked_) + " in use");
+  // A peer returning slots this side never filled is broken (or hostile).
+  if (std::string why = credit_refusal(n, sent_ - acked_); !why.empty())
+    throw std::system_error(make_error_code(errc::bad_message), why);
   acked_ += n;
   resume(credit_waiter_);
 }

@@ -610,10 +610,8 @@ void UringTcpConnection::begin_frame(Sock& s) {
       return;
     }
     case LinkHeader::credit:
-      // Slots this side never filled: left unchecked, the count in use would wrap.
-      if (s.frame.length > sent_ - acked_) {
-        protocol_error("a credit for " + std::to_string(s.frame.length) + " slots, with " +
-                       std::to_string(sent_ - acked_) + " in use");
+      if (std::string why = credit_refusal(s.frame.length, sent_ - acked_); !why.empty()) {
+        protocol_error(why);
         return;
       }
       acked_ += s.frame.length;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/deadline.hpp"
+#include "tests/support/code_of.hpp"
 
 namespace coccl {
 namespace {
@@ -25,15 +26,7 @@ constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
 const DataType bad_type = static_cast<DataType>(99);
 const ReduceOp bad_op = static_cast<ReduceOp>(99);
 
-// The error a throwing call reports (empty if it succeeds).
-std::error_code code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    return e.code();
-  }
-  return {};
-}
+using test::code_of;
 
 // A valid all_reduce on this rank; true if it produced the sum over `nranks` ranks.
 bool all_reduce_works(Communicator& c, int nranks) {

@@ -25,6 +25,7 @@
 
 #include "collectives/comm.hpp"
 #include "runtime/deadline.hpp"
+#include "tests/support/code_of.hpp"
 #include "tests/support/param_override.hpp"
 #include "transport/admission.hpp"
 #include "transport/host_leader.hpp"
@@ -38,12 +39,7 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
 std::error_code code_of_from_string(std::string_view text) {
-  try {
-    UniqueId::from_string(text);
-  } catch (const std::system_error& e) {
-    return e.code();
-  }
-  return {};
+  return test::code_of([&] { UniqueId::from_string(text); });
 }
 
 UniqueId patterned_id() {
@@ -86,12 +82,7 @@ TEST(UniqueIdText, RejectsNonHexDigits) {
 }
 
 std::error_code code_of_split(const std::string& text) {
-  try {
-    transport::split_endpoint(text);
-  } catch (const std::system_error& e) {
-    return e.code();
-  }
-  return {};
+  return test::code_of([&] { transport::split_endpoint(text); });
 }
 
 TEST(EndpointText, SplitsHostAndPort) {

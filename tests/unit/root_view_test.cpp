@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/code_of.hpp"
 #include "transport/bootstrap.hpp"
 #include "transport/wire.hpp"
 
@@ -57,12 +58,7 @@ struct ForgedAnswer {
 // The error a decoder gives `bytes` (none when it decodes them). Anything but std::system_error,
 // std::bad_alloc from a count taken on trust included, escapes and fails the test.
 std::error_code decode_root_view_error(const std::vector<std::uint8_t>& bytes) {
-  try {
-    transport::decode_root_view(bytes);
-  } catch (const std::system_error& e) {
-    return e.code();
-  }
-  return {};
+  return test::code_of([&] { transport::decode_root_view(bytes); });
 }
 
 TEST(RootStatusAnswer, AnHonestAnswerDecodesToItsShare) {
