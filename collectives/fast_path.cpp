@@ -16,7 +16,8 @@ config::Param<std::int64_t> fast_max_bytes{
     "COCCL_FAST_MAX_BYTES", 64 << 10,
     "largest message (bytes a rank sends each peer) of a host all_reduce, all_gather, "
     "reduce_scatter or all_to_all run on the fast path: at once, on the calling thread, when the "
-    "communicator is idle and its peers are on shm links; 0 turns the fast path off"};
+    "communicator is idle and its peers are on shm links, or on tcp links of the asio engine "
+    "(there up to 16 KiB); 0 turns the fast path off"};
 
 }  // namespace coccl::params
 
@@ -67,7 +68,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
   for (int i = 1; i < n; ++i) {
     const int p = (r + i) % n;
     Connection* l = c_.peers().ready(p, now);
-    if (!l || !l->pollable() || block > l->slot_bytes()) {
+    if (!l || !l->pollable() || block > l->poll_bytes()) {
       use_.reset();
       return false;
     }
@@ -143,6 +144,11 @@ void FastOp::copy_own() {
 bool FastOp::step() {
   bool complete = true;
   for (Peer& p : peers_) {
+    // A link that failed, or that only its reader can serve now (tcp), hands the operation over.
+    if (!p.link->pollable()) {
+      stuck_ = true;
+      return false;
+    }
     if (p.sent == 0 && p.link->try_put(&p.header, sizeof p.header, op_header_fingerprint))
       p.sent = 1;
     if (p.sent == 1 && p.link->try_put(p.src, p.send_bytes, fp_)) p.sent = 2;
@@ -215,6 +221,14 @@ void FastOp::combine() {
 
 bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread,
                      bool yield) {
+  const bool done = spin(budget, thread, yield);
+  // What the links held back (tcp: the last credits, or frames of an operation handed over)
+  // leaves now.
+  for (Peer& p : peers_) p.link->flush();
+  return done;
+}
+
+bool FastOp::spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield) {
   waited_since_.reset();
   if (step()) return true;
   if (stuck_) return false;

@@ -1,10 +1,11 @@
-// The fast path of small host operations: an operation whose peers are all on polled links (shm)
-// and whose message to each peer fits one ring slot runs to completion in the call that starts it,
-// on the thread that holds the proxy thread's role (the proxy thread itself for a coroutine on the
-// communicator's executor, or a caller that borrowed the role, runtime::ProxyThread::Borrow), with
-// no coroutine, no handler and no queue. It puts the operation's header and data into each peer's
-// ring, polls its own rings for theirs, and combines them, spinning at most COCCL_SPIN_US (as long
-// as the proxy thread's loop spins before it sleeps).
+// The fast path of small host operations: an operation whose peers are all on polled links (shm;
+// tcp on the Asio engine, whose socket the caller reads and writes itself) and whose message to
+// each peer fits one ring slot (and a tcp link's read buffer) runs to completion in the call that
+// starts it, on the thread that holds the proxy thread's role (the proxy thread itself for a
+// coroutine on the communicator's executor, or a caller that borrowed the role,
+// runtime::ProxyThread::Borrow), with no coroutine, no handler and no queue. It puts the
+// operation's header and data into each peer's ring, polls its own rings for theirs, and combines
+// them, spinning at most COCCL_SPIN_US (as long as the proxy thread's loop spins before it sleeps).
 //
 // The fast path sends exactly what the algorithm the slow path would choose sends on each link
 // (the header of op_check.hpp, then one data chunk), so a peer may run the same operation on either
@@ -81,6 +82,8 @@ class FastOp {
     transport::Chunk chunk{};        // a chunk held for the reduction
   };
   bool step();
+  // run_for() without the flush of the links at its end.
+  bool spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
   void combine();
   // Local copies that precede the exchange (own block into place).
   void copy_own();

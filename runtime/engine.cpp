@@ -56,6 +56,7 @@ bool ProxyThread::wanted() const noexcept {
   // Work handed to the loop waits until the holder returns; on the proxy thread itself (a handler
   // of the loop) it runs right after, whatever the flag says.
   if (!in_thread() && owed_.load(std::memory_order_relaxed)) return true;
+  if (io_parked_.load(std::memory_order_relaxed) > 0) return true;
   return pollers_waiting();
 }
 

@@ -166,6 +166,10 @@ class ProxyThread {
   /// queued while holding its role): the proxy thread is owed a round of its loop, so a holder
   /// gives the role back soon and none is lent again before that round has run.
   void owe() noexcept;
+  /// Holder of the role: a coroutine parks on (+1) or leaves (-1) a wait that only the loop's
+  /// event sources end (a tcp link's put or wait, whose data the io_context reads). While one is
+  /// parked, wanted() holds: a holder waiting for peers may be what it waits for.
+  void io_parked(int delta) noexcept { io_parked_.fetch_add(delta, std::memory_order_relaxed); }
 
   /// Adds or removes a poller (removing one that is not registered does nothing); call on this
   /// proxy thread. Constant time: only awake pollers are listed (Poller::set_dormant).
@@ -209,6 +213,7 @@ class ProxyThread {
   std::atomic<int> asking_{0};
   std::atomic<bool> lent_{false};
   std::atomic<bool> owed_{false};
+  std::atomic<int> io_parked_{0};
   std::atomic<bool> napping_{false};
   std::atomic<std::uint32_t> nap_word_{0};  // the futex: bumped by every wake_nap()
 

@@ -82,7 +82,8 @@ class Connection {
   // through the io_context) keep these defaults and are never used that way. Called only while no
   // coroutine is parked on the link, and never interleaved with put()/wait() of another operation.
 
-  /// True if this link implements the three calls below and has not failed.
+  /// True if this link implements the three calls below, has not failed and can take them now
+  /// (a tcp link: nothing queued to write, its reader not inside a frame too large to buffer).
   virtual bool pollable() const noexcept { return false; }
   /// put(), if a slot of the peer's ring is free now and the link is healthy: true once it is
   /// published; false, with nothing sent, otherwise (no room yet, or the link failed: put() then
@@ -98,6 +99,13 @@ class Connection {
   /// Learns now how many of the peer's slots are free, so that the next try_put() need not ask:
   /// for a caller that is waiting anyway (the answer comes from memory the peer writes).
   virtual void learn_credit() noexcept {}
+  /// Largest put that try_put() and peek() move (both ends of a link agree); a larger block takes
+  /// the ordinary path.
+  virtual std::size_t poll_bytes() const noexcept { return slot_bytes(); }
+  /// Called once after an operation's last try_put(), peek() or release() on the fast path (on
+  /// success or before it hands the rest to put() and wait()): sends what the link held back so
+  /// that it left in one go (tcp). Links that send at once keep this default.
+  virtual void flush() {}
 
   /// Best effort: tells the peer why this communicator is failing (the peer fails with
   /// errc::remote_error and this text).

@@ -11,6 +11,7 @@
 #include <coccl/error.hpp>
 #include <cstring>
 
+#include "runtime/engine.hpp"
 #include "runtime/log.hpp"
 
 namespace coccl::transport {
@@ -27,12 +28,19 @@ errc abort_code(std::uint32_t code) noexcept {
   return static_cast<errc>(code);
 }
 
-SocketConnection::SocketConnection(int self, int peer, Stream socket, FailureHandler on_failure)
+SocketConnection::SocketConnection(int self, int peer, Stream socket, FailureHandler on_failure,
+                                   bool carries_data)
     : Connection(self, peer, std::move(on_failure)),
       socket_(std::move(socket)),
-      linger_(socket_.get_executor()) {
+      read_cap_(carries_data && socket_.tcp() ? data_read_buffer : small_read_buffer),
+      read_buf_(new std::byte[read_cap_]) {
   boost::system::error_code ignored;
-  if (auto* tcp = socket_.tcp()) tcp->set_option(asio::ip::tcp::no_delay(true), ignored);
+  if (auto* tcp = socket_.tcp()) {
+    tcp->set_option(asio::ip::tcp::no_delay(true), ignored);
+    // The reader and the fast path read without waiting (read_now); Asio's own asynchronous
+    // operations do not depend on this mode.
+    tcp->non_blocking(true, ignored);
+  }
 }
 
 SocketConnection::~SocketConnection() {
@@ -47,40 +55,145 @@ void SocketConnection::start() {
   asio::co_spawn(socket_.get_executor(), read_loop(gate_.enter()), asio::detached);
 }
 
+SocketConnection::Front SocketConnection::parse(bool on_loop, LinkHeader& h) {
+  for (;;) {
+    const std::size_t avail = read_end_ - read_at_;
+    if (avail < sizeof h) return Front::more;
+    const std::byte* at = read_buf_.get() + read_at_;
+    std::memcpy(&h, at, sizeof h);
+    // A frame is taken from the buffer only once it has been delivered: one whose delivery
+    // throws (out of order) stays, and the reader meets it again and closes the link.
+    switch (h.type) {
+      case LinkHeader::credit:
+        on_credit(h.length);
+        read_at_ += sizeof h;
+        break;
+      case LinkHeader::bye:
+        read_at_ += sizeof h;
+        departed_ = true;
+        // Waiters re-check: data already here is still delivered; anything more fails.
+        fail_waiters_soft();
+        break;
+      case LinkHeader::put:
+        if (h.length > read_cap_ - sizeof h) {
+          if (!on_loop) return Front::stop;
+          read_at_ += sizeof h;
+          return Front::large;
+        }
+        if (avail - sizeof h < h.length) return Front::more;
+        on_put_buffered(h, at + sizeof h);
+        read_at_ += sizeof h + h.length;
+        break;
+      case LinkHeader::abort: {
+        const std::size_t size = abort_text_size(h);
+        if (!on_loop) return Front::stop;
+        if (size > read_cap_ - sizeof h) {
+          read_at_ += sizeof h;
+          return Front::large;
+        }
+        if (avail - sizeof h < size) return Front::more;
+        std::string text(reinterpret_cast<const char*>(at + sizeof h), size);
+        read_at_ += sizeof h + size;
+        close(make_error_code(abort_code(h.fingerprint)),
+              "rank " + std::to_string(peer_) + " aborted: " + text);
+        return Front::closed;
+      }
+      default:
+        throw std::system_error(make_error_code(errc::bad_message));
+    }
+  }
+}
+
+void SocketConnection::compact() noexcept {
+  // The part of a frame still to come keeps its first bytes, moved to the front.
+  if (read_at_ == read_end_) {
+    read_at_ = read_end_ = 0;
+  } else if (read_at_ > 0) {
+    std::memmove(read_buf_.get(), read_buf_.get() + read_at_, read_end_ - read_at_);
+    read_end_ -= read_at_;
+    read_at_ = 0;
+  }
+}
+
+boost::system::error_code SocketConnection::read_now(asio::ip::tcp::socket& tcp) {
+  compact();
+  boost::system::error_code ec;
+  read_end_ += tcp.read_some(asio::buffer(read_buf_.get() + read_end_, read_cap_ - read_end_), ec);
+  return ec;
+}
+
+void SocketConnection::wake_reader() {
+  if (!read_waiter_) return;
+  resume(read_waiter_);
+}
+
 asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
   for (;;) {
-    LinkHeader h{};
     boost::system::error_code ec;
     try {
-      // The end of a link comes as an error here (eof, or aborted by close()): taken as a code,
-      // not thrown, since every link of a destroyed communicator ends this way (coccl-sim closes
-      // millions, and the throw cost more than the close).
-      ec = co_await read_body(pass, &h, sizeof h);
-      if (!pass.open()) co_return;
-      if (!ec) switch (h.type) {
-          case LinkHeader::put:
+      LinkHeader h{};
+      switch (parse(true, h)) {
+        case Front::closed:
+          co_return;
+        case Front::more:
+          if (auto* tcp = socket_.tcp()) {
+            ec = std::exchange(read_error_, {});
+            if (!ec) ec = read_now(*tcp);
+            if (ec != asio::error::would_block) break;
+            ec = {};
+            // Nothing to read: wait until the socket is readable (or pump() woke it), with no
+            // read in flight. The wait is queued once and outlives a wake by pump(); a read that
+            // found nothing comes before it, so no arrival goes unseen (the reactor is
+            // edge-triggered).
+            if (!read_armed_) {
+              read_armed_ = true;
+              tcp->async_wait(asio::ip::tcp::socket::wait_read,
+                              [this, p = gate_.enter()](boost::system::error_code e) {
+                                if (!p.open()) return;
+                                read_armed_ = false;
+                                if (!read_waiter_) return;
+                                // Resumed here, not posted: one hop fewer per arrival. Nothing
+                                // of this object is touched after.
+                                Resume r(std::move(*read_waiter_));
+                                read_waiter_.reset();
+                                std::move(r)(e);
+                              });
+            }
+            auto parked = asio::redirect_error(asio::use_awaitable, ec);
+            co_await asio::async_initiate<decltype(parked), void(boost::system::error_code)>(
+                [this](auto handler) { read_waiter_.emplace(std::move(handler)); }, parked);
+            if (!pass.open()) co_return;
+          } else {
+            // An idle link waits here, in this frame alone: a rank of a large job holds dozens
+            // of idle links, and a nested frame for each cost about as much as its ring
+            // (coccl-sim).
+            compact();
+            read_end_ += co_await socket_.async_read_some(
+                asio::buffer(read_buf_.get() + read_end_, read_cap_ - read_end_),
+                asio::redirect_error(asio::use_awaitable, ec));
+            if (!pass.open()) co_return;
+          }
+          break;
+        case Front::large:
+          reader_busy_ = true;
+          if (h.type == LinkHeader::put) {
             co_await on_put(h, pass);
-            break;
-          case LinkHeader::credit:
-            on_credit(h.length);
-            break;
-          case LinkHeader::bye:
-            departed_ = true;
-            // Waiters re-check: data already here is still delivered; anything more fails.
-            fail_waiters_soft();
-            break;
-          case LinkHeader::abort: {
+            if (!pass.open()) co_return;
+          } else {
             std::string text(abort_text_size(h), '\0');
             ec = co_await read_body(pass, text.data(), text.size());
             if (!pass.open()) co_return;
-            if (ec) break;
-            close(make_error_code(abort_code(h.fingerprint)),
-                  "rank " + std::to_string(peer_) + " aborted: " + text);
-            co_return;
+            if (!ec) {
+              close(make_error_code(abort_code(h.fingerprint)),
+                    "rank " + std::to_string(peer_) + " aborted: " + text);
+              co_return;
+            }
           }
-          default:
-            throw std::system_error(make_error_code(errc::bad_message));
-        }
+          reader_busy_ = false;
+          break;
+        case Front::stop:
+          throw std::system_error(make_error_code(errc::internal), "reader stopped");
+      }
     } catch (const boost::system::system_error& e) {
       ec = e.code();
     } catch (const std::system_error& e) {
@@ -102,13 +215,41 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
   }
 }
 
+void SocketConnection::pump() {
+  auto* tcp = socket_.tcp();
+  if (!tcp || reader_busy_ || closed_ || read_error_) return;
+  LinkHeader h{};
+  for (int round = 0;; ++round) {
+    Front f;
+    try {
+      f = parse(false, h);
+    } catch (const std::system_error&) {
+      // The reader meets the same frame and closes the link with the reason.
+      wake_reader();
+      return;
+    }
+    if (f != Front::more) {
+      wake_reader();
+      return;
+    }
+    if (round == 1) return;
+    const auto ec = read_now(*tcp);
+    if (ec == asio::error::would_block) return;
+    if (ec) {
+      read_error_ = ec;
+      wake_reader();
+      return;
+    }
+  }
+}
+
 asio::awaitable<boost::system::error_code> SocketConnection::read_body(
     const runtime::Gate::Pass& pass, void* dst, std::size_t n, std::size_t spare) {
   auto* out = static_cast<std::byte*>(dst);
   boost::system::error_code ec;
   for (;;) {
     const std::size_t take = std::min(n, read_end_ - read_at_);
-    std::memcpy(out, read_buf_.data() + read_at_, take);
+    std::memcpy(out, read_buf_.get() + read_at_, take);
     read_at_ += take;
     out += take;
     n -= take;
@@ -118,24 +259,25 @@ asio::awaitable<boost::system::error_code> SocketConnection::read_body(
     // (the rest of its slot): those bytes go to the buffer, and the next frames need no read of
     // their own.
     read_at_ = read_end_ = 0;
-    if (n >= read_buf_.size()) {
-      const std::size_t extra = std::min(spare, read_buf_.size());
+    if (n >= read_cap_) {
+      const std::size_t extra = std::min(spare, read_cap_);
       const std::size_t got = co_await asio::async_read(
           socket_, asio::buffer(out, n + extra), asio::transfer_at_least(n),
           asio::redirect_error(asio::use_awaitable, ec));
       if (!pass.open() || ec) co_return ec;
-      std::memcpy(read_buf_.data(), out + n, got - n);
+      std::memcpy(read_buf_.get(), out + n, got - n);
       read_end_ = got - n;
       co_return ec;
     }
     const std::size_t got = co_await socket_.async_read_some(
-        asio::buffer(read_buf_), asio::redirect_error(asio::use_awaitable, ec));
+        asio::buffer(read_buf_.get(), read_cap_), asio::redirect_error(asio::use_awaitable, ec));
     if (!pass.open() || ec) co_return ec;
     read_end_ = got;
   }
 }
 
 void SocketConnection::enqueue(LinkHeader h, const void* data, std::size_t n, Resume done) {
+  if (!held_.empty()) write_held();
   queue_.push_back(Pending{h, data, n, std::move(done), nullptr});
   schedule_write();
 }
@@ -153,6 +295,7 @@ std::unique_ptr<std::byte[]> copy_payload(const void* src, std::size_t n) {
 }
 
 void SocketConnection::enqueue_copy(LinkHeader h, const void* data, std::size_t n) {
+  if (!held_.empty()) write_held();
   auto copy = copy_payload(data, n);
   const void* at = copy.get();
   queue_.push_back(Pending{h, at, n, Resume(), std::move(copy)});
@@ -160,6 +303,7 @@ void SocketConnection::enqueue_copy(LinkHeader h, const void* data, std::size_t 
 }
 
 void SocketConnection::enqueue_credit(std::uint64_t n) {
+  if (!held_.empty()) write_held();
   // Frames behind the batch in flight have not been handed to the stream yet.
   if (queue_.size() > head_ + (writing_ ? batch_ : 0) &&
       queue_.back().header.type == LinkHeader::credit) {
@@ -167,6 +311,82 @@ void SocketConnection::enqueue_credit(std::uint64_t n) {
     return;
   }
   enqueue(LinkHeader{LinkHeader::credit, 0, n}, nullptr, 0, {});
+}
+
+bool SocketConnection::fast_writable() const noexcept {
+  return socket_.tcp() && !closed_ && !departed_ && !writing_;
+}
+
+void SocketConnection::begin_fast() {
+  if (fast_active_) return;
+  fast_active_ = true;
+  // Frames queued and not yet written (the credits of the last operation, whose write the loop
+  // has not started yet) go first, with the fast path's: their puts completed, so they are
+  // copied or borrowed from callers that wait for `done`, run now that the bytes are copied.
+  if (writing_) return;
+  for (std::size_t i = head_; i < queue_.size(); ++i) {
+    Pending& p = queue_[i];
+    const std::size_t at = held_.size();
+    const std::size_t head = p.raw ? 0 : sizeof(LinkHeader);
+    held_.resize(at + head + p.size);
+    if (head) std::memcpy(held_.data() + at, &p.header, head);
+    if (p.size > 0) std::memcpy(held_.data() + at + head, p.data, p.size);
+    if (p.header.type == LinkHeader::put && !p.raw) held_put_ = true;
+    if (p.done) resume_now(p.done, {});
+  }
+  held_credit_last_ = false;
+  clear_queue();
+}
+
+void SocketConnection::hold_frame(LinkHeader h, const void* data, std::size_t n) {
+  if (h.type == LinkHeader::put) held_put_ = true;
+  held_credit_last_ = false;
+  const std::size_t at = held_.size();
+  held_.resize(at + sizeof h + n);
+  std::memcpy(held_.data() + at, &h, sizeof h);
+  if (n > 0) std::memcpy(held_.data() + at + sizeof h, data, n);
+}
+
+void SocketConnection::hold_credit(std::uint64_t n) {
+  // Consecutive credits add up: one frame for the chunks an operation releases.
+  if (held_credit_last_) {
+    LinkHeader last;
+    std::byte* at = held_.data() + held_.size() - sizeof last;
+    std::memcpy(&last, at, sizeof last);
+    last.length += n;
+    std::memcpy(at, &last, sizeof last);
+    return;
+  }
+  hold_frame(LinkHeader{LinkHeader::credit, 0, n}, nullptr, 0);
+  held_credit_last_ = true;
+}
+
+void SocketConnection::write_held() {
+  held_put_ = held_credit_last_ = false;
+  if (held_.empty()) return;
+  std::size_t done = 0;
+  if (auto* tcp = socket_.tcp(); tcp && idle_writer() && !closed_) {
+    boost::system::error_code ec;
+    done = tcp->write_some(asio::buffer(held_), ec);
+    // An error (the peer gone) is left to the queued write of the rest, which reports it as any
+    // write does.
+    if (ec) done = 0;
+  }
+  if (done < held_.size()) {
+    const std::size_t rest = held_.size() - done;
+    auto copy = copy_payload(held_.data() + done, rest);
+    const void* at = copy.get();
+    queue_.push_back(Pending{LinkHeader{}, at, rest, Resume(), std::move(copy), true});
+    schedule_write();
+  }
+  held_.clear();
+}
+
+void SocketConnection::flush() {
+  write_held();
+  fast_active_ = false;
+  // What pump() read beyond the operation stays in the buffer; the reader takes it from there.
+  if (read_at_ != read_end_) wake_reader();
 }
 
 void SocketConnection::schedule_write() {
@@ -195,8 +415,29 @@ void SocketConnection::write_next() {
   for (std::size_t k = 0; k < batch_; ++k) {
     const Pending& p = queue_[head_ + k];
     in_flight_[k] = p.header;
-    gather_.push_back(asio::buffer(&in_flight_[k], sizeof(LinkHeader)));
+    if (!p.raw) gather_.push_back(asio::buffer(&in_flight_[k], sizeof(LinkHeader)));
     if (p.size > 0) gather_.push_back(asio::buffer(p.data, p.size));
+  }
+  if (auto* tcp = socket_.tcp()) {
+    // A socket with room takes the batch now, without a trip through the loop: the writer is idle
+    // again at once (the fast path of small operations needs it so). What it does not take is
+    // written when it has room.
+    boost::system::error_code ec;
+    const std::size_t total = asio::buffer_size(gather_);
+    std::size_t n = tcp->write_some(gather_, ec);
+    if (!ec && n == total) {
+      written({});
+      return;
+    }
+    if (ec && ec != asio::error::would_block) {
+      written(ec);
+      return;
+    }
+    if (ec) n = 0;
+    std::size_t i = 0;
+    while (i < gather_.size() && n >= gather_[i].size()) n -= gather_[i++].size();
+    gather_.erase(gather_.begin(), gather_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (n > 0) gather_.front() += n;
   }
   asio::async_write(socket_, gather_,
                     [this, pass = gate_.enter()](boost::system::error_code ec, std::size_t) {
@@ -211,7 +452,12 @@ void SocketConnection::written(boost::system::error_code ec) {
   head_ += batch_;
   batch_ = 0;
   if (head_ == queue_.size()) {
-    clear_queue();
+    // Drained: the vectors go back to the heap, since most links of a large job sit idle after an
+    // operation or two (coccl-sim), and a few allocations weigh nothing beside a write.
+    std::vector<Pending>().swap(queue_);
+    std::vector<LinkHeader>().swap(in_flight_);
+    std::vector<asio::const_buffer>().swap(gather_);
+    head_ = 0;
   } else if (head_ >= 32 && 2 * head_ >= queue_.size()) {
     // A queue that never drains (a long pipelined operation) drops what it has written rather
     // than grow. The frames left are moved into a new vector, not erased in place: erase
@@ -252,13 +498,18 @@ void SocketConnection::queue_broken(boost::system::error_code ec) {
   }
   // The peer reset the link. Its abort notice, if it sent one, is still in our receive buffer:
   // give the reader a moment to deliver it (it names the real cause), then fail anyway.
-  linger_.expires_after(std::chrono::milliseconds(200));
-  linger_.async_wait(
+  linger().expires_after(std::chrono::milliseconds(200));
+  linger().async_wait(
       [this, pass = gate_.enter(), text = ec.message()](boost::system::error_code e) {
         if (e || !pass.open() || closed_) return;
         close(make_error_code(errc::peer_lost),
               "lost rank " + std::to_string(peer_) + " (send " + text + ")");
       });
+}
+
+asio::steady_timer& SocketConnection::linger() {
+  if (!linger_) linger_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+  return *linger_;
 }
 
 void SocketConnection::finish_close() {
@@ -267,13 +518,14 @@ void SocketConnection::finish_close() {
     socket_.write_some_now(asio::buffer(notice_), ignored);
     notice_.clear();
   }
-  linger_.cancel();
+  if (linger_) linger_->cancel();
   if (auto* tcp = socket_.tcp()) tcp->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
 }
 
 void SocketConnection::send_abort(std::error_code ec, const std::string& why) {
   if (closed_) return;
+  write_held();
   std::string text = why.substr(0, max_abort_text);
   // The peer fails with the same coccl error (a lost rank stays "peer lost" everywhere).
   auto code = ec.category() == error_category() ? static_cast<std::uint32_t>(ec.value())
@@ -283,9 +535,9 @@ void SocketConnection::send_abort(std::error_code ec, const std::string& why) {
   notice_ += text;
   notice_bye_ = false;
   // The notice must not land inside another frame: while one is being written it waits for
-  // close() to finish that frame. Writes are non-blocking so that a stopped peer with a full
-  // socket buffer cannot hang an abort.
-  if (writing_) return;
+  // close() to finish that frame (or the rest of frames the fast path wrote in part). Writes are
+  // non-blocking so that a stopped peer with a full socket buffer cannot hang an abort.
+  if (writing_ || (head_ != queue_.size() && queue_[head_].raw)) return;
   boost::system::error_code ignored;
   socket_.write_some_now(asio::buffer(notice_), ignored);
   notice_.clear();
@@ -306,6 +558,7 @@ void SocketConnection::resume_now(Resume& r, boost::system::error_code ec) {
 
 void SocketConnection::close(std::error_code ec, const std::string& why) {
   if (closed_) return;
+  write_held();
   closed_ = true;
   error_ = ec;
   error_text_ = why;
@@ -318,6 +571,9 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
     // queued behind them go too: their puts have completed, so the peer is owed them. A frame
     // that borrows its caller's memory (its put just failed) and all after it are dropped.
     std::size_t keep = writing_ ? batch_ : 0;
+    // The rest of what the fast path wrote in part goes too, or the notice would land inside a
+    // frame.
+    while (head_ + keep < queue_.size() && queue_[head_ + keep].raw) ++keep;
     if (notice_bye_)
       while (head_ + keep < queue_.size() &&
              (queue_[head_ + keep].copy || queue_[head_ + keep].size == 0))
@@ -329,8 +585,8 @@ void SocketConnection::close(std::error_code ec, const std::string& why) {
     } else {
       if (!writing_) write_next();
       // A peer that never drains its socket cannot hold this past a second.
-      linger_.expires_after(std::chrono::seconds(1));
-      linger_.async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
+      linger().expires_after(std::chrono::seconds(1));
+      linger().async_wait([this, pass = gate_.enter()](boost::system::error_code e) {
         if (!e && pass.open()) finish_close();
       });
     }
@@ -353,6 +609,7 @@ void SocketConnection::fail_departed(const char* needed) {
 
 void SocketConnection::send_goodbye() {
   if (closed_) return;
+  write_held();
   LinkHeader h{LinkHeader::bye, 0, 0};
   if (writing_ || head_ != queue_.size()) {
     // Frames are in flight or queued (a credit, the data of a put that completed): the goodbye
@@ -374,16 +631,43 @@ asio::awaitable<void> SocketConnection::on_put(const LinkHeader&, const runtime:
   co_return;
 }
 
+void SocketConnection::on_put_buffered(const LinkHeader&, const std::byte*) {
+  throw std::system_error(make_error_code(errc::bad_message),
+                          std::string("data frame on an ") + kind() + " link");
+}
+
 asio::awaitable<void> SocketConnection::suspend(Waiter& slot) {
   co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
       [&slot](auto handler) { slot.emplace(std::move(handler)); }, asio::use_awaitable);
 }
+
+namespace {
+
+// A coroutine parked on a link that the loop's event sources serve, for as long as its frame
+// holds this (a frame destroyed unresumed ends it too).
+class IoParked {
+ public:
+  explicit IoParked(runtime::ProxyThread* t) noexcept : t_(t) {
+    if (t_) t_->io_parked(1);
+  }
+  ~IoParked() {
+    if (t_) t_->io_parked(-1);
+  }
+  IoParked(const IoParked&) = delete;
+  IoParked& operator=(const IoParked&) = delete;
+
+ private:
+  runtime::ProxyThread* t_;
+};
+
+}  // namespace
 
 asio::awaitable<void> SocketConnection::park_for_credit() {
   while (!closed_ && !departed_ && !can_put()) {
     blocked_since_ = std::chrono::steady_clock::now();
     before_park();
     try {
+      IoParked parked(loop_);
       co_await suspend(credit_waiter_);
     } catch (const boost::system::system_error&) {
     }
@@ -396,6 +680,7 @@ asio::awaitable<void> SocketConnection::park_for_data() {
     blocked_since_ = std::chrono::steady_clock::now();
     before_park();
     try {
+      IoParked parked(loop_);
       co_await suspend(recv_waiter_);
     } catch (const boost::system::system_error&) {
     }

@@ -4,7 +4,6 @@
 // liveness and abort notices.
 #pragma once
 
-#include <array>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <coccl/error.hpp>
@@ -18,6 +17,10 @@
 #include "runtime/gate.hpp"
 #include "transport/connection.hpp"
 #include "transport/stream.hpp"
+
+namespace coccl::runtime {
+class ProxyThread;
+}
 
 namespace coccl::transport {
 
@@ -56,13 +59,21 @@ using Waiter = std::optional<Resume>;
 
 class SocketConnection : public Connection {
  public:
-  SocketConnection(int self, int peer, Stream socket, FailureHandler on_failure);
+  /// What the reader buffers of the stream: enough for the frames of a small operation, or, for a
+  /// link that carries data on a tcp socket (`carries_data`), for a put of several KiB with the
+  /// frames around it, so that the fast path can take it without waiting.
+  static constexpr std::size_t small_read_buffer = 256;
+  static constexpr std::size_t data_read_buffer = 16384;
+
+  SocketConnection(int self, int peer, Stream socket, FailureHandler on_failure,
+                   bool carries_data = false);
   ~SocketConnection() override;
 
   void send_abort(std::error_code ec, const std::string& why) override;
   void close(std::error_code ec, const std::string& why) override;
   void send_goodbye() override;
   bool notice_pending() const noexcept override { return !notice_.empty(); }
+  void flush() override;
 
   /// Starts the reader coroutine; call once the derived object is fully built.
   void start();
@@ -77,8 +88,38 @@ class SocketConnection : public Connection {
   // Queues a credit for n more slots, added to one already queued behind the write in flight.
   void enqueue_credit(std::uint64_t n);
   // Reads the payload of a put frame (tcp) with read_body(); links that carry data elsewhere (shm,
-  // ib) keep this default, which rejects it.
+  // ib) keep this default, which rejects it. Only for a put too large for the reader's buffer:
+  // the others come whole to on_put_buffered().
   virtual asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass);
+  // A put frame whose payload (h.length bytes at `payload`) the reader holds whole; throws
+  // std::system_error(bad_message) where the put is out of order. The default rejects it.
+  virtual void on_put_buffered(const LinkHeader& h, const std::byte* payload);
+
+  // For the fast path (Connection::try_put and peek), on a tcp socket only. The frames of a fast
+  // operation are held back and leave in one write at its next peek() or flush(); credits for the
+  // chunks it releases join them.
+  // True where the fast path may use the link now: a socket, a healthy link, no write waiting for
+  // room in the socket.
+  bool fast_writable() const noexcept;
+  // Holds back a frame (the payload copied) / a credit for n slots, to leave with the next
+  // write_held().
+  void hold_frame(LinkHeader h, const void* data, std::size_t n);
+  void hold_credit(std::uint64_t n);
+  // Writes what is held back without waiting; what the socket does not take now is queued, to
+  // go before anything queued later.
+  void write_held();
+  // A put is held back (credits alone wait for the operation's flush()).
+  bool holds_put() const noexcept { return held_put_; }
+  // Takes, without waiting, what the socket has now and delivers the frames that it completes
+  // (on_put_buffered, on_credit, goodbye). Frames only the reader coroutine takes (a put too
+  // large to buffer, an abort notice, an error) are left to it, and it is woken.
+  void pump();
+  // The fast path uses the link (from its first put or peek until flush()): frames and credits
+  // are held back meanwhile.
+  void begin_fast();
+  bool fast_active() const noexcept { return fast_active_; }
+  // The reader coroutine is reading a body too large for the buffer: the stream is its own.
+  bool reader_busy() const noexcept { return reader_busy_; }
   // Reads the next n bytes of the stream into dst: those the reader already holds, then the rest
   // (straight into dst where it is large, with up to `spare` bytes more that dst has room for,
   // which the reader keeps). Returns the stream's error, if any; touches nothing of this object
@@ -114,6 +155,9 @@ class SocketConnection : public Connection {
   [[noreturn]] void fail_departed(const char* needed);
 
   Stream socket_;
+  // The proxy thread whose loop reads this link (null where no one borrows its role): told of
+  // coroutines parked on the link (ProxyThread::io_parked).
+  runtime::ProxyThread* loop_ = nullptr;
   // The coroutine waiting for the next chunk, and the one waiting for a free slot of the peer's
   // ring (at most one each: see Connection).
   Waiter recv_waiter_;
@@ -130,8 +174,24 @@ class SocketConnection : public Connection {
     std::size_t size;
     Resume done;
     std::unique_ptr<std::byte[]> copy;  // owns `data` for enqueue_copy()
+    bool raw = false;  // `data` is frames already framed (write_held()): no header of its own
   };
+  // What the reader's buffer starts with once parse() has delivered every whole frame in it.
+  enum class Front {
+    more,   // part of a frame (or nothing): read more
+    large,  // the header (taken, in `h`) of a frame whose body the buffer cannot hold
+    stop,   // for pump(): a frame that only the reader coroutine takes (not taken)
+    closed  // an abort notice closed the link
+  };
+  Front parse(bool on_loop, LinkHeader& h);
   asio::awaitable<void> read_loop(runtime::Gate::Pass pass);
+  // Moves the unread bytes of the buffer to its front.
+  void compact() noexcept;
+  // Reads what the socket holds now into the buffer's free end (compacted first), without
+  // waiting: would_block when there is nothing.
+  boost::system::error_code read_now(asio::ip::tcp::socket& tcp);
+  // Makes the parked reader coroutine look at its buffer again (pump() filled it).
+  void wake_reader();
   // Starts a write once the current handler returns, unless one is in flight or due.
   void schedule_write();
   void write_next();
@@ -152,15 +212,32 @@ class SocketConnection : public Connection {
   std::size_t batch_ = 0;
   std::vector<LinkHeader> in_flight_;
   std::vector<asio::const_buffer> gather_;
-  std::string notice_;         // abort or goodbye notice waiting for the frames in flight
-  bool notice_bye_ = false;    // notice_ is a goodbye
-  asio::steady_timer linger_;  // bounds how long a close waits for those frames
+  std::string notice_;       // abort or goodbye notice waiting for the frames in flight
+  bool notice_bye_ = false;  // notice_ is a goodbye
+  // Bounds how long a close waits for those frames; made when first needed, since most links
+  // never close with frames pending and a timer is a tenth of an idle link (coccl-sim).
+  std::unique_ptr<asio::steady_timer> linger_;
+  asio::steady_timer& linger();
   bool writing_ = false;
   bool write_due_ = false;  // schedule_write() posted a write that has not started
   // Bytes read from the stream and not yet taken: the reader asks the stream for as much as fits,
   // so that the small frames of an operation (header, data, credits) come in one read.
-  std::array<std::byte, 256> read_buf_{};
+  std::size_t read_cap_;
+  std::unique_ptr<std::byte[]> read_buf_;
   std::size_t read_at_ = 0, read_end_ = 0;
+  // On a tcp socket the reader waits for the socket to be readable, parked in read_waiter_, and
+  // then reads without waiting: no read is in flight while it is parked, so pump() may read the
+  // socket too. read_armed_: the wait for readability is queued; read_error_: an error pump()
+  // met, for the reader to report.
+  Waiter read_waiter_;
+  bool read_armed_ = false;
+  bool reader_busy_ = false;
+  boost::system::error_code read_error_;
+  // Frames the fast path holds back (write_held()).
+  std::vector<std::byte> held_;
+  bool fast_active_ = false;
+  bool held_put_ = false;
+  bool held_credit_last_ = false;  // the last frame held is a credit
   runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 

@@ -113,6 +113,7 @@ class Stream {
 
   /// The tcp socket under this stream, or null for another kind (socket options, io_uring).
   asio::ip::tcp::socket* tcp() noexcept { return socket_ ? &*socket_ : nullptr; }
+  const asio::ip::tcp::socket* tcp() const noexcept { return socket_ ? &*socket_ : nullptr; }
 
  private:
   template <typename Buffer, typename Sequence>

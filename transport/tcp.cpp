@@ -1,8 +1,10 @@
 #include "transport/tcp.hpp"
 
+#include <algorithm>
 #include <boost/asio/read.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/error.hpp>
+#include <cstring>
 
 #include "runtime/log.hpp"
 #include "transport/link_setup.hpp"
@@ -20,12 +22,14 @@ config::Param<std::int64_t> tcp_sockets{
 namespace coccl::transport {
 
 TcpConnection::TcpConnection(int self, int peer, Stream socket, std::size_t slots,
-                             std::size_t slot_bytes, FailureHandler on_failure)
-    : SocketConnection(self, peer, std::move(socket), std::move(on_failure)),
+                             std::size_t slot_bytes, FailureHandler on_failure,
+                             runtime::ProxyThread* thread)
+    : SocketConnection(self, peer, std::move(socket), std::move(on_failure), true),
       slots_(slots),
       slot_bytes_(slot_bytes),
-      sizes_(slots),
-      fingerprints_(slots) {}
+      filled_info_(slots) {
+  loop_ = thread;
+}
 
 asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
@@ -72,7 +76,7 @@ asio::awaitable<Chunk> TcpConnection::wait() {
   }
   std::size_t slot = consumed_ % slots_;
   ++consumed_;
-  co_return Chunk{ring_.get() + slot * slot_bytes_, sizes_[slot], fingerprints_[slot]};
+  co_return chunk(slot);
 }
 
 void TcpConnection::release() {
@@ -82,16 +86,59 @@ void TcpConnection::release() {
   // faulting its pages in again would cost every operation.
   if (released_ == filled_ && !reading_ && slots_ * slot_bytes_ <= kept_ring_max) ring_.reset();
   if (closed_ || departed_) return;
+  // A fast operation's credits leave with its frames.
+  if (fast_active()) {
+    hold_credit(1);
+    return;
+  }
   enqueue_credit(1);
 }
 
-asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) {
-  // The sender holds a credit for this slot, so it is free; a peer that ignores credits or
-  // sends oversized frames is broken.
+bool TcpConnection::try_put(const void* src, std::size_t n, std::uint32_t fp) {
+  if (n > poll_bytes() || !pollable()) return false;
+  begin_fast();
+  // Credits that came since the last look are taken first.
+  if (!can_put()) pump();
+  if (!can_put() || !pollable()) return false;
+  ++sent_;
+  hold_frame(LinkHeader{LinkHeader::put, fp, n}, src, n);
+  return true;
+}
+
+std::optional<Chunk> TcpConnection::peek() {
+  if (!pollable()) return std::nullopt;
+  begin_fast();
+  // The operation's puts go out before it waits for the peer's; the credits for what it takes
+  // wait for its end (flush()), to leave in one frame.
+  if (holds_put()) write_held();
+  if (filled_ == consumed_) pump();
+  if (filled_ == consumed_ || closed_) return std::nullopt;
+  return chunk(consumed_ % slots_);
+}
+
+std::size_t TcpConnection::poll_bytes() const noexcept {
+  // A put the peer's reader can hold whole, so that its fast path takes it without waiting.
+  return std::min(slot_bytes_, data_read_buffer - 2 * sizeof(LinkHeader));
+}
+
+std::size_t TcpConnection::slot_for(const LinkHeader& h) {
   if (h.length > slot_bytes_ || filled_ - released_ >= slots_)
     throw std::system_error(make_error_code(errc::bad_message), "put without credit");
-  std::size_t slot = filled_ % slots_;
   if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
+  return filled_ % slots_;
+}
+
+void TcpConnection::on_put_buffered(const LinkHeader& h, const std::byte* payload) {
+  const std::size_t slot = slot_for(h);
+  std::memcpy(ring_.get() + slot * slot_bytes_, payload, h.length);
+  filled_info_[slot] = SlotInfo{static_cast<std::uint32_t>(h.length), h.fingerprint};
+  ++filled_;
+  resume(recv_waiter_);
+}
+
+asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) {
+  // The sender holds a credit for this slot, so it is free.
+  const std::size_t slot = slot_for(h);
   // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
   reading_ = true;
   auto ec =
@@ -99,8 +146,7 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::
   if (!pass.open()) co_return;
   reading_ = false;
   if (ec) throw boost::system::system_error(ec);
-  sizes_[slot] = static_cast<std::uint32_t>(h.length);
-  fingerprints_[slot] = h.fingerprint;
+  filled_info_[slot] = SlotInfo{static_cast<std::uint32_t>(h.length), h.fingerprint};
   ++filled_;
   resume(recv_waiter_);
 }
@@ -135,7 +181,7 @@ class TcpSetup final : public LinkSetup {
         throw std::system_error(make_error_code(errc::internal),
                                 "a tcp link on the asio engine has one socket");
       auto c = std::make_unique<TcpConnection>(env_.rank, peer, std::move(control), slots_,
-                                               env_.slot_bytes, env_.on_failure);
+                                               env_.slot_bytes, env_.on_failure, env_.thread);
       c->start();
       return c;
     }

@@ -15,8 +15,10 @@ namespace coccl::transport {
 
 class TcpConnection final : public SocketConnection {
  public:
+  /// `thread`: the proxy thread whose loop serves the link (told of coroutines parked on it),
+  /// null where no other thread borrows its role.
   TcpConnection(int self, int peer, Stream socket, std::size_t slots, std::size_t slot_bytes,
-                FailureHandler on_failure);
+                FailureHandler on_failure, runtime::ProxyThread* thread = nullptr);
 
   const char* kind() const noexcept override { return "tcp"; }
   std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
@@ -28,8 +30,29 @@ class TcpConnection final : public SocketConnection {
            !credit_waiter_ && idle_writer();
   }
 
+  // The fast path, on a tcp socket (not the in-memory network, where coccl-sim's ranks keep to
+  // their proxy threads): a put is held back and leaves with the operation's other frames at its
+  // next peek() or flush(), in one write; peek() reads what the socket holds without waiting.
+  bool pollable() const noexcept override {
+    return socket_.tcp() && !closed_ && !departed_ && !reader_busy() &&
+           (fast_active() || fast_writable());
+  }
+  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
+  std::optional<Chunk> peek() override;
+  void take_peeked() override { ++consumed_; }
+  std::size_t poll_bytes() const noexcept override;
+
  private:
   asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;
+  void on_put_buffered(const LinkHeader& h, const std::byte* payload) override;
+  // The slot the next put goes into, checked against the ring (a peer that ignores credits or
+  // sends oversized frames is broken); its ring is made if it has none.
+  std::size_t slot_for(const LinkHeader& h);
+  // The chunk in slot `slot`.
+  Chunk chunk(std::size_t slot) const {
+    const SlotInfo info = filled_info_[slot];
+    return Chunk{ring_.get() + slot * slot_bytes_, info.size, info.fingerprint};
+  }
   void on_credit(std::uint64_t n) override;
   bool can_put() const noexcept override { return sent_ - acked_ < slots_; }
   bool can_recv() const noexcept override { return filled_ != consumed_; }
@@ -41,8 +64,12 @@ class TcpConnection final : public SocketConnection {
   std::size_t slot_bytes_;
   std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
   bool reading_ = false;               // a chunk is being read into ring_
-  std::vector<std::uint32_t> sizes_;
-  std::vector<std::uint32_t> fingerprints_;
+  // Size and fingerprint of the chunk in each slot, in one vector (one allocation per link).
+  struct SlotInfo {
+    std::uint32_t size;
+    std::uint32_t fingerprint;
+  };
+  std::vector<SlotInfo> filled_info_;
   // Receive side: chunks fully read, handed to wait(), released.
   std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
   // Send side: puts issued, slots the peer has released.

@@ -9,6 +9,11 @@
 // "fast_mixed" runs the same cases on a communicator whose rank 0 alone has the fast path: what it
 // sends is taken by the slow path of the others, and what they send by its fast path.
 //
+// "fast_interleaved" runs small operations (the fast path) between large ones (the slow path) with
+// the ranks out of step by random pauses, so that a rank still on the fast path of one operation
+// reads the first frames of the next, large one, from a peer that is ahead: every result must
+// match the reference, and the small ones must mostly take the fast path.
+//
 // "fast_handover" runs with COCCL_SPIN_US=0: an operation whose peers are late is handed to
 // the proxy thread at once. Operations started behind it wait for it (ordering), one cancelled
 // while it waits is removed, and a small operation queued behind a large one waits its turn.
@@ -117,6 +122,13 @@ void all_to_all_case(Worker& w, DataType t, std::size_t count) {
   }
 }
 
+// COCCL_FAST_MAX_BYTES as the test set it (64 KiB by default, lower over tcp), or 64 KiB where
+// it turned the fast path off.
+std::size_t fast_limit() {
+  const auto limit = static_cast<std::size_t>(params::fast_max_bytes.get());
+  return limit == 0 ? std::size_t{64} << 10 : limit;
+}
+
 // Flag "off": the test turned the fast path off (COCCL_FAST_MAX_BYTES=0), so nothing takes it.
 void expect_taken(Worker& w, const std::string& what, std::uint64_t got, std::uint64_t want) {
   if (w.has("off")) want = 0;
@@ -139,8 +151,8 @@ std::uint64_t eligible_cases(Worker& w) {
         all_reduce_case(w, w.comm, t, op, n, in_place);
         ++eligible;
       }
-  // Exactly COCCL_FAST_MAX_BYTES (64 KiB): still the fast path.
-  all_reduce_case(w, w.comm, DataType::float32, ReduceOp::sum, 16384, false);
+  // Exactly COCCL_FAST_MAX_BYTES: still the fast path.
+  all_reduce_case(w, w.comm, DataType::float32, ReduceOp::sum, fast_limit() / 4, false);
   ++eligible;
   for (DataType t : {DataType::uint8, DataType::float64})
     for (std::size_t n : {std::size_t{1}, std::size_t{13}, std::size_t{1023}})
@@ -168,7 +180,7 @@ void blocking_calls(Worker& w) {
            std::to_string(count.handed()) + " handed over with no limit on the fast path's wait");
   // One byte more than the limit: the slow path.
   FastCount big(w.comm);
-  all_reduce_case(w, w.comm, DataType::uint8, ReduceOp::sum, 65537, false);
+  all_reduce_case(w, w.comm, DataType::uint8, ReduceOp::sum, fast_limit() + 1, false);
   expect_taken(w, "all_reduce above COCCL_FAST_MAX_BYTES", big.taken(), 0);
 }
 
@@ -259,6 +271,35 @@ int run_fast_mixed(Worker& w) {
            std::to_string(count.handed()) + " handed over with no limit on the fast path's wait");
   w.comm = parent;
   mixed.destroy();
+  return exit_ok;
+}
+
+int run_fast_interleaved(Worker& w) {
+  // The same pauses on every run of a rank, different between ranks.
+  std::uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(w.rank + 1);
+  const auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const std::size_t counts[] = {2, 1000, 300000, 3, 40000, 1, 3000};
+  FastCount count(w.comm);
+  std::uint64_t small = 0;
+  for (int i = 0; i < 140; ++i) {
+    const std::size_t n = counts[static_cast<std::size_t>(i) % std::size(counts)];
+    const bool reduce = i % 2 == 0;
+    if ((reduce ? n * sizeof(float) : n) <= fast_limit()) ++small;
+    if (next() % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(next() % 300));
+    if (reduce)
+      all_reduce_case(w, w.comm, DataType::float32, ReduceOp::sum, n, i % 4 == 0);
+    else
+      all_gather_case(w, DataType::uint8, n, false);
+  }
+  // Pauses hand some over; most take it (none would if the fast path could not read the links).
+  if (count.taken() * 2 < small)
+    w.fail("small operations between large ones",
+           std::to_string(count.taken()) + " of " + std::to_string(small) + " took the fast path");
   return exit_ok;
 }
 

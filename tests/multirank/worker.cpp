@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
       {"fast_path", run_fast_path},
       {"fast_handover", run_fast_handover},
       {"fast_mixed", run_fast_mixed},
+      {"fast_interleaved", run_fast_interleaved},
       {"blocking_threads", run_blocking_threads},
       {"send_and_leave", run_send_and_leave},
   };

@@ -80,6 +80,7 @@ int run_links(Worker& w);
 int run_fast_path(Worker& w);
 int run_fast_handover(Worker& w);
 int run_fast_mixed(Worker& w);
+int run_fast_interleaved(Worker& w);
 
 /// Blocking callers and late sends (blocking.cpp): "blocking_threads" (callers on several threads
 /// at once; blocking calls from handlers refused) and "send_and_leave" (rank 0 sends to rank 1 and

@@ -2,7 +2,9 @@
 // in-memory stream: frames that arrive together, or a byte at a time, come out whole and in
 // order; releases return credits; small puts complete at once and their frames still reach the
 // peer in order, before a goodbye given in the same breath; a queue longer than one write goes out
-// whole; a credit for slots never filled fails the link as a protocol error.
+// whole; a credit for slots never filled fails the link as a protocol error. Over a real socket,
+// the fast path's calls (TcpLinkPolled) take whole frames without the loop and leave the rest to
+// the reader.
 #include <gtest/gtest.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -306,6 +308,233 @@ struct UringLink {
     return failure.ec;
   }
 };
+
+// The fast path's calls (try_put, peek, flush) on a link over a real tcp socket, the test playing
+// the peer on the other socket and running the link's loop between calls.
+struct PolledLink {
+  asio::io_context io;
+  asio::ip::tcp::socket peer{io};
+  std::unique_ptr<transport::TcpConnection> conn;
+  Failure failure;
+
+  explicit PolledLink(std::size_t bytes = 64 << 10) {
+    asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+    asio::ip::tcp::socket mine(io);
+    mine.connect(acceptor.local_endpoint());
+    acceptor.accept(peer);
+    conn = std::make_unique<transport::TcpConnection>(
+        0, 1, Stream(std::move(mine)), slots, bytes,
+        [this](int, std::error_code ec, const std::string& why) {
+          failure.ec = ec;
+          failure.why = why;
+        });
+    conn->start();
+    io.poll();
+  }
+
+  // Calls peek() until a chunk comes (running the loop between tries, as the proxy thread would
+  // between fast operations only if `loop`); nothing if none within 10 s.
+  std::optional<transport::Chunk> peek_for(bool loop) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+      if (auto c = conn->peek()) return c;
+      if (loop) io.poll();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return std::nullopt;
+  }
+
+  void send(const std::vector<std::uint8_t>& bytes) { asio::write(peer, asio::buffer(bytes)); }
+
+  // Reads one frame as the peer, with the link's loop idle (the link writes the fast path's
+  // frames itself); a header of type 0 if it does not come whole within 10 s.
+  std::pair<LinkHeader, std::vector<std::uint8_t>> receive() {
+    LinkHeader h{};
+    if (!read_exact(&h, sizeof h)) return {LinkHeader{}, {}};
+    std::vector<std::uint8_t> body(h.type == LinkHeader::put ? h.length : 0);
+    if (!read_exact(body.data(), body.size())) return {LinkHeader{}, {}};
+    return {h, body};
+  }
+
+  bool read_exact(void* dst, std::size_t n) {
+    peer.non_blocking(true);
+    auto* out = static_cast<std::uint8_t*>(dst);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (n > 0) {
+      boost::system::error_code ec;
+      const std::size_t got = peer.read_some(asio::buffer(out, n), ec);
+      out += got;
+      n -= got;
+      if (ec == asio::error::would_block) {
+        if (std::chrono::steady_clock::now() > until) {
+          ADD_FAILURE() << "the peer read nothing for 10 s, " << n << " bytes short";
+          return false;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      } else if (ec) {
+        ADD_FAILURE() << "the peer's read failed: " << ec.message();
+        return false;
+      }
+    }
+    return true;
+  }
+
+  template <typename Done>
+  bool run_until(Done done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      if (io.stopped()) io.restart();
+      io.run_one_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  }
+};
+
+TEST(TcpLinkPolled, SmallChunksComeWithoutTheLoopAndALargeOneIsLeftToTheReader) {
+  PolledLink link;
+  ASSERT_TRUE(link.conn->pollable());
+  const auto small = payload(8, 1), mid = payload(300, 2), large = payload(40000, 3);
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::put, 21, small.size()}, small);
+  append_frame(wire, LinkHeader{LinkHeader::put, 22, mid.size()}, mid);
+  // Larger than the reader's buffer: only the reader coroutine reads it, straight into its slot.
+  append_frame(wire, LinkHeader{LinkHeader::put, 23, large.size()}, large);
+  link.send(wire);
+
+  for (const auto& [want, fp] : {std::pair{&small, 21u}, std::pair{&mid, 22u}}) {
+    auto c = link.peek_for(false);
+    ASSERT_TRUE(c) << "no chunk without the loop";
+    EXPECT_EQ(c->fingerprint, fp);
+    ASSERT_EQ(c->size, want->size());
+    EXPECT_EQ(std::memcmp(c->data, want->data(), want->size()), 0);
+    link.conn->take_peeked();
+    link.conn->release();
+  }
+  // The large frame stops the fast path: peek() has nothing, and the link hands itself over.
+  EXPECT_FALSE(link.conn->peek());
+  // Its end: the two credits leave in one frame, and the reader is woken for the large chunk.
+  link.conn->flush();
+  const auto [credit, none] = link.receive();
+  EXPECT_EQ(credit.type, LinkHeader::credit);
+  EXPECT_EQ(credit.length, 2u);
+  std::optional<transport::Chunk> got;
+  asio::co_spawn(
+      link.io, [&]() -> asio::awaitable<void> { got = co_await link.conn->wait(); },
+      asio::detached);
+  ASSERT_TRUE(link.run_until([&] { return got.has_value(); }));
+  EXPECT_EQ(got->fingerprint, 23u);
+  ASSERT_EQ(got->size, large.size());
+  EXPECT_EQ(std::memcmp(got->data, large.data(), large.size()), 0);
+  EXPECT_FALSE(link.failure.ec) << link.failure.why;
+}
+
+TEST(TcpLinkPolled, PutsAreHeldUntilThePeekAndGoInOneWrite) {
+  PolledLink link;
+  const auto a = payload(80, 4), b = payload(8, 5);
+  ASSERT_TRUE(link.conn->try_put(a.data(), a.size(), 31));
+  ASSERT_TRUE(link.conn->try_put(b.data(), b.size(), 32));
+  EXPECT_FALSE(link.conn->peek());  // writes both, finds nothing yet
+  link.conn->flush();
+  for (const auto& [want, fp] : {std::pair{&a, 31u}, std::pair{&b, 32u}}) {
+    const auto [h, body] = link.receive();
+    EXPECT_EQ(h.type, LinkHeader::put);
+    EXPECT_EQ(h.fingerprint, fp);
+    EXPECT_EQ(body, *want);
+  }
+  // Both slots of the four used: two more puts fit, a third waits for a credit that pump() takes
+  // without the loop.
+  ASSERT_TRUE(link.conn->try_put(b.data(), b.size(), 33));
+  ASSERT_TRUE(link.conn->try_put(b.data(), b.size(), 34));
+  EXPECT_FALSE(link.conn->try_put(b.data(), b.size(), 35));
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::credit, 0, 3});
+  link.send(wire);
+  bool put = false;
+  for (int i = 0; i < 10000 && !put; ++i) {
+    put = link.conn->try_put(b.data(), b.size(), 35);
+    if (!put) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  EXPECT_TRUE(put);
+  link.conn->flush();
+  for (std::uint32_t fp : {33u, 34u, 35u}) EXPECT_EQ(link.receive().first.fingerprint, fp);
+  EXPECT_FALSE(link.failure.ec) << link.failure.why;
+}
+
+TEST(TcpLinkPolled, AFrameSplitIntoPiecesIsTakenWhenWhole) {
+  PolledLink link;
+  const auto body = payload(1000, 6);
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::put, 41, body.size()}, body);
+  for (std::size_t at = 0; at < wire.size(); at += 333) {
+    EXPECT_FALSE(link.conn->peek());
+    link.send({wire.begin() + static_cast<std::ptrdiff_t>(at),
+               wire.begin() + static_cast<std::ptrdiff_t>(std::min(at + 333, wire.size()))});
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto c = link.peek_for(false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fingerprint, 41u);
+  ASSERT_EQ(c->size, body.size());
+  EXPECT_EQ(std::memcmp(c->data, body.data(), body.size()), 0);
+  link.conn->take_peeked();
+  link.conn->release();
+  link.conn->flush();
+  EXPECT_EQ(link.receive().first.type, LinkHeader::credit);
+}
+
+TEST(TcpLinkPolled, AnEndOrAProtocolErrorMetByThePeekFailsTheLinkThroughTheReader) {
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "the peer closes" : "a credit for slots never filled");
+    PolledLink link;
+    const auto body = payload(16, 7);
+    std::vector<std::uint8_t> wire;
+    append_frame(wire, LinkHeader{LinkHeader::put, 51, body.size()}, body);
+    if (variant == 1) append_frame(wire, LinkHeader{LinkHeader::credit, 0, 1});
+    link.send(wire);
+    if (variant == 0) link.peer.close();
+    // The chunk that came before the end is delivered.
+    auto c = link.peek_for(false);
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->fingerprint, 51u);
+    link.conn->take_peeked();
+    EXPECT_FALSE(link.conn->peek());
+    link.conn->flush();
+    ASSERT_TRUE(link.run_until([&] { return link.failure.ec.has_value(); }));
+    EXPECT_EQ(*link.failure.ec, make_error_code(variant == 0 ? errc::peer_lost : errc::bad_message))
+        << link.failure.why;
+    EXPECT_FALSE(link.conn->pollable());
+  }
+}
+
+// A credit that the slow path queued and the loop has not written yet goes with the fast path's
+// frames, ahead of them.
+TEST(TcpLinkPolled, ACreditQueuedBeforeTheFastPathLeavesFirst) {
+  PolledLink link;
+  const auto body = payload(8, 8);
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::put, 61, body.size()}, body);
+  link.send(wire);
+  std::optional<transport::Chunk> got;
+  asio::co_spawn(
+      link.io, [&]() -> asio::awaitable<void> { got = co_await link.conn->wait(); },
+      asio::detached);
+  ASSERT_TRUE(link.run_until([&] { return got.has_value(); }));
+  link.conn->release();  // queued; its write is posted, not run
+  ASSERT_TRUE(link.conn->pollable());
+  ASSERT_TRUE(link.conn->try_put(body.data(), body.size(), 62));
+  EXPECT_FALSE(link.conn->peek());
+  link.conn->flush();
+  const auto first = link.receive();
+  EXPECT_EQ(first.first.type, LinkHeader::credit);
+  EXPECT_EQ(first.first.length, 1u);
+  const auto second = link.receive();
+  EXPECT_EQ(second.first.type, LinkHeader::put);
+  EXPECT_EQ(second.first.fingerprint, 62u);
+  // The posted write finds nothing left; the link stays healthy.
+  link.io.poll();
+  EXPECT_TRUE(link.conn->pollable());
+  EXPECT_FALSE(link.failure.ec) << link.failure.why;
+}
 
 bool uring_here() { return transport::uring_unavailable().empty(); }
 
