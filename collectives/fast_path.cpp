@@ -34,6 +34,10 @@ std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 // Polls a waiting fast-path operation spins on before it yields between polls (each poll is a
 // pause and a look at the peers' rings: some tens of nanoseconds).
 constexpr unsigned spin_polls = 256;
+// The same where a poll makes system calls (tcp: a read of each socket waited on, a microsecond or
+// more each): 256 of those held a core for a millisecond that a peer on the same machine (ranks
+// acting as hosts) needed; 4 ranks on 2 cores took 0.5 ms per 8-byte all_reduce.
+constexpr unsigned costly_spin_polls = 4;
 
 }  // namespace
 
@@ -62,6 +66,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
       return false;
   }
   peers_.clear();
+  spin_limit_ = spin_polls;
   if (n == 1) return true;
   // As run_op's Use: the links resolved here stay open until end().
   use_.emplace(c_.peers());
@@ -78,6 +83,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     peer.send_bytes = block;
     peer.recv_bytes = block;
     peers_.push_back(peer);
+    if (!l->polls_cheaply()) spin_limit_ = costly_spin_polls;
   }
   return true;
 }
@@ -247,7 +253,7 @@ bool FastOp::spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& t
     // thread back from its nap, another process) waits on a run queue, and a spin that never
     // yields can keep it there for a whole time slice. Without this, 2 ranks on 2 cores ran an
     // 8-byte blocking all_reduce at 0.3 us in some runs and at 2 to 47 us in others.
-    const bool yielding = yield || i > spin_polls;
+    const bool yielding = yield || i > spin_limit_;
     if (yielding)
       ::sched_yield();
     else

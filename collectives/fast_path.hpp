@@ -97,7 +97,8 @@ class FastOp {
   std::uint32_t fp_ = 0;
   std::size_t elt_ = 0;
   bool reduces_ = false;
-  bool stuck_ = false;  // a chunk finish() has to judge
+  bool stuck_ = false;       // a chunk finish() has to judge
+  unsigned spin_limit_ = 0;  // polls spent on the core before the wait yields between polls
   std::optional<std::chrono::steady_clock::time_point> waited_since_;
   std::optional<transport::Peers::Use> use_;
 };

@@ -99,6 +99,9 @@ class Connection {
   /// Learns now how many of the peer's slots are free, so that the next try_put() need not ask:
   /// for a caller that is waiting anyway (the answer comes from memory the peer writes).
   virtual void learn_credit() noexcept {}
+  /// A poll (peek(), try_put()) costs no system call; a waiter polling a link that says no yields
+  /// its core sooner.
+  virtual bool polls_cheaply() const noexcept { return true; }
   /// Largest put that try_put() and peek() move (both ends of a link agree); a larger block takes
   /// the ordinary path.
   virtual std::size_t poll_bytes() const noexcept { return slot_bytes(); }
