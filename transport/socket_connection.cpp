@@ -168,10 +168,12 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
             // of idle links, and a nested frame for each cost about as much as its ring
             // (coccl-sim).
             compact();
-            read_end_ += co_await socket_.async_read_some(
+            // Taken into a local first: a link destroyed meanwhile must not be written to.
+            const std::size_t got = co_await socket_.async_read_some(
                 asio::buffer(read_buf_.get() + read_end_, read_cap_ - read_end_),
                 asio::redirect_error(asio::use_awaitable, ec));
             if (!pass.open()) co_return;
+            read_end_ += got;
           }
           break;
         case Front::large:
@@ -382,7 +384,7 @@ void SocketConnection::write_held() {
   held_.clear();
 }
 
-void SocketConnection::flush() {
+void SocketConnection::end_fast() {
   write_held();
   fast_active_ = false;
   // What pump() read beyond the operation stays in the buffer; the reader takes it from there.

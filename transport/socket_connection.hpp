@@ -73,7 +73,6 @@ class SocketConnection : public Connection {
   void close(std::error_code ec, const std::string& why) override;
   void send_goodbye() override;
   bool notice_pending() const noexcept override { return !notice_.empty(); }
-  void flush() override;
 
   /// Starts the reader coroutine; call once the derived object is fully built.
   void start();
@@ -108,6 +107,9 @@ class SocketConnection : public Connection {
   // Writes what is held back without waiting; what the socket does not take now is queued, to
   // go before anything queued later.
   void write_held();
+  // The end of a fast operation on the link (Connection::flush): what is held back leaves, and the
+  // reader takes what pump() read beyond the operation.
+  void end_fast();
   // A put is held back (credits alone wait for the operation's flush()).
   bool holds_put() const noexcept { return held_put_; }
   // Takes, without waiting, what the socket has now and delivers the frames that it completes

@@ -42,6 +42,7 @@ class TcpConnection final : public SocketConnection {
   void take_peeked() override { ++consumed_; }
   std::size_t poll_bytes() const noexcept override;
   bool polls_cheaply() const noexcept override { return false; }
+  void flush() override { end_fast(); }
 
  private:
   asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;
