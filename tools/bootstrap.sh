@@ -54,7 +54,7 @@ build() {  # build DIR "TARGETS" [cmake args]; TARGETS empty: every target
 # engine (the default picks one of them), and Engines/TcpEngine.AllReduceWithFourRanksSmallSlots-
 # AndThreeSockets four ranks with small slots on each (the four-rank every-collective run took
 # 32 s under TSan, for the same threads).
-tsan_tests='^(EveryCollective\.OverShmWithThree|(Cancellation|Abort|Status|Shrink|Ranks/Async|Transports/KilledRank|Engines/TcpEngine|TcpEngineFallback|Transports/Links|Ranks/FastPath|FastPathHandover|ProxyThreadBorrow|MemoryVirtualTime)[./])'
+tsan_tests='^(EveryCollective\.OverShmWithThree|(Cancellation|Abort|Status|Shrink|Ranks/Async|Transports/KilledRank|Engines/TcpEngine|TcpEngineFallback|Transports/Links|Links/FastPath|Links/FastPathHandover|ProxyThreadBorrow|MemoryVirtualTime)[./])'
 
 # The sanitizer trees keep assertions and line tables but compile at -O1, as the ASan and TSan
 # documentation advises: at -O0 the ASan tests took up to 2.6 times as long (the tcp striping

@@ -56,6 +56,18 @@ void append_frame(std::vector<std::uint8_t>& out, LinkHeader h,
   out.insert(out.end(), body.begin(), body.end());
 }
 
+// Runs `io`'s handlers until `done` holds (a link's reader always waits, so the context never
+// runs out of work); false if it does not within 10 s.
+template <typename Done>
+bool drive_until(asio::io_context& io, Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    if (io.stopped()) io.restart();
+    io.run_one_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
 struct Failure {
   std::optional<std::error_code> ec;
   std::string why;
@@ -80,16 +92,9 @@ struct Link {
     conn->start();
   }
 
-  // Runs handlers until `done` holds (the link's reader always waits, so the context never runs
-  // out of work); false if it does not within 10 s.
   template <typename Done>
   bool run_until(Done done) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!done() && std::chrono::steady_clock::now() < until) {
-      if (io.stopped()) io.restart();
-      io.run_one_for(std::chrono::milliseconds(10));
-    }
-    return done();
+    return drive_until(io, done);
   }
 
   // Writes `bytes` as the peer, in pieces of `piece` bytes (each its own write).
@@ -381,12 +386,7 @@ struct PolledLink {
 
   template <typename Done>
   bool run_until(Done done) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!done() && std::chrono::steady_clock::now() < until) {
-      if (io.stopped()) io.restart();
-      io.run_one_for(std::chrono::milliseconds(10));
-    }
-    return done();
+    return drive_until(io, done);
   }
 };
 
