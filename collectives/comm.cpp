@@ -21,6 +21,7 @@
 #include "runtime/gate.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
+#include "transport/bootstrap.hpp"
 
 namespace coccl::detail {
 
@@ -39,6 +40,24 @@ runtime::ProxyThread& thread_for(runtime::Engine& engine) {
   runtime::ProxyThread* here = runtime::current_proxy_thread();
   return here && engine.owns(*here) ? *here : engine.next_thread();
 }
+// What a peer's status answer says, for error texts.
+std::string status_text(std::span<const std::uint8_t> bytes) {
+  try {
+    const CommStatus s = decode_status(bytes);
+    if (!s.error.empty()) return s.error;
+    if (s.started == s.finished && s.running_op == "bootstrap" && s.waiting_for >= 0)
+      return "still forming the communicator: passing the address table to rank " +
+             std::to_string(s.waiting_for);
+    if (s.started > s.finished)
+      return s.running_op + " #" + std::to_string(s.started) + " running" +
+             (s.waiting_for >= 0 ? ", waiting for rank " + std::to_string(s.waiting_for)
+                                 : std::string());
+    return "idle after operation #" + std::to_string(s.finished);
+  } catch (const std::exception& e) {
+    return std::string("an unreadable status (") + e.what() + ")";
+  }
+}
+
 }  // namespace
 
 CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Secret& secret,
@@ -139,22 +158,7 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
     if (!self || !self->peers().formed()) return {};
     return encode_status(self->status());
   });
-  peers_->set_status_reader([](std::span<const std::uint8_t> bytes) -> std::string {
-    try {
-      const CommStatus s = decode_status(bytes);
-      if (!s.error.empty()) return s.error;
-      if (s.started == s.finished && s.running_op == "bootstrap" && s.waiting_for >= 0)
-        return "still forming the communicator: passing the address table to rank " +
-               std::to_string(s.waiting_for);
-      if (s.started > s.finished)
-        return s.running_op + " #" + std::to_string(s.started) + " running" +
-               (s.waiting_for >= 0 ? ", waiting for rank " + std::to_string(s.waiting_for)
-                                   : std::string());
-      return "idle after operation #" + std::to_string(s.finished);
-    } catch (const std::exception& e) {
-      return std::string("an unreadable status (") + e.what() + ")";
-    }
-  });
+  peers_->set_status_reader(status_text);
   co_await peers_->rendezvous(std::move(roots));
   learn_topology();
 }
@@ -170,6 +174,41 @@ void CommImpl::learn_topology() {
 
 bool CommImpl::watched() const noexcept {
   return draining_ || device_status_.load(std::memory_order_relaxed) != nullptr;
+}
+
+void CommImpl::blame(int peer, std::chrono::steady_clock::time_point since, std::string what) {
+  const std::optional<transport::PeerInfo> where = peers_->address_of(peer);
+  if (!where) {
+    fail(make_error_code(errc::timed_out), what);
+    return;
+  }
+  // Copies only: the communicator may be destroyed while the question is out.
+  asio::co_spawn(
+      ex_,
+      [self = shared_from_this(), where = *where, secret = peers_->secret(), peer, since,
+       what = std::move(what)]() -> asio::awaitable<void> {
+        std::string about;
+        try {
+          const auto bytes = co_await transport::query_rank(
+              self->ex_, where, secret,
+              std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+          about = bytes.empty() ? "has not formed the communicator" : status_text(bytes);
+        } catch (const std::exception&) {
+          about = "does not answer (stopped, hung or gone)";
+        }
+        if (self->closed_ || !self->peers_ || self->error()) co_return;
+        // The peer moved meanwhile: nothing to blame, the watch goes on.
+        bool still = false;
+        for (const auto& c : self->peers_->connections())
+          if (c->peer() == peer && c->blocked_since() && *c->blocked_since() <= since) still = true;
+        if (!still) {
+          if (self->watched()) self->arm_watchdog();
+          co_return;
+        }
+        self->fail(make_error_code(errc::timed_out),
+                   what + "; rank " + std::to_string(peer) + " reports: " + about);
+      },
+      asio::detached);
 }
 
 void CommImpl::arm_watchdog() {
@@ -196,7 +235,7 @@ void CommImpl::arm_watchdog() {
         std::snprintf(buf, sizeof buf,
                       "no progress from rank %d for %.1f s (COCCL_TIMEOUT) in %s #%llu", c->peer(),
                       s, self->op_name_, static_cast<unsigned long long>(self->seq_));
-        self->fail(make_error_code(errc::timed_out), buf);
+        self->blame(c->peer(), *since, buf);
         return;
       }
     }

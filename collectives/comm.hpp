@@ -200,6 +200,11 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   // Proxy thread.
   void arm_watchdog();
   bool watched() const noexcept;
+  // The watchdog found no progress from `peer` (blocked since `since`): asks the peer what it
+  // waits for (a peer held up by another rank, one that died before linking to it, names that
+  // rank) and fails the communicator with `what` and the answer, unless the peer moved meanwhile.
+  // Proxy thread.
+  void blame(int peer, std::chrono::steady_clock::time_point since, std::string what);
   // Any thread: records the communicator's first failure; its text, or nothing if it had
   // failed already.
   std::optional<std::string> record_failure(std::error_code ec, const std::string& why);

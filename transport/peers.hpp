@@ -57,6 +57,11 @@ class Peers {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return nranks_; }
   const Secret& secret() const noexcept { return secret_; }
+  /// Where `peer` listens, if this rank knows.
+  std::optional<PeerInfo> address_of(int peer) const {
+    if (const PeerInfo* p = directory_.find(peer)) return *p;
+    return std::nullopt;
+  }
   /// The rendezvous is over: this rank holds its entries of the address table.
   bool formed() const noexcept { return directory_.formed(); }
   /// The ids (bootstrap roots) the communicator was formed from.

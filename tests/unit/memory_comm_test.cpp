@@ -147,7 +147,7 @@ TEST(MemoryCommunicator, HellosAllAtOnceBeyondTheRootsPendingCapAllJoin) {
 
 // The watchdog ticks only while an operation drains, and lapses while the communicator is idle:
 // an operation started long after the last one still fails on a peer that never joins it, within
-// its timeout and a watchdog period.
+// its timeout and a watchdog period, and names what the peer says it is doing.
 TEST(MemoryCommunicator, AnOperationAfterAnIdleSpellStillTimesOutOnASilentPeer) {
   constexpr int n = 2;
   const UniqueId id = detail::memory_unique_id();
@@ -189,6 +189,9 @@ TEST(MemoryCommunicator, AnOperationAfterAnIdleSpellStillTimesOutOnASilentPeer) 
   for (int r = 0; r < n; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
   EXPECT_EQ(silent_code, make_error_code(errc::timed_out)) << silent_what;
   EXPECT_NE(silent_what.find("no progress from rank 1"), std::string::npos) << silent_what;
+  // The silent peer was asked what it waits for before it was named: nothing, it is idle.
+  EXPECT_NE(silent_what.find("rank 1 reports: idle after operation #1"), std::string::npos)
+      << silent_what;
   EXPECT_GE(silent_s, 1.0);
   EXPECT_LT(silent_s, 10.0);
 }
