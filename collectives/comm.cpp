@@ -21,7 +21,6 @@
 #include "runtime/gate.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/log.hpp"
-#include "transport/bootstrap.hpp"
 
 namespace coccl::detail {
 
@@ -187,15 +186,9 @@ void CommImpl::blame(int peer, std::chrono::steady_clock::time_point since, std:
       ex_,
       [self = shared_from_this(), where = *where, secret = peers_->secret(), peer, since,
        what = std::move(what)]() -> asio::awaitable<void> {
-        std::string about;
-        try {
-          const auto bytes = co_await transport::query_rank(
-              self->ex_, where, secret,
-              std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
-          about = bytes.empty() ? "has not formed the communicator" : status_text(bytes);
-        } catch (const std::exception&) {
-          about = "does not answer (stopped, hung or gone)";
-        }
+        const std::string about = co_await transport::Peers::describe_rank(
+            self->ex_, peer, where, secret, status_text,
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
         if (self->closed_ || !self->peers_ || self->error()) co_return;
         // The peer moved meanwhile: nothing to blame, the watch goes on.
         bool still = false;
@@ -205,8 +198,7 @@ void CommImpl::blame(int peer, std::chrono::steady_clock::time_point since, std:
           if (self->watched()) self->arm_watchdog();
           co_return;
         }
-        self->fail(make_error_code(errc::timed_out),
-                   what + "; rank " + std::to_string(peer) + " reports: " + about);
+        self->fail(make_error_code(errc::timed_out), what + "; " + about);
       },
       asio::detached);
 }

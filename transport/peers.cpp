@@ -350,7 +350,6 @@ asio::awaitable<void> Peers::tell_everyone(std::string why) {
 }
 
 asio::awaitable<std::string> Peers::ask_about(int peer, std::optional<PeerInfo> where) {
-  std::vector<std::uint8_t> bytes;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
   std::string lost;
   if (!where) {
@@ -361,14 +360,22 @@ asio::awaitable<std::string> Peers::ask_about(int peer, std::optional<PeerInfo> 
     }
   }
   if (!where) co_return "rank " + std::to_string(peer) + " cannot be found (" + lost + ")";
+  co_return co_await describe_rank(ex_, peer, *where, secret_, status_reader_, until);
+}
+
+asio::awaitable<std::string> Peers::describe_rank(asio::any_io_executor ex, int peer,
+                                                  PeerInfo where, Secret secret,
+                                                  StatusReader reader,
+                                                  std::chrono::steady_clock::time_point until) {
+  std::vector<std::uint8_t> bytes;
   try {
-    bytes = co_await query_rank(ex_, *where, secret_, until);
+    bytes = co_await query_rank(ex, where, secret, until);
   } catch (const std::exception&) {
     co_return "rank " + std::to_string(peer) + " does not answer (stopped, hung or gone)";
   }
   if (bytes.empty()) co_return "rank " + std::to_string(peer) + " " + not_formed;
   co_return "rank " + std::to_string(peer) +
-      " reports: " + (status_reader_ ? status_reader_(bytes) : std::string("a status"));
+      " reports: " + (reader ? reader(bytes) : std::string("a status"));
 }
 
 asio::awaitable<PeerInfo> Peers::locate(int peer, std::chrono::steady_clock::time_point until) {

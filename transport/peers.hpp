@@ -148,6 +148,13 @@ class Peers {
   /// One line about another rank's status answer (for errors that name what holds a peer up).
   using StatusReader = std::function<std::string(std::span<const std::uint8_t>)>;
   void set_status_reader(StatusReader reader) { status_reader_ = std::move(reader); }
+  /// "rank P reports: ..." from the status answer of `peer` listening at `where` (read with
+  /// `reader`), or "rank P does not answer ..." when none comes by `until`. Holds nothing of a
+  /// Peers, so a caller may outlive the one it took `where` and `secret` from.
+  static asio::awaitable<std::string> describe_rank(asio::any_io_executor ex, int peer,
+                                                    PeerInfo where, Secret secret,
+                                                    StatusReader reader,
+                                                    std::chrono::steady_clock::time_point until);
   /// The peer this rank is making a link to (dialling, or waiting for it to dial), -1 if none.
   int linking_to() const noexcept {
     int first = -1;

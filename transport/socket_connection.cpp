@@ -328,12 +328,11 @@ void SocketConnection::begin_fast() {
   if (writing_) return;
   for (std::size_t i = head_; i < queue_.size(); ++i) {
     Pending& p = queue_[i];
-    const std::size_t at = held_.size();
-    const std::size_t head = p.raw ? 0 : sizeof(LinkHeader);
-    held_.resize(at + head + p.size);
-    if (head) std::memcpy(held_.data() + at, &p.header, head);
-    if (p.size > 0) std::memcpy(held_.data() + at + head, p.data, p.size);
-    if (p.header.type == LinkHeader::put && !p.raw) held_put_ = true;
+    if (p.raw)
+      held_.insert(held_.end(), static_cast<const std::byte*>(p.data),
+                   static_cast<const std::byte*>(p.data) + p.size);
+    else
+      hold_frame(p.header, p.data, p.size);
     if (p.done) resume_now(p.done, {});
   }
   held_credit_last_ = false;
