@@ -77,6 +77,8 @@ class FastOp {
     std::size_t send_bytes = 0;      // 0: the header only
     std::byte* dst = nullptr;        // where the peer's chunk is copied; null: reduced later
     std::size_t recv_bytes = 0;      // 0: the header only
+    bool joined = false;             // the header and the data go in one chunk
+    std::size_t joined_at = 0;       // where that chunk starts in joined_
     std::uint8_t sent = 0;           // 0 nothing, 1 the header, 2 everything
     std::uint8_t got = 0;            // 0 nothing, 1 the header, 2 everything
     transport::Chunk chunk{};        // a chunk held for the reduction
@@ -87,6 +89,11 @@ class FastOp {
   void combine();
   // Local copies that precede the exchange (own block into place).
   void copy_own();
+  // Builds the joined chunks (header, then data) of the peers that take them.
+  void join();
+  // The peer's data is at `data` (in its chunk, not yet released): copied out, or kept for the
+  // reduction.
+  void deliver(Peer& p, std::byte* data);
 
   CommImpl& c_;
   const OpArgs* a_ = nullptr;        // the running operation's arguments: the caller's, or args_
@@ -94,6 +101,7 @@ class FastOp {
   std::vector<Peer> peers_;          // in the order the slow path sends to them
   std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
   std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
+  std::vector<std::byte> joined_;    // the joined chunks, one after another
   std::uint32_t fp_ = 0;
   std::size_t elt_ = 0;
   bool reduces_ = false;

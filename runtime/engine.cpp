@@ -261,6 +261,23 @@ void ProxyThread::remove_idle_poller(Poller* p) {
                       idle_pollers_.end());
 }
 
+void ProxyThread::defer(Deferred* d) {
+  if (std::find(deferred_.begin(), deferred_.end(), d) != deferred_.end()) return;
+  if (deferred_.empty()) deferred_since_ = std::chrono::steady_clock::now();
+  deferred_.push_back(d);
+}
+
+void ProxyThread::cancel_deferred(Deferred* d) {
+  deferred_.erase(std::remove(deferred_.begin(), deferred_.end(), d), deferred_.end());
+}
+
+void ProxyThread::run_deferred() {
+  // Taken first: a deferral may defer again (into a fresh list).
+  std::vector<Deferred*> due;
+  due.swap(deferred_);
+  for (Deferred* d : due) d->run_deferred();
+}
+
 bool ProxyThread::pollers_waiting() const noexcept {
   return std::any_of(pollers_.begin(), pollers_.end(),
                      [](const Poller* p) { return p->waiting(); });
@@ -313,20 +330,31 @@ void ProxyThread::run() {
     if (!progress && polled && !lent)
       for (std::size_t i = 0; i < idle_pollers_.size() && !progress; ++i)
         progress = idle_pollers_[i]->poll();
+    // Deferred work waits while operations keep coming (what it waits for is their next frame),
+    // but not past deferred_max, however busy the loop.
+    constexpr auto deferred_max = std::chrono::milliseconds(1);
+    const auto now = clock::now();
+    if (!deferred_.empty() && now - deferred_since_ >= deferred_max) run_deferred();
     if (progress) {
-      last_progress = clock::now();
+      last_progress = now;
       continue;
     }
     // A borrower's work keeps the loop awake (so lendable) as its own would, but the loop still
     // yields its core between rounds: the borrower may need it.
-    if (lent) last_progress = clock::now();
-    if (clock::now() - last_progress < spin) {
+    if (lent) last_progress = now;
+    if (now - last_progress < spin) {
       // Ranks often outnumber cores (several ranks per host in tests and parameter servers):
       // yielding lets the peer we wait for run instead of burning our time slice. Meanwhile the
       // role is free for a thread that wants to borrow it (Borrow).
       release_role();
       ::sched_yield();
       hold_role();
+      continue;
+    }
+    // No more operations soon: what was deferred for them goes now, and the loop looks again.
+    if (!deferred_.empty()) {
+      run_deferred();
+      last_progress = clock::now();
       continue;
     }
     // Handlers run inside run_one, so the role stays held while asleep; a would-be borrower sees

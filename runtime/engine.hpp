@@ -62,6 +62,17 @@ class Poller {
   bool dormant_ = false;
 };
 
+/// Work a loop keeps for later that must not wait long (ProxyThread::defer): tcp credits that wait
+/// to ride on the next frame of their link.
+class Deferred {
+ public:
+  /// Runs once, on the loop with its role held, then the loop forgets it.
+  virtual void run_deferred() = 0;
+
+ protected:
+  ~Deferred() = default;
+};
+
 /// True when called from any proxy thread of this process: a blocking call there would stall the
 /// loop that has to complete it.
 bool on_proxy_thread() noexcept;
@@ -180,6 +191,12 @@ class ProxyThread {
   /// this proxy thread.
   void add_idle_poller(Poller* p);
   void remove_idle_poller(Poller* p);
+  /// Holder of the role: runs `d` once the loop has found nothing to do for COCCL_SPIN_US (before
+  /// it sleeps), and at the latest about a millisecond after the first deferral still waiting.
+  /// A deferral listed already is not listed again; cancel_deferred() takes one out (nothing if
+  /// not listed), as its owner must before it is destroyed.
+  void defer(Deferred* d);
+  void cancel_deferred(Deferred* d);
 
  private:
   friend class Poller;
@@ -222,6 +239,9 @@ class ProxyThread {
   asio::executor_work_guard<asio::io_context::executor_type> guard_;
   std::vector<Poller*> pollers_;  // registered and awake, in no particular order
   std::vector<Poller*> idle_pollers_;
+  std::vector<Deferred*> deferred_;
+  std::chrono::steady_clock::time_point deferred_since_{};  // when deferred_ became non-empty
+  void run_deferred();
   std::size_t pinned_ = 0;  // pin()s held, and registered pollers that are thread_bound()
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -47,6 +47,7 @@ SocketConnection::~SocketConnection() {
   // The reader coroutine may still be parked in the executor; it checks its pass before touching
   // this object.
   gate_.close();
+  if (deferral_listed_) loop_->cancel_deferred(this);
   boost::system::error_code ignored;
   socket_.close(ignored);
 }
@@ -363,7 +364,7 @@ void SocketConnection::hold_credit(std::uint64_t n) {
 }
 
 void SocketConnection::write_held() {
-  held_put_ = held_credit_last_ = false;
+  held_put_ = held_credit_last_ = credit_waits_ = false;
   if (held_.empty()) return;
   std::size_t done = 0;
   if (auto* tcp = socket_.tcp(); tcp && idle_writer() && !closed_) {
@@ -384,10 +385,29 @@ void SocketConnection::write_held() {
 }
 
 void SocketConnection::end_fast() {
-  write_held();
+  const bool ended = fast_active_;
   fast_active_ = false;
+  // An operation that leaves only credits lets them wait for the link's next frame, where the peer
+  // does not need them for its next put: the next operation's frames carry them, and an
+  // operation costs one send a peer, as Open MPI's eager messages do. Called again outside an
+  // operation, or when the loop finds nothing to do (run_deferred), flush() sends them.
+  LinkHeader credit{};
+  if (ended && loop_ && held_credit_last_ && held_.size() == sizeof credit) {
+    std::memcpy(&credit, held_.data(), sizeof credit);
+    credit_waits_ = credit_may_wait(credit.length);
+  }
+  if (credit_waits_ && !deferral_listed_) {
+    loop_->defer(this);
+    deferral_listed_ = true;
+  }
+  if (!credit_waits_) write_held();
   // What pump() read beyond the operation stays in the buffer; the reader takes it from there.
   if (read_at_ != read_end_) wake_reader();
+}
+
+void SocketConnection::run_deferred() {
+  deferral_listed_ = false;
+  if (credit_waits_) write_held();
 }
 
 void SocketConnection::schedule_write() {
@@ -664,6 +684,7 @@ class IoParked {
 }  // namespace
 
 asio::awaitable<void> SocketConnection::park_for_credit() {
+  if (!held_.empty()) write_held();
   while (!closed_ && !departed_ && !can_put()) {
     blocked_since_ = std::chrono::steady_clock::now();
     before_park();
@@ -677,6 +698,7 @@ asio::awaitable<void> SocketConnection::park_for_credit() {
 }
 
 asio::awaitable<void> SocketConnection::park_for_data() {
+  if (!held_.empty()) write_held();
   while (!closed_ && !departed_ && !can_recv()) {
     blocked_since_ = std::chrono::steady_clock::now();
     before_park();

@@ -14,13 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine.hpp"
 #include "runtime/gate.hpp"
 #include "transport/connection.hpp"
 #include "transport/stream.hpp"
-
-namespace coccl::runtime {
-class ProxyThread;
-}
 
 namespace coccl::transport {
 
@@ -57,7 +54,7 @@ using Resume = asio::any_completion_handler<void(boost::system::error_code)>;
 // move assignment wraps the source in itself and recurses without end.
 using Waiter = std::optional<Resume>;
 
-class SocketConnection : public Connection {
+class SocketConnection : public Connection, private runtime::Deferred {
  public:
   /// What the reader buffers of the stream: enough for the frames of a small operation, or, for a
   /// link that carries data on a tcp socket (`carries_data`), for a put of several KiB with the
@@ -112,6 +109,11 @@ class SocketConnection : public Connection {
   void end_fast();
   // A put is held back (credits alone wait for the operation's flush()).
   bool holds_put() const noexcept { return held_put_; }
+  // The credits of the last fast operation wait for this link's next frame (end_fast()).
+  bool credit_waits() const noexcept { return credit_waits_; }
+  // Whether credits for n slots may wait for the link's next frame: the peer still has a slot
+  // free for its next put without them.
+  virtual bool credit_may_wait(std::uint64_t) const noexcept { return false; }
   // Takes, without waiting, what the socket has now and delivers the frames that it completes
   // (on_put_buffered, on_credit, goodbye). Frames only the reader coroutine takes (a put too
   // large to buffer, an abort notice, an error) are left to it, and it is woken.
@@ -240,6 +242,11 @@ class SocketConnection : public Connection {
   bool fast_active_ = false;
   bool held_put_ = false;
   bool held_credit_last_ = false;  // the last frame held is a credit
+  // held_ is the credits of the last fast operation, waiting for the link's next frame (or the
+  // loop's deferral: listed says the link is on loop_'s list).
+  bool credit_waits_ = false;
+  bool deferral_listed_ = false;
+  void run_deferred() override;
   runtime::Gate gate_;  // closed by the destructor: handlers still queued then do nothing
 };
 

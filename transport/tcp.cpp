@@ -110,7 +110,7 @@ std::optional<Chunk> TcpConnection::peek() {
   begin_fast();
   // The operation's puts go out before it waits for the peer's; the credits for what it takes
   // wait for its end (flush()), to leave in one frame.
-  if (holds_put()) write_held();
+  if (holds_put() || credit_waits()) write_held();
   if (filled_ == consumed_) pump();
   if (filled_ == consumed_ || closed_) return std::nullopt;
   return chunk(consumed_ % slots_);

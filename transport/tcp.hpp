@@ -27,7 +27,7 @@ class TcpConnection final : public SocketConnection {
   void release() override;
   bool settled() const noexcept override {
     return !closed_ && filled_ == released_ && sent_ == acked_ && !recv_waiter_ &&
-           !credit_waiter_ && idle_writer();
+           !credit_waiter_ && idle_writer() && !credit_waits();
   }
 
   // The fast path, on a tcp socket (not the in-memory network, where coccl-sim's ranks keep to
@@ -43,6 +43,9 @@ class TcpConnection final : public SocketConnection {
   std::size_t poll_bytes() const noexcept override;
   bool polls_cheaply() const noexcept override { return false; }
   void flush() override { end_fast(); }
+  bool credit_may_wait(std::uint64_t n) const noexcept override {
+    return slots_ >= filled_ - released_ + n + 1;
+  }
 
  private:
   asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;

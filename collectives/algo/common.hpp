@@ -78,23 +78,35 @@ class Op {
   }
 
   // Takes `peer`'s header, once per operation and before any of its data, and fails the
-  // operation (errc::mismatch) unless it describes the same operation as this rank's.
+  // operation (errc::mismatch) unless it describes the same operation as this rank's. A header
+  // joined with data (op_joined_fingerprint) keeps its slot: the data is the peer's next chunk,
+  // which take() returns and release() gives back.
   Task take_header(Connection* l, int peer) {
     if (!c_.checks().to_take(peer)) co_return;
     Chunk ch = co_await l->wait();
     const OpHeader& mine = c_.checks().sent(peer);
     OpHeader theirs{};
-    if (ch.fingerprint == op_header_fingerprint && ch.size == sizeof theirs)
+    const bool joined = ch.fingerprint == op_joined_fingerprint && ch.size >= sizeof theirs;
+    if (joined || (ch.fingerprint == op_header_fingerprint && ch.size == sizeof theirs))
       std::memcpy(&theirs, ch.data, sizeof theirs);
-    l->release();
+    if (!joined) l->release();
     std::string why = compare_op_headers(mine, theirs, r_, peer);
     if (!why.empty()) raise(make_error_code(errc::mismatch), why);
+    if (joined)
+      joined_.push_back({peer, Chunk{ch.data + sizeof theirs, ch.size - sizeof theirs,
+                                     theirs.joined_fingerprint}});
   }
 
   // Confirms every peer linked in this operation: a rank that only sent to a peer learns here
   // that the peer expected exactly that.
   Task settle() {
     for (int peer : c_.checks().untaken()) co_await take_header(co_await link(peer), peer);
+    // Data joined to a header that agrees is data this rank expects, and take() has taken it; a
+    // peer that says otherwise breaks the protocol.
+    if (!joined_.empty())
+      raise(make_error_code(errc::mismatch), "rank " + std::to_string(joined_.front().first) +
+                                                 " sent data with its header that this rank's " +
+                                                 c_.op_name() + " does not take");
   }
 
   // Resolves every peer link up front so per_chunk() is known before chunking starts.
@@ -119,7 +131,8 @@ class Op {
   asio::awaitable<Chunk> take(int peer, std::size_t expect_bytes) {
     Connection* l = co_await link(peer);
     co_await take_header(l, peer);
-    Chunk ch = co_await l->wait();
+    Chunk ch{};
+    if (!take_joined(peer, ch)) ch = co_await l->wait();
     if (ch.fingerprint != fp_ || ch.size != expect_bytes) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -192,6 +205,18 @@ class Op {
   std::size_t slot_bytes_ = 0;
   std::size_t per_chunk_ = 0;
   std::vector<std::byte> scratch_;
+  // Data that came joined to its header (take_header), per peer, until take() returns it.
+  std::vector<std::pair<int, Chunk>> joined_;
+
+  bool take_joined(int peer, Chunk& ch) {
+    for (auto it = joined_.begin(); it != joined_.end(); ++it)
+      if (it->first == peer) {
+        ch = it->second;
+        joined_.erase(it);
+        return true;
+      }
+    return false;
+  }
 };
 
 /// Runs tasks concurrently and waits for all; rethrows the first failure. A failing task has

@@ -191,6 +191,12 @@ void mismatched_op(Worker& w) {
     }
     std::vector<float> send(sd[n - 1] + sc[n - 1], 1.0f), recv(rd[n - 1] + rc[n - 1]);
     w.comm.all_to_allv(send.data(), sc, sd, recv.data(), rc, rd, DataType::float32);
+  } else if (w.has("count")) {
+    // A small all_reduce that every rank agrees on (it opens the links, so that the next
+    // operation may take the fast path), then one that rank 0 alone calls with a count of 2.
+    std::vector<float> in(3, 1.0f), out(3);
+    w.comm.all_reduce(in.data(), out.data(), 3, DataType::float32, ReduceOp::sum);
+    w.comm.all_reduce(in.data(), out.data(), r == 0 ? 2 : 3, DataType::float32, ReduceOp::sum);
   } else if (w.has("root")) {
     // The last rank takes itself for the root; the others take rank 0.
     const int root = r == n - 1 ? n - 1 : 0;
@@ -202,8 +208,8 @@ void mismatched_op(Worker& w) {
 }  // namespace
 
 int run_op_mismatch(Worker& w) {
-  // Runs a mismatched operation (flag: send2recv1, type, a2av or root), then an all_reduce on
-  // the same communicator, which must be correct or fail: it never returns wrong data.
+  // Runs a mismatched operation (flag: send2recv1, type, a2av, count or root), then an all_reduce
+  // on the same communicator, which must be correct or fail: it never returns wrong data.
   const auto start = std::chrono::steady_clock::now();
   int code = exit_unexpected_success;
   try {

@@ -1,6 +1,7 @@
 // Links under a memory budget (COCCL_MEM_BUDGET) and an idle timeout (COCCL_LINK_IDLE_S), on
-// real processes over shm and tcp: closes agreed by both ends never fail the communicator, the
-// next operation reopens what it needs, and every result is checked (scenario "links").
+// real processes over shm and tcp (both engines): closes agreed by both ends never fail the
+// communicator, the next operation reopens what it needs, and every result is checked (scenario
+// "links").
 #include <gtest/gtest.h>
 
 #include <string>
@@ -22,8 +23,13 @@ class Links : public ::testing::TestWithParam<const char*> {
     o.nranks = nranks;
     o.args = {"cold", mode};
     o.deadline = std::chrono::seconds(120);
-    o.env = {"COCCL_TIMEOUT=60", std::string("COCCL_TRANSPORT=") + GetParam(),
+    // tcp_asio: tcp links on the Asio engine, where small operations take the fast path and
+    // their credits wait for the next frame (or the loop's deferral).
+    const std::string transport = GetParam();
+    o.env = {"COCCL_TIMEOUT=60",
+             "COCCL_TRANSPORT=" + (transport == "tcp_asio" ? std::string("tcp") : transport),
              "COCCL_SLOT_BYTES=" + std::to_string(slot_bytes)};
+    if (transport == "tcp_asio") o.env.push_back("COCCL_TCP_ENGINE=asio");
     o.env.insert(o.env.end(), env.begin(), env.end());
     return o;
   }
@@ -51,7 +57,7 @@ TEST_P(Links, BudgetBelowOneLinkIsAClearError) {
     EXPECT_NE(rank.output.find("cannot hold even one link"), std::string::npos) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Links, ::testing::Values("shm", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, Links, ::testing::Values("shm", "tcp", "tcp_asio"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -451,12 +451,13 @@ TEST(Cancellation, QueuedOperationIsRemovedAndTerminalCancellationInFlightAborts
 // with errc::mismatch and a message naming the operation and both ranks of a disagreeing pair;
 // every rank fails (the mismatch, or the operation after it) and none reads wrong data.
 void expect_op_mismatch(const std::string& flag, int nranks, const std::vector<int>& involved,
-                        const std::string& op_name) {
+                        const std::string& op_name, std::vector<std::string> env = {}) {
   LaunchOptions o;
   o.scenario = "op_mismatch";
   o.nranks = nranks;
   o.args = {flag};
   o.env = {"COCCL_TIMEOUT=20"};
+  o.env.insert(o.env.end(), env.begin(), env.end());
   o.deadline = seconds(60);
   const LaunchResult r = launch(o);
   print_errors(r);
@@ -488,6 +489,19 @@ TEST(OpMismatch, SendAndReceiveOfDifferentTypesFailBothRanks) {
 
 TEST(OpMismatch, AllToAllvCountsThatDisagreeFailTheRanksOfThatPair) {
   expect_op_mismatch("a2av", 4, {0, 2}, "all_to_allv");
+}
+
+// The fast path takes both ranks' all_reduce (links open, the proxy thread never asleep). Over
+// tcp (the Asio engine) each header rides in one chunk with its data, and the peer's chunk is
+// then of the wrong size; the description still names the operation.
+TEST(OpMismatch, AllReduceCountsThatDisagreeOnTheFastPathFailBothRanksOverShm) {
+  expect_op_mismatch("count", 2, {0, 1}, "all_reduce",
+                     {"COCCL_TRANSPORT=shm", "COCCL_SPIN_US=60000000"});
+}
+
+TEST(OpMismatch, AllReduceCountsThatDisagreeOnTheFastPathFailBothRanksOverTcp) {
+  expect_op_mismatch("count", 2, {0, 1}, "all_reduce",
+                     {"COCCL_TRANSPORT=tcp", "COCCL_TCP_ENGINE=asio", "COCCL_SPIN_US=60000000"});
 }
 
 TEST(OpMismatch, BroadcastRootsThatDisagreeFailInsteadOfMovingNothing) {
