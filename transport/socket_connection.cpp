@@ -388,9 +388,11 @@ void SocketConnection::end_fast() {
   const bool ended = fast_active_;
   fast_active_ = false;
   // An operation that leaves only credits lets them wait for the link's next frame, where the peer
-  // does not need them for its next put: the next operation's frames carry them, and an
-  // operation costs one send a peer, as Open MPI's eager messages do. Called again outside an
-  // operation, or when the loop finds nothing to do (run_deferred), flush() sends them.
+  // keeps a slot for its next put without them (credit_may_wait): the next operation's frame to
+  // the peer carries them, and an operation costs one send a peer, as Open MPI's eager messages
+  // do. A peer that needs them (a larger operation takes every slot) waits at most until this
+  // rank writes to the link, reads it or parks on it, or the loop finds nothing to do
+  // (run_deferred). Called again outside an operation, flush() sends them.
   LinkHeader credit{};
   if (ended && loop_ && held_credit_last_ && held_.size() == sizeof credit) {
     std::memcpy(&credit, held_.data(), sizeof credit);

@@ -111,8 +111,9 @@ class SocketConnection : public Connection, private runtime::Deferred {
   bool holds_put() const noexcept { return held_put_; }
   // The credits of the last fast operation wait for this link's next frame (end_fast()).
   bool credit_waits() const noexcept { return credit_waits_; }
-  // Whether credits for n slots may wait for the link's next frame: the peer still has a slot
-  // free for its next put without them.
+  // Whether credits for n slots, the last fast operation's, may wait for the link's next frame:
+  // the peer still has a slot for its next operation's put without them. (Its chunks that came
+  // ahead of this rank are of operations that this rank's next frame answers anyway.)
   virtual bool credit_may_wait(std::uint64_t) const noexcept { return false; }
   // Takes, without waiting, what the socket has now and delivers the frames that it completes
   // (on_put_buffered, on_credit, goodbye). Frames only the reader coroutine takes (a put too

@@ -95,7 +95,7 @@ void TcpConnection::release() {
 }
 
 bool TcpConnection::try_put(const void* src, std::size_t n, std::uint32_t fp) {
-  if (n > poll_bytes() || !pollable()) return false;
+  if (n > poll_bytes() || departed_ || !pollable()) return false;
   begin_fast();
   // Credits that came since the last look are taken first.
   if (!can_put()) pump();

@@ -33,8 +33,10 @@ class TcpConnection final : public SocketConnection {
   // The fast path, on a tcp socket (not the in-memory network, where coccl-sim's ranks keep to
   // their proxy threads): a put is held back and leaves with the operation's other frames at its
   // next peek() or flush(), in one write; peek() reads what the socket holds without waiting.
+  // A peer that said goodbye after its last chunk (both may come in one read) leaves that chunk
+  // to be taken; nothing can be put to it.
   bool pollable() const noexcept override {
-    return socket_.tcp() && !closed_ && !departed_ && !reader_busy() &&
+    return socket_.tcp() && !closed_ && (!departed_ || filled_ != consumed_) && !reader_busy() &&
            (fast_active() || fast_writable());
   }
   bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
@@ -43,9 +45,7 @@ class TcpConnection final : public SocketConnection {
   std::size_t poll_bytes() const noexcept override;
   bool polls_cheaply() const noexcept override { return false; }
   void flush() override { end_fast(); }
-  bool credit_may_wait(std::uint64_t n) const noexcept override {
-    return slots_ >= filled_ - released_ + n + 1;
-  }
+  bool credit_may_wait(std::uint64_t n) const noexcept override { return slots_ > n; }
 
  private:
   asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;

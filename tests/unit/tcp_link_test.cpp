@@ -536,6 +536,33 @@ TEST(TcpLinkPolled, ACreditQueuedBeforeTheFastPathLeavesFirst) {
   EXPECT_FALSE(link.failure.ec) << link.failure.why;
 }
 
+// A peer that destroyed its communicator right after its last puts (a header and its data, say):
+// the chunks and the goodbye come in one read, and each chunk is still taken on the fast path;
+// nothing more can be put to it.
+TEST(TcpLinkPolled, ChunksThatCameWithTheGoodbyeAreStillTaken) {
+  PolledLink link;
+  const auto first = payload(24, 9), second = payload(40, 10);
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::put, 71, first.size()}, first);
+  append_frame(wire, LinkHeader{LinkHeader::put, 72, second.size()}, second);
+  append_frame(wire, LinkHeader{LinkHeader::bye, 0, 0});
+  link.send(wire);
+  for (const auto& [want, fp] : {std::pair{&first, 71u}, std::pair{&second, 72u}}) {
+    auto c = link.peek_for(false);
+    ASSERT_TRUE(c) << "a chunk sent before the goodbye was not delivered";
+    EXPECT_EQ(c->fingerprint, fp);
+    ASSERT_EQ(c->size, want->size());
+    EXPECT_EQ(std::memcmp(c->data, want->data(), want->size()), 0);
+    link.conn->take_peeked();
+    link.conn->release();
+  }
+  // Nothing left to take and the peer gone: the link hands over, and puts are refused.
+  EXPECT_FALSE(link.conn->pollable());
+  EXPECT_FALSE(link.conn->try_put(first.data(), first.size(), 73));
+  link.conn->flush();
+  EXPECT_FALSE(link.failure.ec) << link.failure.why;
+}
+
 bool uring_here() { return transport::uring_unavailable().empty(); }
 
 TEST(UringTcpLink, PutsOvertakingEachOtherAcrossSocketsComeOutInPutOrder) {
