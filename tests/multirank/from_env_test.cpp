@@ -1,8 +1,12 @@
 // Communicator::from_env() under each launcher it supports, with real processes: torchrun's
-// TCPStore (served here by a fake store speaking its protocol), mpirun's PMIx, and an explicit
+// TCPStore (served by a fake store speaking its protocol, and by a real torchrun where PyTorch is
+// installed), mpirun's PMIx, and an explicit
 // COCCL_COMM_ID, which needs a secret. Each worker joins from the environment, checks every result
 // of its scenario, and then forms a second communicator the same way.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -114,6 +118,54 @@ TEST(FromEnv, MpirunPassesTheIdThroughPmix) {
        at = out.find("all checks passed", at + 1))
     ++passed;
   EXPECT_EQ(passed, 3u) << out;
+}
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A port no one listens on now (the kernel's pick for a socket bound to port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+// PyTorch's own launcher, where it is installed (the GPU machines' image has it; this machine
+// does not): its agent serves the TCPStore on MASTER_PORT, and every rank's from_env() meets
+// there. Standalone (one agent, three ranks), then two agents of two ranks each, as two hosts'
+// agents would run, rendezvousing on the first agent's store.
+TEST(FromEnv, RealTorchrunCarriesTheIdThroughItsStore) {
+  if (shell("command -v torchrun").first != 0) GTEST_SKIP() << "no torchrun on PATH";
+  const std::string env = "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 timeout 120 ";
+  const std::string worker = COCCL_WORKER;
+  {
+    const auto [code, out] = shell(env + "torchrun --standalone --nproc-per-node=3 --no-python " +
+                                   worker + " all_reduce -1 3 env quick nolarge");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_EQ(count_of(out, "all checks passed"), 3u) << out;
+  }
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string agent =
+      env + "torchrun --nnodes=2 --master-addr=127.0.0.1 --master-port=" + std::to_string(port) +
+      " --nproc-per-node=2 --no-python ";
+  const std::string args = " all_reduce -1 4 env quick nolarge";
+  const auto [code, out] =
+      shell("(" + agent + "--node-rank=1 " + worker + args + ") & " + agent + "--node-rank=0 " +
+            worker + args + "; rc=$?; wait $! || rc=1; exit $rc");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(count_of(out, "all checks passed"), 4u) << out;
 }
 
 }  // namespace
