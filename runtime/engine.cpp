@@ -351,10 +351,10 @@ void ProxyThread::run() {
       hold_role();
       continue;
     }
-    // No more operations soon: what was deferred for them goes now, and the loop looks again.
+    // No more operations soon: what was deferred for them goes now, and the loop looks once more
+    // (what that queued) before it sleeps, without spinning again.
     if (!deferred_.empty()) {
       run_deferred();
-      last_progress = clock::now();
       continue;
     }
     // Handlers run inside run_one, so the role stays held while asleep; a would-be borrower sees
