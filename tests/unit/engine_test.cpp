@@ -135,6 +135,69 @@ TEST(ProxyThread, SleepsWhenNoPollerWaits) {
   on_thread(t, [&] { t.remove_poller(&p); });
 }
 
+// Deferred work that counts its runs and remembers the thread of the last.
+class CountingDeferral : public Deferred {
+ public:
+  void run_deferred() override {
+    thread_ = std::this_thread::get_id();
+    runs_.fetch_add(1, std::memory_order_release);
+  }
+  int runs() const { return runs_.load(std::memory_order_acquire); }
+  std::thread::id thread() const { return thread_; }
+
+ private:
+  std::atomic<int> runs_{0};
+  std::thread::id thread_;
+};
+
+// A source that always has work: the loop never finds nothing to do.
+class BusyPoller : public Poller {
+ public:
+  bool poll() override { return true; }
+  bool waiting() const override { return true; }
+};
+
+TEST(ProxyThread, RunsDeferredWorkOnceOnItsThreadWhenIdle) {
+  ProxyThread t(0);
+  CountingDeferral d;
+  std::thread::id proxy;
+  on_thread(t, [&] {
+    proxy = std::this_thread::get_id();
+    t.defer(&d);
+    t.defer(&d);  // listed once
+  });
+  ASSERT_TRUE(test::eventually([&] { return d.runs() > 0; }));
+  EXPECT_EQ(d.thread(), proxy);
+  // Run once, then forgotten: the loop sleeps without running it again.
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(d.runs(), 1);
+}
+
+TEST(ProxyThread, RunsDeferredWorkEvenWhileNeverIdle) {
+  ProxyThread t(0);
+  BusyPoller busy;
+  CountingDeferral d;
+  on_thread(t, [&] {
+    t.add_poller(&busy);
+    t.defer(&d);
+  });
+  ASSERT_TRUE(test::eventually([&] { return d.runs() > 0; }));
+  on_thread(t, [&] { t.remove_poller(&busy); });
+}
+
+TEST(ProxyThread, ACancelledDeferralNeverRuns) {
+  ProxyThread t(0);
+  CountingDeferral cancelled, kept;
+  on_thread(t, [&] {
+    t.defer(&cancelled);
+    t.defer(&kept);
+    t.cancel_deferred(&cancelled);
+    t.cancel_deferred(&cancelled);  // not listed: nothing
+  });
+  ASSERT_TRUE(test::eventually([&] { return kept.runs() > 0; }));
+  EXPECT_EQ(cancelled.runs(), 0);
+}
+
 TEST(ProxyThread, WakesFromSleepForPostedWork) {
   ProxyThread t(0);
   FakePoller p(-1, /*waiting=*/false);
