@@ -82,10 +82,9 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     peer.link = l;
     peer.send_bytes = block;
     peer.recv_bytes = block;
-    // Where every frame is a system call and every slot a credit to return (tcp), the header
-    // rides with the data; on shm joining them measured no faster at 8 bytes and slower at 4 KiB
-    // (the data no longer starts a cache line).
-    peer.joined = !l->polls_cheaply() && sizeof(OpHeader) + block <= l->poll_bytes();
+    // Where every frame is a system call and every slot a credit to return (tcp, whose puts are
+    // gathered), the header rides with the data (see Connection::try_put_gathered).
+    peer.joined = l->gathers_puts() && sizeof(OpHeader) + block <= l->poll_bytes();
     peers_.push_back(peer);
     if (!l->polls_cheaply()) spin_limit_ = costly_spin_polls;
   }
@@ -131,25 +130,6 @@ void FastOp::start(const OpArgs& a) {
   }
   if (reduces_) srcs_.resize(static_cast<std::size_t>(n));
   copy_own();
-  join();
-}
-
-void FastOp::join() {
-  std::size_t total = 0;
-  for (Peer& p : peers_)
-    if (p.joined) {
-      p.joined_at = total;
-      total += sizeof(OpHeader) + p.send_bytes;
-    }
-  if (total == 0) return;
-  if (joined_.size() < total) joined_.resize(total);
-  for (const Peer& p : peers_) {
-    if (!p.joined) continue;
-    OpHeader h = p.header;
-    h.joined_fingerprint = fp_;
-    std::memcpy(joined_.data() + p.joined_at, &h, sizeof h);
-    std::memcpy(joined_.data() + p.joined_at + sizeof h, p.src, p.send_bytes);
-  }
 }
 
 void FastOp::deliver(Peer& p, std::byte* data) {
@@ -190,8 +170,9 @@ bool FastOp::step() {
     }
     if (p.sent == 0) {
       if (p.joined) {
-        if (p.link->try_put(joined_.data() + p.joined_at, sizeof(OpHeader) + p.send_bytes,
-                            op_joined_fingerprint))
+        OpHeader h = p.header;
+        h.joined_fingerprint = fp_;
+        if (p.link->try_put_gathered(&h, sizeof h, p.src, p.send_bytes, op_joined_fingerprint))
           p.sent = 2;
       } else if (p.link->try_put(&p.header, sizeof p.header, op_header_fingerprint)) {
         p.sent = 1;
@@ -200,27 +181,22 @@ bool FastOp::step() {
     if (p.sent == 1 && p.link->try_put(p.src, p.send_bytes, fp_)) p.sent = 2;
     if (p.got == 0) {
       if (std::optional<Chunk> ch = p.link->peek()) {
-        // The peer's header, alone or joined with its data (whichever path it took).
-        OpHeader theirs{};
-        const bool joined = ch->fingerprint == op_joined_fingerprint;
-        const bool sized =
-            joined ? ch->size == sizeof theirs + p.recv_bytes
-                   : ch->fingerprint == op_header_fingerprint && ch->size == sizeof theirs;
-        if (!sized) {
-          stuck_ = true;
-          return false;
-        }
-        std::memcpy(&theirs, ch->data, sizeof theirs);
-        // A header that disagrees, or data of another operation, stays in the ring: finish()
-        // takes it and fails the operation with the full description.
-        if (!op_headers_agree(p.header, theirs) || (joined && theirs.joined_fingerprint != fp_)) {
+        // The peer's header, alone or joined with its data (whichever path it took). One that
+        // disagrees, or data of another operation, stays in the ring: finish() takes it and fails
+        // the operation with the full description.
+        bool joined = false;
+        const std::optional<OpHeader> theirs =
+            header_of(ch->data, ch->size, ch->fingerprint, joined);
+        if (!theirs || !op_headers_agree(p.header, *theirs) ||
+            (joined &&
+             (ch->size != sizeof(OpHeader) + p.recv_bytes || theirs->joined_fingerprint != fp_))) {
           stuck_ = true;
           return false;
         }
         c_.checks().to_take(p.rank);
         p.link->take_peeked();
         if (joined) {
-          deliver(p, ch->data + sizeof theirs);
+          deliver(p, ch->data + sizeof(OpHeader));
         } else {
           p.link->release();
           p.got = 1;

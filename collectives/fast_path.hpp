@@ -78,7 +78,6 @@ class FastOp {
     std::byte* dst = nullptr;        // where the peer's chunk is copied; null: reduced later
     std::size_t recv_bytes = 0;      // 0: the header only
     bool joined = false;             // the header and the data go in one chunk
-    std::size_t joined_at = 0;       // where that chunk starts in joined_
     std::uint8_t sent = 0;           // 0 nothing, 1 the header, 2 everything
     std::uint8_t got = 0;            // 0 nothing, 1 the header, 2 everything
     transport::Chunk chunk{};        // a chunk held for the reduction
@@ -89,8 +88,6 @@ class FastOp {
   void combine();
   // Local copies that precede the exchange (own block into place).
   void copy_own();
-  // Builds the joined chunks (header, then data) of the peers that take them.
-  void join();
   // The peer's data is at `data` (in its chunk, not yet released): copied out, or kept for the
   // reduction.
   void deliver(Peer& p, std::byte* data);
@@ -101,7 +98,6 @@ class FastOp {
   std::vector<Peer> peers_;          // in the order the slow path sends to them
   std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
   std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
-  std::vector<std::byte> joined_;    // the joined chunks, one after another
   std::uint32_t fp_ = 0;
   std::size_t elt_ = 0;
   bool reduces_ = false;

@@ -1,6 +1,7 @@
 #include "collectives/op_check.hpp"
 
 #include <coccl/types.hpp>
+#include <cstring>
 #include <stdexcept>
 
 #include "collectives/comm.hpp"
@@ -109,6 +110,15 @@ std::vector<int> OpChecks::untaken() const {
   for (int peer : current_)
     if (!peers_.at(peer).taken) v.push_back(peer);
   return v;
+}
+
+std::optional<OpHeader> header_of(const void* data, std::size_t size, std::uint32_t fingerprint,
+                                  bool& joined) noexcept {
+  OpHeader h{};
+  joined = fingerprint == op_joined_fingerprint && size >= sizeof h;
+  if (!joined && (fingerprint != op_header_fingerprint || size != sizeof h)) return std::nullopt;
+  std::memcpy(&h, data, sizeof h);
+  return h;
 }
 
 bool op_headers_agree(const OpHeader& mine, const OpHeader& theirs) noexcept {

@@ -48,6 +48,11 @@ inline constexpr std::uint32_t op_header_fingerprint = 0x0C0C4EADu;
 inline constexpr std::uint32_t op_joined_fingerprint = 0x0C0C401Du;
 inline constexpr std::uint32_t op_header_magic = 0x4F504843u;
 
+/// The header a chunk (`size` bytes at `data`, marked `fingerprint`) starts with: a header alone,
+/// or one joined with data (`joined` set; the data follows it). Nothing if the chunk is neither.
+std::optional<OpHeader> header_of(const void* data, std::size_t size, std::uint32_t fingerprint,
+                                  bool& joined) noexcept;
+
 /// This rank's view of the operation `args` (sequence number `op_seq`) towards `peer`.
 OpHeader make_op_header(const OpArgs& args, std::uint64_t op_seq, std::uint64_t pair_seq, int peer);
 

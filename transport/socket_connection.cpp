@@ -340,13 +340,15 @@ void SocketConnection::begin_fast() {
   clear_queue();
 }
 
-void SocketConnection::hold_frame(LinkHeader h, const void* data, std::size_t n) {
+void SocketConnection::hold_frame(LinkHeader h, const void* data, std::size_t n, const void* more,
+                                  std::size_t more_n) {
   if (h.type == LinkHeader::put) held_put_ = true;
   held_credit_last_ = false;
   const std::size_t at = held_.size();
-  held_.resize(at + sizeof h + n);
+  held_.resize(at + sizeof h + n + more_n);
   std::memcpy(held_.data() + at, &h, sizeof h);
   if (n > 0) std::memcpy(held_.data() + at + sizeof h, data, n);
+  if (more_n > 0) std::memcpy(held_.data() + at + sizeof h + n, more, more_n);
 }
 
 void SocketConnection::hold_credit(std::uint64_t n) {

@@ -97,9 +97,10 @@ class SocketConnection : public Connection, private runtime::Deferred {
   // True where the fast path may use the link now: a socket, a healthy link, no write waiting for
   // room in the socket.
   bool fast_writable() const noexcept;
-  // Holds back a frame (the payload copied) / a credit for n slots, to leave with the next
-  // write_held().
-  void hold_frame(LinkHeader h, const void* data, std::size_t n);
+  // Holds back a frame (the payload copied: n bytes at data, then more_n at more) / a credit for n
+  // slots, to leave with the next write_held().
+  void hold_frame(LinkHeader h, const void* data, std::size_t n, const void* more = nullptr,
+                  std::size_t more_n = 0);
   void hold_credit(std::uint64_t n);
   // Writes what is held back without waiting; what the socket does not take now is queued, to
   // go before anything queued later.

@@ -94,14 +94,15 @@ void TcpConnection::release() {
   enqueue_credit(1);
 }
 
-bool TcpConnection::try_put(const void* src, std::size_t n, std::uint32_t fp) {
-  if (n > poll_bytes() || departed_ || !pollable()) return false;
+bool TcpConnection::try_put_gathered(const void* head, std::size_t head_n, const void* src,
+                                     std::size_t n, std::uint32_t fp) {
+  if (head_n + n > poll_bytes() || departed_ || !pollable()) return false;
   begin_fast();
   // Credits that came since the last look are taken first.
   if (!can_put()) pump();
   if (!can_put() || !pollable()) return false;
   ++sent_;
-  hold_frame(LinkHeader{LinkHeader::put, fp, n}, src, n);
+  hold_frame(LinkHeader{LinkHeader::put, fp, head_n + n}, head, head_n, src, n);
   return true;
 }
 

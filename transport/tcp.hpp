@@ -39,7 +39,12 @@ class TcpConnection final : public SocketConnection {
     return socket_.tcp() && !closed_ && (!departed_ || filled_ != consumed_) && !reader_busy() &&
            (fast_active() || fast_writable());
   }
-  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
+  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override {
+    return try_put_gathered(src, n, nullptr, 0, fingerprint);
+  }
+  bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
+                        std::uint32_t fingerprint) override;
+  bool gathers_puts() const noexcept override { return true; }
   std::optional<Chunk> peek() override;
   void take_peeked() override { ++consumed_; }
   std::size_t poll_bytes() const noexcept override;

@@ -85,10 +85,9 @@ class Op {
     if (!c_.checks().to_take(peer)) co_return;
     Chunk ch = co_await l->wait();
     const OpHeader& mine = c_.checks().sent(peer);
-    OpHeader theirs{};
-    const bool joined = ch.fingerprint == op_joined_fingerprint && ch.size >= sizeof theirs;
-    if (joined || (ch.fingerprint == op_header_fingerprint && ch.size == sizeof theirs))
-      std::memcpy(&theirs, ch.data, sizeof theirs);
+    bool joined = false;
+    const OpHeader theirs =
+        header_of(ch.data, ch.size, ch.fingerprint, joined).value_or(OpHeader{});
     if (!joined) l->release();
     std::string why = compare_op_headers(mine, theirs, r_, peer);
     if (!why.empty()) raise(make_error_code(errc::mismatch), why);
