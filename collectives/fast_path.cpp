@@ -16,8 +16,8 @@ config::Param<std::int64_t> fast_max_bytes{
     "COCCL_FAST_MAX_BYTES", 64 << 10,
     "largest message (bytes a rank sends each peer) of a host all_reduce, all_gather, "
     "reduce_scatter or all_to_all run on the fast path: at once, on the calling thread, when the "
-    "communicator is idle and its peers are on shm links, or on tcp links of the asio engine "
-    "(there up to 16 KiB); 0 turns the fast path off"};
+    "communicator is idle and its peers are on shm or tcp links (tcp up to 16 KiB); 0 turns the "
+    "fast path off"};
 
 }  // namespace coccl::params
 

@@ -1,5 +1,5 @@
 // The fast path of small host operations: an operation whose peers are all on polled links (shm;
-// tcp on the Asio engine, whose socket the caller reads and writes itself) and whose message to
+// tcp, whose socket 0 the caller reads and writes itself, on either engine) and whose message to
 // each peer fits one ring slot (and a tcp link's read buffer) runs to completion in the call that
 // starts it, on the thread that holds the proxy thread's role (the proxy thread itself for a
 // coroutine on the communicator's executor, or a caller that borrowed the role,

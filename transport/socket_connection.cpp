@@ -71,20 +71,21 @@ SocketConnection::Front SocketConnection::parse(bool on_loop, LinkHeader& h) {
         break;
       case LinkHeader::bye:
         read_at_ += sizeof h;
-        departed_ = true;
-        // Waiters re-check: data already here is still delivered; anything more fails.
-        fail_waiters_soft();
+        bye_seen_ = true;
+        on_goodbye();
         break;
-      case LinkHeader::put:
-        if (h.length > read_cap_ - sizeof h) {
+      case LinkHeader::put: {
+        const std::uint64_t n = put_bytes(h);
+        if (n > read_cap_ - sizeof h) {
           if (!on_loop) return Front::stop;
           read_at_ += sizeof h;
           return Front::large;
         }
-        if (avail - sizeof h < h.length) return Front::more;
+        if (avail - sizeof h < n) return Front::more;
         on_put_buffered(h, at + sizeof h);
-        read_at_ += sizeof h + h.length;
+        read_at_ += sizeof h + n;
         break;
+      }
       case LinkHeader::abort: {
         const std::size_t size = abort_text_size(h);
         if (!on_loop) return Front::stop;
@@ -206,7 +207,8 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
     }
     if (!pass.open()) co_return;
     if (ec) {
-      if (departed_) {
+      // After a goodbye the stream's end is expected.
+      if (bye_seen_) {
         fail_waiters_soft();
         co_return;
       }
@@ -317,7 +319,7 @@ void SocketConnection::enqueue_credit(std::uint64_t n) {
 }
 
 bool SocketConnection::fast_writable() const noexcept {
-  return socket_.tcp() && !closed_ && !departed_ && !writing_;
+  return socket_.tcp() && !closed_ && !bye_seen_ && !writing_;
 }
 
 void SocketConnection::begin_fast() {
@@ -516,7 +518,7 @@ void SocketConnection::written(boost::system::error_code ec) {
 void SocketConnection::queue_broken(boost::system::error_code ec) {
   // A peer that said goodbye may be gone before our last credits reach it; that is not a
   // failure.
-  if (departed_) {
+  if (bye_seen_) {
     clear_queue();
     fail_waiters_soft();
     return;
@@ -689,7 +691,7 @@ class IoParked {
 
 asio::awaitable<void> SocketConnection::park_for_credit() {
   if (!held_.empty()) write_held();
-  while (!closed_ && !departed_ && !can_put()) {
+  while (!closed_ && !bye_seen_ && !can_put()) {
     blocked_since_ = std::chrono::steady_clock::now();
     before_park();
     try {

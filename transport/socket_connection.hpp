@@ -169,7 +169,23 @@ class SocketConnection : public Connection, private runtime::Deferred {
   Waiter recv_waiter_;
   Waiter credit_waiter_;
   bool closed_ = false;
-  bool departed_ = false;  // the peer said goodbye (destroyed its communicator)
+  // The peer said goodbye (destroyed its communicator): nothing more may be put to it.
+  bool bye_seen_ = false;
+  // ... and everything it sent before has arrived (on_goodbye()): nothing more will come.
+  bool departed_ = false;
+  // Put frames carry their index in put order in the upper half of their length (a link whose
+  // puts travel over several sockets): put_bytes() is the payload's size.
+  bool put_index_ = false;
+  std::uint64_t put_bytes(const LinkHeader& h) const noexcept {
+    return put_index_ ? (h.length & 0xffffffffu) : h.length;
+  }
+  // The peer's goodbye came on this stream, after everything it sent on it. A link whose peer
+  // sends on other streams too waits for them before it counts the peer departed.
+  virtual void on_goodbye() {
+    departed_ = true;
+    // Waiters re-check: data already here is still delivered; anything more fails.
+    fail_waiters_soft();
+  }
   std::error_code error_;
   std::string error_text_;
 

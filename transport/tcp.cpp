@@ -14,8 +14,9 @@ namespace coccl::params {
 
 config::Param<std::int64_t> tcp_sockets{
     "COCCL_TCP_SOCKETS", 2,
-    "sockets per tcp link under the uring engine (1 to 16), puts striped over them in turn; a "
-    "link takes the smaller count of its two ends (1 where one end runs the asio engine)"};
+    "sockets per tcp link under the uring engine (1 to 16): the first carries small puts and "
+    "notices as on asio, the others are driven by io_uring, and large puts go round all of them; "
+    "a link takes the smaller count of its two ends (1 where one end runs the asio engine)"};
 
 }  // namespace coccl::params
 
@@ -34,29 +35,26 @@ TcpConnection::TcpConnection(int self, int peer, Stream socket, std::size_t slot
 asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
   if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
   co_await park_for_credit();
-  if (departed_) fail_departed("was sending to it");
+  if (bye_seen_) fail_departed("was sending to it");
   if (closed_) throw_failure();
-  ++sent_;
+  const LinkHeader header{LinkHeader::put, fp, put_length(sent_++, n)};
   if (n <= copied_put_max) {
     // A small put is copied behind the frames already queued and completes now: the operation
     // goes on to queue its next frames, and they leave together. If the write fails, the link
     // closes and whoever waits on it next learns why.
-    enqueue_copy(LinkHeader{LinkHeader::put, fp, n}, src, n);
+    enqueue_copy(header, src, n);
     co_return;
   }
   bool failed = false;
   try {
     co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
-        [&](auto handler) {
-          enqueue(LinkHeader{LinkHeader::put, fp, n}, src, n, std::move(handler));
-        },
-        asio::use_awaitable);
+        [&](auto handler) { enqueue(header, src, n, std::move(handler)); }, asio::use_awaitable);
   } catch (const boost::system::system_error&) {
     failed = true;
   }
   // A failed write closes the link shortly (after the reader had a chance to deliver the peer's
   // abort notice): wait for that, so the error reported is the real one.
-  while (failed && !closed_ && !departed_) {
+  while (failed && !closed_ && !bye_seen_) {
     try {
       co_await suspend(credit_waiter_);
     } catch (const boost::system::system_error&) {
@@ -84,8 +82,9 @@ void TcpConnection::release() {
   // A small ring comes from the heap again at no cost, so an idle link gives it back: a rank of a
   // large job holds dozens of links, most of them idle (coccl-sim). A large one stays, since
   // faulting its pages in again would cost every operation.
-  if (released_ == filled_ && !reading_ && slots_ * slot_bytes_ <= kept_ring_max) ring_.reset();
-  if (closed_ || departed_) return;
+  if (released_ == filled_ && !reading_ && !keep_ring_ && slots_ * slot_bytes_ <= kept_ring_max)
+    ring_.reset();
+  if (closed_ || bye_seen_) return;
   // A fast operation's credits leave with its frames.
   if (fast_active()) {
     hold_credit(1);
@@ -96,13 +95,13 @@ void TcpConnection::release() {
 
 bool TcpConnection::try_put_gathered(const void* head, std::size_t head_n, const void* src,
                                      std::size_t n, std::uint32_t fp) {
-  if (head_n + n > poll_bytes() || departed_ || !pollable()) return false;
+  if (head_n + n > poll_bytes() || bye_seen_ || !pollable()) return false;
   begin_fast();
   // Credits that came since the last look are taken first.
   if (!can_put()) pump();
   if (!can_put() || !pollable()) return false;
-  ++sent_;
-  hold_frame(LinkHeader{LinkHeader::put, fp, head_n + n}, head, head_n, src, n);
+  hold_frame(LinkHeader{LinkHeader::put, fp, put_length(sent_++, head_n + n)}, head, head_n, src,
+             n);
   return true;
 }
 
@@ -125,31 +124,38 @@ std::size_t TcpConnection::poll_bytes() const noexcept {
 std::size_t TcpConnection::slot_for(const LinkHeader& h) {
   if (h.length > slot_bytes_ || filled_ - released_ >= slots_)
     throw std::system_error(make_error_code(errc::bad_message), "put without credit");
-  if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
   return filled_ % slots_;
+}
+
+std::byte* TcpConnection::slot_data(std::size_t slot) {
+  if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
+  return ring_.get() + slot * slot_bytes_;
+}
+
+void TcpConnection::land(std::size_t slot, std::uint32_t size, std::uint32_t fingerprint) {
+  filled_info_[slot] = SlotInfo{size, fingerprint};
+  ++filled_;
+  resume(recv_waiter_);
 }
 
 void TcpConnection::on_put_buffered(const LinkHeader& h, const std::byte* payload) {
   const std::size_t slot = slot_for(h);
-  std::memcpy(ring_.get() + slot * slot_bytes_, payload, h.length);
-  filled_info_[slot] = SlotInfo{static_cast<std::uint32_t>(h.length), h.fingerprint};
-  ++filled_;
-  resume(recv_waiter_);
+  const auto n = static_cast<std::uint32_t>(put_bytes(h));
+  std::memcpy(slot_data(slot), payload, n);
+  land(slot, n, h.fingerprint);
 }
 
 asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) {
   // The sender holds a credit for this slot, so it is free.
   const std::size_t slot = slot_for(h);
+  const auto n = static_cast<std::uint32_t>(put_bytes(h));
   // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
   reading_ = true;
-  auto ec =
-      co_await read_body(pass, ring_.get() + slot * slot_bytes_, h.length, slot_bytes_ - h.length);
+  auto ec = co_await read_body(pass, slot_data(slot), n, slot_bytes_ - n);
   if (!pass.open()) co_return;
   reading_ = false;
   if (ec) throw boost::system::system_error(ec);
-  filled_info_[slot] = SlotInfo{static_cast<std::uint32_t>(h.length), h.fingerprint};
-  ++filled_;
-  resume(recv_waiter_);
+  land(slot, n, h.fingerprint);
 }
 
 void TcpConnection::on_credit(std::uint64_t n) {
@@ -177,23 +183,28 @@ class TcpSetup final : public LinkSetup {
   }
   void complete(std::span<const std::uint8_t> theirs) override { expect_empty(theirs); }
   std::unique_ptr<Connection> make(int peer, Stream control, std::vector<Stream> further) override {
-    if (!ring_) {
-      if (!further.empty())
-        throw std::system_error(make_error_code(errc::internal),
-                                "a tcp link on the asio engine has one socket");
+    if (!ring_ && !further.empty())
+      throw std::system_error(make_error_code(errc::internal),
+                              "a tcp link on the asio engine has one socket");
+    if (further.empty()) {
+      // One socket (the other end runs on Asio, or wants one): a ring would drive nothing.
+      if (ring_) {
+        COCCL_INFO(net, env_.rank, "tcp link to rank %d over 1 socket, none on io_uring", peer);
+        ring_.reset();
+      }
       auto c = std::make_unique<TcpConnection>(env_.rank, peer, std::move(control), slots_,
                                                env_.slot_bytes, env_.on_failure, env_.thread);
       c->start();
       return c;
     }
     // A ring is made only where links run on tcp sockets (never on the in-memory network).
-    std::vector<asio::ip::tcp::socket> sockets;
-    sockets.push_back(std::move(*control.tcp()));
-    for (auto& s : further) sockets.push_back(std::move(*s.tcp()));
-    COCCL_INFO(net, env_.rank, "tcp link to rank %d on io_uring over %zu socket(s)", peer,
-               sockets.size());
-    return make_uring_connection(env_.rank, peer, std::move(sockets), std::move(ring_), slots_,
-                                 env_.slot_bytes, *env_.thread, env_.on_failure);
+    std::vector<asio::ip::tcp::socket> lanes;
+    for (auto& s : further) lanes.push_back(std::move(*s.tcp()));
+    COCCL_INFO(net, env_.rank, "tcp link to rank %d over %zu sockets, %zu on io_uring", peer,
+               lanes.size() + 1, lanes.size());
+    return make_uring_connection(env_.rank, peer, std::move(control), std::move(lanes),
+                                 std::move(ring_), slots_, env_.slot_bytes, *env_.thread,
+                                 env_.on_failure);
   }
 
  private:

@@ -13,7 +13,7 @@
 
 namespace coccl::transport {
 
-class TcpConnection final : public SocketConnection {
+class TcpConnection : public SocketConnection {
  public:
   /// `thread`: the proxy thread whose loop serves the link (told of coroutines parked on it),
   /// null where no other thread borrows its role.
@@ -52,28 +52,20 @@ class TcpConnection final : public SocketConnection {
   void flush() override { end_fast(); }
   bool credit_may_wait(std::uint64_t n) const noexcept override { return slots_ > n; }
 
- private:
-  asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;
-  void on_put_buffered(const LinkHeader& h, const std::byte* payload) override;
-  // The slot the next put goes into, checked against the ring (a peer that ignores credits or
-  // sends oversized frames is broken); its ring is made if it has none.
-  std::size_t slot_for(const LinkHeader& h);
-  // The chunk in slot `slot`.
-  Chunk chunk(std::size_t slot) const {
-    const SlotInfo info = filled_info_[slot];
-    return Chunk{ring_.get() + slot * slot_bytes_, info.size, info.fingerprint};
-  }
+ protected:
+  // For a link that carries puts on other sockets too (the io_uring engine's): how put k of n
+  // bytes is framed (put_index_: with its index), which slot a put frame of this socket goes
+  // into (checked against the ring; a peer that ignores credits or sends oversized frames is
+  // broken), and how a chunk that has arrived whole becomes visible (in put order).
+  virtual std::uint64_t put_length(std::uint64_t /*k*/, std::size_t n) const noexcept { return n; }
+  virtual std::size_t slot_for(const LinkHeader& h);
+  virtual void land(std::size_t slot, std::uint32_t size, std::uint32_t fingerprint);
+  // Where the chunk of `slot` goes; the ring is made if it has none.
+  std::byte* slot_data(std::size_t slot);
   void on_credit(std::uint64_t n) override;
-  bool can_put() const noexcept override { return sent_ - acked_ < slots_; }
-  bool can_recv() const noexcept override { return filled_ != consumed_; }
 
-  // Rings up to this size are allocated when a chunk arrives and freed when every chunk is
-  // released; larger ones live as long as the link.
-  static constexpr std::size_t kept_ring_max = 64 << 10;
   std::size_t slots_;
   std::size_t slot_bytes_;
-  std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
-  bool reading_ = false;               // a chunk is being read into ring_
   // Size and fingerprint of the chunk in each slot, in one vector (one allocation per link).
   struct SlotInfo {
     std::uint32_t size;
@@ -84,6 +76,25 @@ class TcpConnection final : public SocketConnection {
   std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
   // Send side: puts issued, slots the peer has released.
   std::uint64_t sent_ = 0, acked_ = 0;
+  // The ring stays while the link lives (chunks land in it from elsewhere too).
+  bool keep_ring_ = false;
+
+ private:
+  asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;
+  void on_put_buffered(const LinkHeader& h, const std::byte* payload) override;
+  // The chunk in slot `slot`.
+  Chunk chunk(std::size_t slot) const {
+    const SlotInfo info = filled_info_[slot];
+    return Chunk{ring_.get() + slot * slot_bytes_, info.size, info.fingerprint};
+  }
+  bool can_put() const noexcept override { return sent_ - acked_ < slots_; }
+  bool can_recv() const noexcept override { return filled_ != consumed_; }
+
+  // Rings up to this size are allocated when a chunk arrives and freed when every chunk is
+  // released; larger ones live as long as the link.
+  static constexpr std::size_t kept_ring_max = 64 << 10;
+  std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
+  bool reading_ = false;               // a chunk is being read into ring_
 };
 
 }  // namespace coccl::transport

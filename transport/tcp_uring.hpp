@@ -1,25 +1,27 @@
 // tcp links on io_uring: the same frames and the same Connection semantics as TcpConnection (a put
-// is a LinkHeader plus payload, a released slot returns a credit frame), driven by an io_uring
-// instead of Asio's reactor, over one or more sockets per peer.
+// is a LinkHeader plus payload, a released slot returns a credit frame), over two or more sockets
+// per peer: socket 0 is a TcpConnection's, the others (lanes) are driven by an io_uring.
 //
-// - Receives: one multishot receive per socket into that socket's provided buffer ring; the
-//   reaper parses frames from those buffers and copies put payloads into the receive ring's slots,
-//   then hands the buffers straight back to the kernel.
-// - Sends: a put of at least COCCL_TCP_ZC_MIN bytes is its header (SEND) linked to an
-//   IORING_OP_SEND_ZC of the caller's buffer; the put completes only once the kernel's
-//   notification says it no longer reads that buffer. Smaller puts and control frames are
-//   copying SENDMSGs, the frames queued on a socket gathered into one; a put of at most 4 KiB is
-//   copied and completes at once. One send is in flight per socket, which keeps each socket's
-//   frames in order.
-// - Sockets are registered files. Puts of at most 4 KiB go on socket 0 (an operation's frames to
-//   a peer then leave in one send), larger ones round the sockets; over several sockets a put's
-//   frame carries its index in put order, and the receiver lands it in that slot, so chunks come
-//   out in put order whatever order the sockets deliver them in. The credit for chunk k returns
-//   on the socket that carried it (with that socket's ACK, which a zero-copy send waits for);
-//   abort and goodbye notices go on socket 0.
-// - Completions reach the proxy thread's io_context through an eventfd registered with the ring
-//   and read by an Asio stream_descriptor; while a coroutine waits on the link, the proxy's driver
-//   loop also polls the completion queue directly (runtime::Poller), which costs no system call.
+// - Socket 0 carries the puts the fast path of small operations may take (up to 16 KiB, and below
+//   COCCL_TCP_ZC_MIN; an operation's frames to a peer then leave in one write), the credits for
+//   its chunks, and abort and goodbye notices. It is read and written as on the Asio engine, so
+//   the fast path (collectives/fast_path.hpp) reads and writes it on the calling thread: the ring
+//   takes submissions from the proxy thread alone.
+// - Larger puts go round socket 0 and the lanes. A put frame carries its index in put order, and
+//   the receiver lands it in that slot, so chunks come out in put order whatever order the
+//   sockets deliver them in. The credit for chunk k returns on the socket that carried it (with
+//   that socket's ACK, which a zero-copy send waits for).
+// - Lanes receive with one multishot receive each into their own provided buffer ring; the reaper
+//   parses frames from those buffers and copies put payloads into the receive ring's slots, then
+//   hands the buffers straight back to the kernel. A put of at least COCCL_TCP_ZC_MIN bytes on a
+//   lane is its header (SEND) linked to an IORING_OP_SEND_ZC of the caller's buffer, and
+//   completes once the kernel's notification says it no longer reads that buffer; other frames
+//   are copying SENDMSGs, those queued on a lane gathered into one. One send is in flight per
+//   lane, which keeps each lane's frames in order. Lanes are registered files.
+// - The ring's completions reach the proxy thread's io_context through an eventfd registered with
+//   the ring and read by an Asio stream_descriptor; while a coroutine waits on the link, the
+//   proxy's driver loop also polls the completion queue directly (runtime::Poller), which costs
+//   no system call.
 #pragma once
 
 #include <memory>
@@ -29,6 +31,7 @@
 #include "runtime/config.hpp"
 #include "runtime/engine.hpp"
 #include "transport/connection.hpp"
+#include "transport/stream.hpp"
 
 namespace coccl::transport {
 
@@ -59,10 +62,12 @@ using UringRingPtr = std::unique_ptr<UringRing, UringRingDeleter>;
 /// connection (SINGLE_ISSUER, enabled there).
 UringRingPtr make_uring_ring(std::string& why);
 
-/// Makes a tcp link over `sockets` (socket 0 carries abort and goodbye notices) driven by `ring`.
-/// Call it on `thread`, where the link then runs (and is destroyed).
-std::unique_ptr<Connection> make_uring_connection(int self, int peer,
-                                                  std::vector<asio::ip::tcp::socket> sockets,
+/// Makes a tcp link over `control` (socket 0: small puts and their credits, abort and goodbye
+/// notices, read and written directly by the fast path) and `lanes` (sockets 1 and up, at least
+/// one, driven by `ring`); large puts go round all of them. Call it on `thread`, where the link
+/// then runs (and is destroyed); `control` must be a tcp socket of that thread's io_context.
+std::unique_ptr<Connection> make_uring_connection(int self, int peer, Stream control,
+                                                  std::vector<asio::ip::tcp::socket> lanes,
                                                   UringRingPtr ring, std::size_t slots,
                                                   std::size_t slot_bytes,
                                                   runtime::ProxyThread& thread,

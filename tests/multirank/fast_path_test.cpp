@@ -13,23 +13,32 @@
 
 #include "tests/multirank/harness.hpp"
 #include "tests/multirank/worker.hpp"
+#include "transport/tcp_uring.hpp"
 
 namespace coccl::test {
 namespace {
 
 // The proxy thread never falls asleep (so a blocking caller can always borrow its role) and the
 // fast path never gives up waiting: whether an operation takes it depends on nothing but the
-// operation. Over tcp (the Asio engine, whose links the fast path polls), the largest block is
-// what a tcp link's reader holds whole, so the limit is set below it; the scenarios take their
-// sizes from COCCL_FAST_MAX_BYTES.
+// operation. Over tcp (the fast path polls socket 0 of a link on either engine), the largest
+// block is what a tcp link's reader holds whole, so the limit is set below it; the scenarios take
+// their sizes from COCCL_FAST_MAX_BYTES. "tcp" runs the Asio engine, "tcp_uring" the io_uring
+// one, whose links carry larger puts on sockets of the ring too.
 std::vector<std::string> always(const std::string& transport) {
-  std::vector<std::string> env = {"COCCL_TIMEOUT=60", "COCCL_TRANSPORT=" + transport,
+  const bool tcp = transport.rfind("tcp", 0) == 0;
+  std::vector<std::string> env = {"COCCL_TIMEOUT=60",
+                                  std::string("COCCL_TRANSPORT=") + (tcp ? "tcp" : transport),
                                   "COCCL_SPIN_US=60000000"};
-  if (transport == "tcp") {
-    env.push_back("COCCL_TCP_ENGINE=asio");
+  if (tcp) {
+    env.push_back(transport == "tcp_uring" ? "COCCL_TCP_ENGINE=uring" : "COCCL_TCP_ENGINE=asio");
     env.push_back("COCCL_FAST_MAX_BYTES=16000");
   }
   return env;
+}
+
+void skip_without_engine(const std::string& transport) {
+  if (transport == "tcp_uring" && !transport::uring_unavailable().empty())
+    GTEST_SKIP() << "io_uring unavailable here: " << transport::uring_unavailable();
 }
 
 LaunchResult run(const std::string& scenario, int nranks, std::vector<std::string> env,
@@ -41,11 +50,13 @@ LaunchResult run(const std::string& scenario, int nranks, std::vector<std::strin
 class FastPath : public ::testing::TestWithParam<std::pair<std::string, int>> {};
 
 TEST_P(FastPath, EveryEligibleOperationTakesItAndMatchesTheReference) {
+  skip_without_engine(GetParam().first);
   const LaunchResult r = run("fast_path", GetParam().second, always(GetParam().first));
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
 TEST_P(FastPath, TurnedOffNothingTakesItAndTheResultsAreTheSame) {
+  skip_without_engine(GetParam().first);
   std::vector<std::string> env = always(GetParam().first);
   std::erase_if(env, [](const std::string& e) { return e.rfind("COCCL_FAST_MAX_BYTES=", 0) == 0; });
   env.push_back("COCCL_FAST_MAX_BYTES=0");
@@ -56,12 +67,14 @@ TEST_P(FastPath, TurnedOffNothingTakesItAndTheResultsAreTheSame) {
 // Small operations between large ones, the ranks out of step: a rank on the fast path meets the
 // next operation's frames from a peer that is ahead.
 TEST_P(FastPath, SmallOperationsBetweenLargeOnesWithRanksOutOfStep) {
+  skip_without_engine(GetParam().first);
   const LaunchResult r = run("fast_interleaved", GetParam().second, always(GetParam().first));
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
 // Rank 0 on the fast path, the others on the slow path: each takes what the other path sends.
 TEST_P(FastPath, OneRankOnItTheOthersOnTheSlowPath) {
+  skip_without_engine(GetParam().first);
   const LaunchResult r = run("fast_mixed", GetParam().second, always(GetParam().first));
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
@@ -71,7 +84,9 @@ INSTANTIATE_TEST_SUITE_P(Links, FastPath,
                                            std::pair<std::string, int>{"shm", 3},
                                            std::pair<std::string, int>{"shm", 4},
                                            std::pair<std::string, int>{"tcp", 2},
-                                           std::pair<std::string, int>{"tcp", 3}),
+                                           std::pair<std::string, int>{"tcp", 3},
+                                           std::pair<std::string, int>{"tcp_uring", 2},
+                                           std::pair<std::string, int>{"tcp_uring", 3}),
                          [](const auto& info) {
                            return info.param.first + std::to_string(info.param.second) + "ranks";
                          });
@@ -79,6 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Links, FastPath,
 class FastPathHandover : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FastPathHandover, ALatePeersOperationIsHandedOverAndWhatFollowsKeepsItsOrder) {
+  skip_without_engine(GetParam());
   std::vector<std::string> env = always(GetParam());
   for (std::string& e : env)
     if (e.rfind("COCCL_SPIN_US=", 0) == 0) e = "COCCL_SPIN_US=0";
@@ -86,7 +102,7 @@ TEST_P(FastPathHandover, ALatePeersOperationIsHandedOverAndWhatFollowsKeepsItsOr
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, FastPathHandover, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Links, FastPathHandover, ::testing::Values("shm", "tcp", "tcp_uring"));
 
 // Over shm, blocking callers on three threads (small operations on the fast path, larger ones
 // driving the loop) and handlers that make blocking calls, refused (tests/multirank/blocking.cpp).

@@ -83,7 +83,7 @@ TEST_P(TcpEngine, AllReduceWithFourRanksSmallSlotsAndThreeSockets) {
   ASSERT_TRUE(r.all_passed()) << r.describe();
   // The asio engine has one socket per link; uring stripes over the three asked for.
   EXPECT_TRUE(every_rank_says(
-      r, engine() == "uring" ? "on io_uring over 3 socket(s)" : "connected to rank"))
+      r, engine() == "uring" ? "over 3 sockets, 2 on io_uring" : "connected to rank"))
       << r.describe();
 }
 
@@ -141,7 +141,7 @@ TEST(TcpStriping, FourSocketsAndSmallSlotsDeliverEveryChunkInPutOrder) {
                             "COCCL_TCP_ZC_MIN=2048"});
   const LaunchResult r = launch(o);
   ASSERT_TRUE(r.all_passed()) << r.describe();
-  EXPECT_TRUE(every_rank_says(r, "on io_uring over 4 socket(s)")) << r.describe();
+  EXPECT_TRUE(every_rank_says(r, "over 4 sockets, 3 on io_uring")) << r.describe();
 }
 
 // A rank on the asio engine links with uring ranks over one socket; the uring ranks use four
@@ -156,10 +156,10 @@ TEST(TcpStriping, RanksOnDifferentEnginesAgreeOnOneSocket) {
   o.rank_env = {{}, {"COCCL_TCP_ENGINE=asio"}, {}};
   const LaunchResult r = launch(o);
   ASSERT_TRUE(r.all_passed()) << r.describe();
-  EXPECT_NE(r.ranks[0].output.find("tcp link to rank 1 on io_uring over 1 socket(s)"),
+  EXPECT_NE(r.ranks[0].output.find("tcp link to rank 1 over 1 socket, none on io_uring"),
             std::string::npos)
       << r.describe();
-  EXPECT_NE(r.ranks[0].output.find("tcp link to rank 2 on io_uring over 4 socket(s)"),
+  EXPECT_NE(r.ranks[0].output.find("tcp link to rank 2 over 4 sockets, 3 on io_uring"),
             std::string::npos)
       << r.describe();
   EXPECT_NE(r.ranks[1].output.find("tcp engine: asio"), std::string::npos) << r.describe();

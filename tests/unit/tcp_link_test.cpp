@@ -287,8 +287,11 @@ struct UringLink {
       std::string why;
       auto ring = transport::make_uring_ring(why);
       ASSERT_TRUE(ring) << why;
+      transport::Stream control(std::move(mine[0]));
+      std::vector<asio::ip::tcp::socket> lanes;
+      lanes.push_back(std::move(mine[1]));
       conn = transport::make_uring_connection(
-          0, 1, std::move(mine), std::move(ring), slots, slot_bytes, thread,
+          0, 1, std::move(control), std::move(lanes), std::move(ring), slots, slot_bytes, thread,
           [this](int, std::error_code ec, const std::string& text) {
             std::lock_guard lock(m);
             failure.ec = ec;
@@ -614,6 +617,63 @@ TEST(UringTcpLink, APutOutsideTheCreditedSlotsOrSentTwiceIsAProtocolError) {
     std::lock_guard lock(link.m);
     EXPECT_NE(link.failure.why.find("put without credit"), std::string::npos) << link.failure.why;
   }
+}
+
+// The goodbye comes on socket 0 after the peer's last put there, but a put it made before on a
+// socket of the ring may still be on its way: the link keeps delivering until every socket has
+// ended, and only then fails a wait for more, naming the departure.
+TEST(UringTcpLink, AfterAGoodbyeAPutStillOnAnotherSocketIsDeliveredBeforeTheDeparture) {
+  if (!uring_here()) GTEST_SKIP() << transport::uring_unavailable();
+  UringLink link;
+  const auto p0 = payload(8, 1), p1 = payload(3000, 2);
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::put, 7, p0.size()}, p0);
+  append_frame(wire, LinkHeader{LinkHeader::bye, 0, 0});
+  asio::write(link.peer[0], asio::buffer(wire));
+  link.peer[0].shutdown(asio::ip::tcp::socket::shutdown_both);
+  std::vector<std::vector<std::uint8_t>> got;
+  std::string end;
+  auto done = asio::co_spawn(
+      link.thread.executor(),
+      [&]() -> asio::awaitable<void> {
+        try {
+          for (;;) {
+            transport::Chunk c = co_await link.conn->wait();
+            const auto* p = reinterpret_cast<const std::uint8_t*>(c.data);
+            got.emplace_back(p, p + c.size);
+            link.conn->release();
+          }
+        } catch (const transport::LinkError& e) {
+          end = e.what();
+        }
+      },
+      asio::use_future);
+  // Put 1 follows on socket 1 well after the goodbye has been read, then that socket ends too.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  link.put(1, 1, p1);
+  link.peer[1].shutdown(asio::ip::tcp::socket::shutdown_both);
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  done.get();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], p0);
+  EXPECT_EQ(got[1], p1);
+  EXPECT_NE(end.find("destroyed its communicator"), std::string::npos) << end;
+}
+
+// Notices travel on socket 0 only; an abort notice on a socket of the ring is a protocol error,
+// not an abort.
+TEST(UringTcpLink, ANoticeOnASocketOfTheRingIsAProtocolError) {
+  if (!uring_here()) GTEST_SKIP() << transport::uring_unavailable();
+  UringLink link;
+  std::vector<std::uint8_t> wire;
+  append_frame(wire, LinkHeader{LinkHeader::abort, 0, 2}, {'n', 'o'});
+  asio::write(link.peer[1], asio::buffer(wire));
+  for (int i = 0; i < 500 && !link.failed(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(link.failed());
+  EXPECT_EQ(*link.failed(), make_error_code(errc::bad_message));
+  std::lock_guard lock(link.m);
+  EXPECT_NE(link.failure.why.find("on socket 1"), std::string::npos) << link.failure.why;
 }
 
 }  // namespace
