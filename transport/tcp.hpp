@@ -80,6 +80,7 @@ class TcpConnection : public SocketConnection {
   bool keep_ring_ = false;
 
  private:
+  bool reading_ = false;  // a chunk is being read into ring_ (beside keep_ring_: no padding)
   asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;
   void on_put_buffered(const LinkHeader& h, const std::byte* payload) override;
   // The chunk in slot `slot`.
@@ -94,7 +95,6 @@ class TcpConnection : public SocketConnection {
   // released; larger ones live as long as the link.
   static constexpr std::size_t kept_ring_max = 64 << 10;
   std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
-  bool reading_ = false;               // a chunk is being read into ring_
 };
 
 }  // namespace coccl::transport
