@@ -165,6 +165,22 @@ TEST(TcpStriping, RanksOnDifferentEnginesAgreeOnOneSocket) {
   EXPECT_NE(r.ranks[1].output.find("tcp engine: asio"), std::string::npos) << r.describe();
 }
 
+// The fast path reads socket 0 only, and which puts travel there depends on COCCL_TCP_ZC_MIN: a
+// rank with a smaller zero-copy size sends puts of 2 to 16 KiB on the ring's sockets, where the
+// others' fast path, waiting on socket 0, cannot see them. Those operations are handed over when
+// the spin ends, and every result is still right.
+TEST(TcpStriping, RanksWithDifferentZeroCopySizesGetEveryResultRight) {
+  skip_without_uring();
+  LaunchOptions o;
+  o.scenario = "all_reduce";
+  o.nranks = 3;
+  o.args = {"quick", "nolarge"};
+  o.env = tcp_env("uring", {"COCCL_TCP_SOCKETS=2"});
+  o.rank_env = {{}, {"COCCL_TCP_ZC_MIN=2048"}, {}};
+  const LaunchResult r = launch(o);
+  ASSERT_TRUE(r.all_passed()) << r.describe();
+}
+
 // ---- Fallback where io_uring is refused --------------------------------------------------------
 
 // The workers' io_uring_setup fails with EPERM (a seccomp filter, as in a locked-down container).
