@@ -110,8 +110,9 @@ TEST_P(TcpEngine, KilledRankIsNamedByEverySurvivor) {
 }
 
 // Blocking callers on three threads at once, each with a communicator of its own on the one proxy
-// thread, run that thread's loop in turn (asio) or hand their operations to it (uring); handlers
-// that make blocking calls are refused wherever they run (tests/multirank/blocking.cpp).
+// thread, run small operations on the fast path and, for the rest, that thread's loop in turn
+// (asio) or hand them to it (uring, whose ring binds the loop); handlers that make blocking calls
+// are refused wherever they run (tests/multirank/blocking.cpp).
 TEST_P(TcpEngine, BlockingCallersOnSeveralThreadsAndRefusedHandlers) {
   const LaunchResult r = run("blocking_threads", 3);
   ASSERT_TRUE(r.all_passed()) << r.describe();
