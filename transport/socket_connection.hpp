@@ -173,9 +173,13 @@ class SocketConnection : public Connection, private runtime::Deferred {
   bool bye_seen_ = false;
   // ... and everything it sent before has arrived (on_goodbye()): nothing more will come.
   bool departed_ = false;
-  // Put frames carry their index in put order in the upper half of their length (a link whose
-  // puts travel over several sockets): put_bytes() is the payload's size.
+  // Put frames carry their index in put order (mod 2^32) in the upper half of their length (a
+  // link whose puts travel over several sockets and must come out in put order): put_length()
+  // frames put k of n bytes, put_bytes() is a frame's payload size.
   bool put_index_ = false;
+  std::uint64_t put_length(std::uint64_t k, std::size_t n) const noexcept {
+    return put_index_ ? (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k)) << 32) | n : n;
+  }
   std::uint64_t put_bytes(const LinkHeader& h) const noexcept {
     return put_index_ ? (h.length & 0xffffffffu) : h.length;
   }

@@ -38,7 +38,8 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
   if (bye_seen_) fail_departed("was sending to it");
   if (closed_) throw_failure();
   const LinkHeader header{LinkHeader::put, fp, put_length(sent_++, n)};
-  if (n <= copied_put_max) {
+  // (Where poll_bytes() is below copied_put_max, a larger put is one to send zero-copy.)
+  if (n <= copied_put_max && n <= poll_bytes()) {
     // A small put is copied behind the frames already queued and completes now: the operation
     // goes on to queue its next frames, and they leave together. If the write fails, the link
     // closes and whoever waits on it next learns why.
@@ -48,7 +49,8 @@ asio::awaitable<void> TcpConnection::put(const void* src, std::size_t n, std::ui
   bool failed = false;
   try {
     co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
-        [&](auto handler) { enqueue(header, src, n, std::move(handler)); }, asio::use_awaitable);
+        [&](auto handler) { enqueue_put(header, src, n, Resume(std::move(handler))); },
+        asio::use_awaitable);
   } catch (const boost::system::system_error&) {
     failed = true;
   }
@@ -81,8 +83,9 @@ void TcpConnection::release() {
   ++released_;
   // A small ring comes from the heap again at no cost, so an idle link gives it back: a rank of a
   // large job holds dozens of links, most of them idle (coccl-sim). A large one stays, since
-  // faulting its pages in again would cost every operation.
-  if (released_ == filled_ && !reading_ && !keep_ring_ && slots_ * slot_bytes_ <= kept_ring_max)
+  // faulting its pages in again would cost every operation, and so does the ring of a link whose
+  // puts also land from other sockets (put_index_), whenever they come.
+  if (released_ == filled_ && !reading_ && !put_index_ && slots_ * slot_bytes_ <= kept_ring_max)
     ring_.reset();
   if (closed_ || bye_seen_) return;
   // A fast operation's credits leave with its frames.

@@ -53,11 +53,14 @@ class TcpConnection : public SocketConnection {
   bool credit_may_wait(std::uint64_t n) const noexcept override { return slots_ > n; }
 
  protected:
-  // For a link that carries puts on other sockets too (the io_uring engine's): how put k of n
-  // bytes is framed (put_index_: with its index), which slot a put frame of this socket goes
-  // into (checked against the ring; a peer that ignores credits or sends oversized frames is
-  // broken), and how a chunk that has arrived whole becomes visible (in put order).
-  virtual std::uint64_t put_length(std::uint64_t /*k*/, std::size_t n) const noexcept { return n; }
+  // For a link that carries puts on other sockets too (the io_uring engine's): where a put that
+  // borrows its caller's buffer until written is queued (here: this socket), which slot a put
+  // frame of this socket goes into (checked against the ring; a peer that ignores credits or
+  // sends oversized frames is broken), and how a chunk that has arrived whole becomes visible
+  // (in put order).
+  virtual void enqueue_put(const LinkHeader& h, const void* src, std::size_t n, Resume done) {
+    enqueue(h, src, n, std::move(done));
+  }
   virtual std::size_t slot_for(const LinkHeader& h);
   virtual void land(std::size_t slot, std::uint32_t size, std::uint32_t fingerprint);
   // Where the chunk of `slot` goes; the ring is made if it has none.
@@ -76,11 +79,8 @@ class TcpConnection : public SocketConnection {
   std::uint64_t filled_ = 0, consumed_ = 0, released_ = 0;
   // Send side: puts issued, slots the peer has released.
   std::uint64_t sent_ = 0, acked_ = 0;
-  // The ring stays while the link lives (chunks land in it from elsewhere too).
-  bool keep_ring_ = false;
 
  private:
-  bool reading_ = false;  // a chunk is being read into ring_ (beside keep_ring_: no padding)
   asio::awaitable<void> on_put(const LinkHeader& h, const runtime::Gate::Pass& pass) override;
   void on_put_buffered(const LinkHeader& h, const std::byte* payload) override;
   // The chunk in slot `slot`.
@@ -95,6 +95,7 @@ class TcpConnection : public SocketConnection {
   // released; larger ones live as long as the link.
   static constexpr std::size_t kept_ring_max = 64 << 10;
   std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
+  bool reading_ = false;               // a chunk is being read into ring_
 };
 
 }  // namespace coccl::transport

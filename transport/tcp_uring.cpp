@@ -197,7 +197,6 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
                      runtime::ProxyThread& thread, FailureHandler on_failure);
   ~UringTcpConnection() override;
 
-  asio::awaitable<void> put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   void release() override;
   void close(std::error_code ec, const std::string& why) override;
   // The fast path reads socket 0 alone (the lanes are reaped by the proxy thread): the puts it
@@ -252,11 +251,7 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
   };
   static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
 
-  // A put frame's length carries its index in put order (mod 2^32) in its upper half: puts take
-  // any socket and must come out in put order.
-  std::uint64_t put_length(std::uint64_t k, std::size_t n) const noexcept override {
-    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k)) << 32) | n;
-  }
+  void enqueue_put(const LinkHeader& h, const void* src, std::size_t n, Resume done) override;
   std::size_t slot_for(const LinkHeader& h) override;
   void land(std::size_t slot, std::uint32_t size, std::uint32_t fingerprint) override;
   void on_goodbye() override;
@@ -281,7 +276,7 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
   void on_notified(Out* o);
   void finish(std::unique_ptr<Out> o);
   void send_failed(int res);
-  void enqueue(std::size_t j, std::unique_ptr<Out> o);
+  void enqueue_lane(std::size_t j, std::unique_ptr<Out> o);
   // Starts the sends of every lane with frames queued and none in flight, in one submission,
   // once the handler queuing them returns.
   void schedule_sends();
@@ -301,8 +296,6 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
   }
 
   UringRingPtr ring_;
-  runtime::ProxyThread& proxy_;
-  asio::any_io_executor ex_;
   asio::posix::stream_descriptor event_;
   std::uint64_t event_value_ = 0;
   asio::steady_timer lane_linger_;
@@ -328,8 +321,6 @@ UringTcpConnection::UringTcpConnection(int self, int peer, Stream control,
     : TcpConnection(self, peer, std::move(control), slots, slot_bytes, std::move(on_failure),
                     &thread),
       ring_(std::move(ring)),
-      proxy_(thread),
-      ex_(thread.executor()),
       event_(thread.executor()),
       lane_linger_(thread.executor()),
       lanes_(lanes.size()),
@@ -337,7 +328,6 @@ UringTcpConnection::UringTcpConnection(int self, int peer, Stream control,
       slot_state_(slots, Slot::free),
       carried_(slots, 0) {
   put_index_ = true;
-  keep_ring_ = true;
   std::vector<int> fds;
   for (std::size_t j = 0; j < lanes.size(); ++j) {
     boost::system::error_code ignored;
@@ -379,7 +369,7 @@ UringTcpConnection::UringTcpConnection(int self, int peer, Stream control,
     if (e < 0) fail(-e, "io_uring_enable_rings");
   }
   event_.assign(::dup(ring_->event_fd));
-  proxy_.add_poller(this);
+  loop_->add_poller(this);
   for (std::size_t j = 0; j < lanes_.size(); ++j) arm(j);
   submit();
   arm_event();
@@ -387,7 +377,7 @@ UringTcpConnection::UringTcpConnection(int self, int peer, Stream control,
 
 UringTcpConnection::~UringTcpConnection() {
   lanes_gate_.close();
-  proxy_.remove_poller(this);
+  loop_->remove_poller(this);
   boost::system::error_code ignored;
   event_.close(ignored);
   for (Lane& l : lanes_)
@@ -661,7 +651,7 @@ void UringTcpConnection::protocol_error(const std::string& what) {
         "rank " + std::to_string(peer_) + ": protocol error: " + what);
 }
 
-void UringTcpConnection::enqueue(std::size_t j, std::unique_ptr<Out> o) {
+void UringTcpConnection::enqueue_lane(std::size_t j, std::unique_ptr<Out> o) {
   lanes_[j].queue.push_back(std::move(o));
   if (!lanes_[j].sending) schedule_sends();
 }
@@ -671,7 +661,7 @@ void UringTcpConnection::schedule_sends() {
   sends_due_ = true;
   // Posted: a credit released by a thread that borrowed the proxy thread's role (the fast path)
   // is sent by the proxy thread, the ring's one submitter.
-  asio::post(ex_, [this, pass = lanes_gate_.enter()] {
+  asio::post(loop_->executor(), [this, pass = lanes_gate_.enter()] {
     if (!pass.open()) return;
     sends_due_ = false;
     if (closed_) return;
@@ -793,42 +783,19 @@ void UringTcpConnection::send_failed(int err) {
       });
 }
 
-asio::awaitable<void> UringTcpConnection::put(const void* src, std::size_t n, std::uint32_t fp) {
-  // A put the fast path may wait for goes on socket 0 (so does an operation's header: its frames
+void UringTcpConnection::enqueue_put(const LinkHeader& h, const void* src, std::size_t n,
+                                     Resume done) {
+  // A put the fast path may wait for stays on socket 0 (so does an operation's header: its frames
   // to this peer then leave in one write); larger ones go round socket 0 and the lanes (on socket
   // 0 they are written as on the Asio engine).
   const std::size_t socket = n <= poll_bytes() ? 0 : striped_++ % (lanes_.size() + 1);
   if (socket == 0) {
-    co_await TcpConnection::put(src, n, fp);
-    co_return;
+    TcpConnection::enqueue_put(h, src, n, std::move(done));
+    return;
   }
-  if (n > slot_bytes_) throw LinkError(make_error_code(errc::internal), "put larger than a slot");
-  co_await park_for_credit();
-  if (bye_seen_) fail_departed("was sending to it");
-  if (closed_) throw_failure();
-  const LinkHeader header{LinkHeader::put, fp, put_length(sent_++, n)};
-  bool failed = false;
-  try {
-    co_await asio::async_initiate<decltype(asio::use_awaitable), void(boost::system::error_code)>(
-        [&](auto handler) {
-          auto o = std::unique_ptr<Out>(new Out{header, src, n, Resume(std::move(handler))});
-          o->zc = n >= zc_min_;
-          enqueue(socket - 1, std::move(o));
-        },
-        asio::use_awaitable);
-  } catch (const boost::system::system_error&) {
-    failed = true;
-  }
-  // A failed send closes the link shortly (after the reader had a chance to deliver the peer's
-  // abort notice): wait for that, so the error reported is the real one.
-  while (failed && !closed_ && !bye_seen_) {
-    try {
-      co_await suspend(credit_waiter_);
-    } catch (const boost::system::system_error&) {
-    }
-  }
-  if (failed && !closed_) fail_departed("was sending to it");
-  if (closed_) throw_failure();
+  auto o = std::unique_ptr<Out>(new Out{h, src, n, std::move(done)});
+  o->zc = n >= zc_min_;
+  enqueue_lane(socket - 1, std::move(o));
 }
 
 void UringTcpConnection::release() {
@@ -848,8 +815,8 @@ void UringTcpConnection::release() {
       ++l.queue[k]->header.length;
       return;
     }
-  enqueue(socket - 1, std::unique_ptr<Out>(
-                          new Out{LinkHeader{LinkHeader::credit, 0, 1}, nullptr, 0, Resume()}));
+  enqueue_lane(socket - 1, std::unique_ptr<Out>(new Out{LinkHeader{LinkHeader::credit, 0, 1},
+                                                        nullptr, 0, Resume()}));
 }
 
 void UringTcpConnection::close(std::error_code ec, const std::string& why) {

@@ -47,16 +47,17 @@ LaunchResult run(const std::string& scenario, int nranks, std::vector<std::strin
 }
 
 // (transport, ranks)
-class FastPath : public ::testing::TestWithParam<std::pair<std::string, int>> {};
+class FastPath : public ::testing::TestWithParam<std::pair<std::string, int>> {
+ protected:
+  void SetUp() override { skip_without_engine(GetParam().first); }
+};
 
 TEST_P(FastPath, EveryEligibleOperationTakesItAndMatchesTheReference) {
-  skip_without_engine(GetParam().first);
   const LaunchResult r = run("fast_path", GetParam().second, always(GetParam().first));
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
 TEST_P(FastPath, TurnedOffNothingTakesItAndTheResultsAreTheSame) {
-  skip_without_engine(GetParam().first);
   std::vector<std::string> env = always(GetParam().first);
   std::erase_if(env, [](const std::string& e) { return e.rfind("COCCL_FAST_MAX_BYTES=", 0) == 0; });
   env.push_back("COCCL_FAST_MAX_BYTES=0");
@@ -67,14 +68,12 @@ TEST_P(FastPath, TurnedOffNothingTakesItAndTheResultsAreTheSame) {
 // Small operations between large ones, the ranks out of step: a rank on the fast path meets the
 // next operation's frames from a peer that is ahead.
 TEST_P(FastPath, SmallOperationsBetweenLargeOnesWithRanksOutOfStep) {
-  skip_without_engine(GetParam().first);
   const LaunchResult r = run("fast_interleaved", GetParam().second, always(GetParam().first));
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
 // Rank 0 on the fast path, the others on the slow path: each takes what the other path sends.
 TEST_P(FastPath, OneRankOnItTheOthersOnTheSlowPath) {
-  skip_without_engine(GetParam().first);
   const LaunchResult r = run("fast_mixed", GetParam().second, always(GetParam().first));
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
@@ -91,10 +90,12 @@ INSTANTIATE_TEST_SUITE_P(Links, FastPath,
                            return info.param.first + std::to_string(info.param.second) + "ranks";
                          });
 
-class FastPathHandover : public ::testing::TestWithParam<std::string> {};
+class FastPathHandover : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { skip_without_engine(GetParam()); }
+};
 
 TEST_P(FastPathHandover, ALatePeersOperationIsHandedOverAndWhatFollowsKeepsItsOrder) {
-  skip_without_engine(GetParam());
   std::vector<std::string> env = always(GetParam());
   for (std::string& e : env)
     if (e.rfind("COCCL_SPIN_US=", 0) == 0) e = "COCCL_SPIN_US=0";

@@ -315,6 +315,17 @@ struct UringLink {
     std::lock_guard lock(m);
     return failure.ec;
   }
+
+  // Waits up to 5 s for the link to fail, and checks that it failed with a protocol error whose
+  // reason names `what`.
+  void expect_protocol_error(const std::string& what) {
+    for (int i = 0; i < 500 && !failed(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(failed());
+    EXPECT_EQ(*failed(), make_error_code(errc::bad_message));
+    std::lock_guard lock(m);
+    EXPECT_NE(failure.why.find(what), std::string::npos) << failure.why;
+  }
 };
 
 // The fast path's calls (try_put, peek, flush) on a link over a real tcp socket, the test playing
@@ -610,12 +621,7 @@ TEST(UringTcpLink, APutOutsideTheCreditedSlotsOrSentTwiceIsAProtocolError) {
       link.put(0, 1, payload(8, 1));
       link.put(1, 1, payload(8, 2));
     }
-    for (int i = 0; i < 500 && !link.failed(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_TRUE(link.failed());
-    EXPECT_EQ(*link.failed(), make_error_code(errc::bad_message));
-    std::lock_guard lock(link.m);
-    EXPECT_NE(link.failure.why.find("put without credit"), std::string::npos) << link.failure.why;
+    link.expect_protocol_error("put without credit");
   }
 }
 
@@ -668,12 +674,7 @@ TEST(UringTcpLink, ANoticeOnASocketOfTheRingIsAProtocolError) {
   std::vector<std::uint8_t> wire;
   append_frame(wire, LinkHeader{LinkHeader::abort, 0, 2}, {'n', 'o'});
   asio::write(link.peer[1], asio::buffer(wire));
-  for (int i = 0; i < 500 && !link.failed(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(link.failed());
-  EXPECT_EQ(*link.failed(), make_error_code(errc::bad_message));
-  std::lock_guard lock(link.m);
-  EXPECT_NE(link.failure.why.find("on socket 1"), std::string::npos) << link.failure.why;
+  link.expect_protocol_error("on socket 1");
 }
 
 }  // namespace
