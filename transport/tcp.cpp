@@ -207,7 +207,7 @@ class TcpSetup final : public LinkSetup {
                lanes.size() + 1, lanes.size());
     return make_uring_connection(env_.rank, peer, std::move(control), std::move(lanes),
                                  std::move(ring_), slots_, env_.slot_bytes, *env_.thread,
-                                 env_.on_failure);
+                                 env_.user_buffers, env_.on_failure);
   }
 
  private:

@@ -53,6 +53,8 @@ constexpr unsigned buffers_per_socket = 16;
 constexpr std::size_t buffer_bytes = 64 << 10;
 constexpr std::size_t max_sockets = 16;
 constexpr std::size_t buf_ring_bytes = buffers_per_socket * sizeof(io_uring_buf);
+// Entries of a link's table of registered buffers: distinct user buffers it sends from.
+constexpr unsigned fixed_slots = 32;
 
 // Completion tags in the low bits of user_data: send operations are tagged with the address of
 // their Out (at least 8-aligned), receives with their socket's index.
@@ -194,7 +196,8 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
  public:
   UringTcpConnection(int self, int peer, Stream control, std::vector<asio::ip::tcp::socket> lanes,
                      UringRingPtr ring, std::size_t slots, std::size_t slot_bytes,
-                     runtime::ProxyThread& thread, FailureHandler on_failure);
+                     runtime::ProxyThread& thread, std::shared_ptr<UserBuffers> user_buffers,
+                     FailureHandler on_failure);
   ~UringTcpConnection() override;
 
   void release() override;
@@ -209,7 +212,10 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
   bool settled() const noexcept override {
     return TcpConnection::settled() && zc_wait_.empty() && lanes_idle();
   }
-  bool poll() override { return reap() > 0; }
+  bool poll() override {
+    if (!fixed_.empty()) drop_ended_registrations();
+    return reap() > 0;
+  }
   // The ring takes submissions and runs its deferred completions on the thread that enabled it.
   bool thread_bound() const override { return ring_ && ring_->deferred; }
   bool waiting() const override {
@@ -227,7 +233,14 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
     std::size_t size;
     Resume done;  // resumes the put; empty for credits
     bool zc = false;
+    bool fixed = false;  // sent from the ring's registered buffers
     bool failed = false;
+  };
+  // An entry of the ring's table of registered buffers: the user registration it holds (0 for a
+  // free entry), or one the kernel refused to register, kept so that it is not tried again.
+  struct Fixed {
+    std::uint64_t handle = 0;
+    bool refused = false;
   };
   struct Lane {
     int fd = -1;
@@ -291,6 +304,11 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
     return std::all_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.ended; });
   }
   void release_resources();
+  // The index in the ring's buffer table of the user registration covering [p, p+n), registered
+  // there on first use; -1 where none covers it or the kernel refused it.
+  int fixed_index(const void* p, std::size_t n);
+  // Empties the table's entries whose user registration has ended.
+  void drop_ended_registrations();
   std::string lost(const std::string& what) const {
     return "lost rank " + std::to_string(peer_) + " (" + what + ")";
   }
@@ -312,12 +330,18 @@ class UringTcpConnection final : public TcpConnection, public runtime::Poller {
   std::uint64_t striped_ = 0;  // large puts sent, which go round the sockets
   bool sends_due_ = false;     // schedule_sends() posted a submission that has not run
   runtime::Gate lanes_gate_;   // closed by the destructor: handlers still queued then do nothing
+  std::shared_ptr<UserBuffers> user_buffers_;
+  std::vector<Fixed> fixed_;    // the ring's buffer table, made on first use
+  bool fixed_refused_ = false;  // the kernel refused the table itself
+  std::uint64_t removals_seen_ = 0;
 };
 
 UringTcpConnection::UringTcpConnection(int self, int peer, Stream control,
                                        std::vector<asio::ip::tcp::socket> lanes, UringRingPtr ring,
                                        std::size_t slots, std::size_t slot_bytes,
-                                       runtime::ProxyThread& thread, FailureHandler on_failure)
+                                       runtime::ProxyThread& thread,
+                                       std::shared_ptr<UserBuffers> user_buffers,
+                                       FailureHandler on_failure)
     : TcpConnection(self, peer, std::move(control), slots, slot_bytes, std::move(on_failure),
                     &thread),
       ring_(std::move(ring)),
@@ -326,7 +350,8 @@ UringTcpConnection::UringTcpConnection(int self, int peer, Stream control,
       lanes_(lanes.size()),
       zc_min_(static_cast<std::size_t>(std::max<std::int64_t>(1, params::tcp_zc_min.get()))),
       slot_state_(slots, Slot::free),
-      carried_(slots, 0) {
+      carried_(slots, 0),
+      user_buffers_(std::move(user_buffers)) {
   put_index_ = true;
   std::vector<int> fds;
   for (std::size_t j = 0; j < lanes.size(); ++j) {
@@ -685,8 +710,14 @@ bool UringTcpConnection::send_next(std::size_t j) {
     io_uring_prep_send(h, fd, &o.header, sizeof o.header, MSG_WAITALL | MSG_MORE | MSG_NOSIGNAL);
     h->flags |= IOSQE_FIXED_FILE | IOSQE_IO_LINK | IOSQE_CQE_SKIP_SUCCESS;
     io_uring_sqe_set_data64(h, tag | tag_header);
+    const int index = fixed_index(o.data, o.size);
+    o.fixed = index >= 0;
     io_uring_sqe* d = sqe();
-    io_uring_prep_send_zc(d, fd, o.data, o.size, MSG_WAITALL | MSG_NOSIGNAL, 0);
+    if (o.fixed)
+      io_uring_prep_send_zc_fixed(d, fd, o.data, o.size, MSG_WAITALL | MSG_NOSIGNAL, 0,
+                                  static_cast<unsigned>(index));
+    else
+      io_uring_prep_send_zc(d, fd, o.data, o.size, MSG_WAITALL | MSG_NOSIGNAL, 0);
     d->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(d, tag | tag_send);
   } else {
@@ -755,9 +786,63 @@ void UringTcpConnection::on_notified(Out* o) {
 }
 
 void UringTcpConnection::finish(std::unique_ptr<Out> o) {
+  if (o->fixed && !o->failed) user_buffers_->count_zero_copy(o->size);
   if (o->done)
     resume_now(o->done, o->failed ? boost::system::error_code(asio::error::broken_pipe)
                                   : boost::system::error_code());
+}
+
+int UringTcpConnection::fixed_index(const void* p, std::size_t n) {
+  if (!user_buffers_ || fixed_refused_) return -1;
+  drop_ended_registrations();
+  const UserBuffers::Range r = user_buffers_->range_of(p, n);
+  if (r.handle == 0) return -1;
+  for (std::size_t k = 0; k < fixed_.size(); ++k)
+    if (fixed_[k].handle == r.handle) return fixed_[k].refused ? -1 : static_cast<int>(k);
+  if (fixed_.empty()) {
+    // Sparse: entries are filled one by one as buffers are first sent from.
+    if (int e = io_uring_register_buffers_sparse(uring(), fixed_slots); e < 0) {
+      fixed_refused_ = true;
+      COCCL_INFO(net, self_, "link to rank %d: no registered buffers on its io_uring (%s)", peer_,
+                 errno_text(-e).c_str());
+      return -1;
+    }
+    fixed_.resize(fixed_slots);
+  }
+  auto entry = std::find_if(fixed_.begin(), fixed_.end(), [](const Fixed& f) { return !f.handle; });
+  // A full table: this buffer's pages are pinned per send, as an unregistered buffer's are.
+  if (entry == fixed_.end()) return -1;
+  const auto k = static_cast<unsigned>(entry - fixed_.begin());
+  iovec iov{reinterpret_cast<void*>(r.begin), r.end - r.begin};
+  __u64 tag = 0;
+  entry->handle = r.handle;
+  if (int e = io_uring_register_buffers_update_tag(uring(), k, &iov, &tag, 1); e < 0) {
+    entry->refused = true;
+    COCCL_INFO(net, self_,
+               "link to rank %d: io_uring refused a registered buffer of %zu bytes (%s); its "
+               "zero-copy sends pin it per send",
+               peer_, iov.iov_len, errno_text(-e).c_str());
+    return -1;
+  }
+  return static_cast<int>(k);
+}
+
+void UringTcpConnection::drop_ended_registrations() {
+  const std::uint64_t removals = user_buffers_->removals();
+  if (removals == removals_seen_) return;
+  removals_seen_ = removals;
+  for (std::size_t k = 0; k < fixed_.size(); ++k) {
+    Fixed& f = fixed_[k];
+    if (!f.handle || user_buffers_->holds(f.handle)) continue;
+    // The user may free the memory now. Sends still in flight from the entry keep its pages
+    // until they complete (the kernel holds a reference); the table lets go of them here.
+    if (!f.refused) {
+      iovec none{nullptr, 0};
+      __u64 tag = 0;
+      io_uring_register_buffers_update_tag(uring(), static_cast<unsigned>(k), &none, &tag, 1);
+    }
+    f = Fixed{};
+  }
 }
 
 void UringTcpConnection::send_failed(int err) {
@@ -838,17 +923,15 @@ void UringTcpConnection::close(std::error_code ec, const std::string& why) {
 
 }  // namespace
 
-std::unique_ptr<Connection> make_uring_connection(int self, int peer, Stream control,
-                                                  std::vector<asio::ip::tcp::socket> lanes,
-                                                  UringRingPtr ring, std::size_t slots,
-                                                  std::size_t slot_bytes,
-                                                  runtime::ProxyThread& thread,
-                                                  FailureHandler on_failure) {
+std::unique_ptr<Connection> make_uring_connection(
+    int self, int peer, Stream control, std::vector<asio::ip::tcp::socket> lanes, UringRingPtr ring,
+    std::size_t slots, std::size_t slot_bytes, runtime::ProxyThread& thread,
+    std::shared_ptr<UserBuffers> user_buffers, FailureHandler on_failure) {
   if (!control.tcp() || lanes.empty() || lanes.size() + 1 > max_sockets)
     throw std::system_error(make_error_code(errc::internal), "tcp link socket count");
   auto c = std::make_unique<UringTcpConnection>(self, peer, std::move(control), std::move(lanes),
                                                 std::move(ring), slots, slot_bytes, thread,
-                                                std::move(on_failure));
+                                                std::move(user_buffers), std::move(on_failure));
   c->start();
   return c;
 }
@@ -886,7 +969,7 @@ UringRingPtr make_uring_ring(std::string& why) {
 std::unique_ptr<Connection> make_uring_connection(int, int, Stream,
                                                   std::vector<asio::ip::tcp::socket>, UringRingPtr,
                                                   std::size_t, std::size_t, runtime::ProxyThread&,
-                                                  FailureHandler) {
+                                                  std::shared_ptr<UserBuffers>, FailureHandler) {
   throw std::system_error(make_error_code(errc::unsupported), uring_unavailable());
 }
 

@@ -18,6 +18,13 @@
 //   completes once the kernel's notification says it no longer reads that buffer; other frames
 //   are copying SENDMSGs, those queued on a lane gathered into one. One send is in flight per
 //   lane, which keeps each lane's frames in order. Lanes are registered files.
+// - A zero-copy put from a buffer the user registered (Communicator::register_buffer) is sent
+//   from the ring's registered buffers (IORING_RECVSEND_FIXED_BUF): the link registers the whole
+//   user buffer in its ring's table on first use, so its pages are pinned once rather than on
+//   every send, and drops it at its first send or wait after the user's registration ends (or
+//   when the link closes). Where the kernel refuses one
+//   (the locked-memory limit, more than 1 GiB, a file mapping it cannot pin) that buffer's puts
+//   are sent as unregistered ones are.
 // - The ring's completions reach the proxy thread's io_context through an eventfd registered with
 //   the ring and read by an Asio stream_descriptor; while a coroutine waits on the link, the
 //   proxy's driver loop also polls the completion queue directly (runtime::Poller), which costs
@@ -32,6 +39,7 @@
 #include "runtime/engine.hpp"
 #include "transport/connection.hpp"
 #include "transport/stream.hpp"
+#include "transport/user_buffers.hpp"
 
 namespace coccl::transport {
 
@@ -64,14 +72,14 @@ UringRingPtr make_uring_ring(std::string& why);
 
 /// Makes a tcp link over `control` (socket 0: small puts and their credits, abort and goodbye
 /// notices, read and written directly by the fast path) and `lanes` (sockets 1 and up, at least
-/// one, driven by `ring`); large puts go round all of them. Call it on `thread`, where the link
-/// then runs (and is destroyed); `control` must be a tcp socket of that thread's io_context.
-std::unique_ptr<Connection> make_uring_connection(int self, int peer, Stream control,
-                                                  std::vector<asio::ip::tcp::socket> lanes,
-                                                  UringRingPtr ring, std::size_t slots,
-                                                  std::size_t slot_bytes,
-                                                  runtime::ProxyThread& thread,
-                                                  FailureHandler on_failure);
+/// one, driven by `ring`); large puts go round all of them. A zero-copy put from a buffer
+/// registered in `user_buffers` (may be null) is sent from the ring's registered copy of that
+/// buffer. Call it on `thread`, where the link then runs (and is destroyed); `control` must be a
+/// tcp socket of that thread's io_context.
+std::unique_ptr<Connection> make_uring_connection(
+    int self, int peer, Stream control, std::vector<asio::ip::tcp::socket> lanes, UringRingPtr ring,
+    std::size_t slots, std::size_t slot_bytes, runtime::ProxyThread& thread,
+    std::shared_ptr<UserBuffers> user_buffers, FailureHandler on_failure);
 
 }  // namespace coccl::transport
 

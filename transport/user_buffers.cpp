@@ -30,6 +30,7 @@ void UserBuffers::remove(std::uint64_t handle) noexcept {
     if (it == entries_.end()) return;
     e = std::move(it->second);
     entries_.erase(it);
+    removals_.fetch_add(1, std::memory_order_release);
   }
   // The memory may be freed next: no cached registration may outlive it. Another handle over an
   // overlapping range keeps its own registration (it holds it), so it stays usable.
@@ -42,6 +43,19 @@ std::shared_ptr<const ib::Registration> UserBuffers::find(const void* p, std::si
   for (const auto& [h, e] : entries_)
     if (e.reg && a >= e.begin && a + n <= e.end && e.reg->covers(p, n)) return e.reg;
   return nullptr;
+}
+
+UserBuffers::Range UserBuffers::range_of(const void* p, std::size_t n) const {
+  auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard lock(m_);
+  for (const auto& [h, e] : entries_)
+    if (a >= e.begin && a <= e.end && n <= e.end - a) return Range{h, e.begin, e.end};
+  return {};
+}
+
+bool UserBuffers::holds(std::uint64_t handle) const {
+  std::lock_guard lock(m_);
+  return entries_.count(handle) != 0;
 }
 
 }  // namespace coccl::transport

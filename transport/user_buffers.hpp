@@ -1,5 +1,6 @@
 // Buffers the user registered with a communicator (Communicator::register_buffer): the ones the
-// ib transport moves without staging. Registration goes through the process's registration cache
+// ib transport moves without staging, and the tcp links on io_uring send from their rings'
+// registered buffers. Registration goes through the process's registration cache
 // (so registering a buffer again, or a part of one, is free) and is dropped from it when the user
 // deregisters, which must happen before the memory is freed: a cached registration of freed
 // memory would pin it and could later be mistaken for new memory at the same address.
@@ -34,6 +35,20 @@ class UserBuffers {
   /// A registration covering [p, p+n) made through add() and not removed, or null. Any thread.
   std::shared_ptr<const ib::Registration> find(const void* p, std::size_t n) const;
 
+  /// A registration's handle and the range it covers; handle 0 for none.
+  struct Range {
+    std::uint64_t handle = 0;
+    std::uintptr_t begin = 0, end = 0;
+  };
+  /// A registration covering [p, p+n) made through add() and not removed, with or without a
+  /// device. Any thread.
+  Range range_of(const void* p, std::size_t n) const;
+  /// Whether `handle` (from add()) is still registered. Any thread.
+  bool holds(std::uint64_t handle) const;
+  /// How many registrations have ended: a transport that keeps state per handle compares it with
+  /// the count it last saw to find the handles it must drop. Any thread.
+  std::uint64_t removals() const noexcept { return removals_.load(std::memory_order_acquire); }
+
   /// Bytes sent zero-copy from registered buffers (counted by the transport).
   void count_zero_copy(std::size_t n) noexcept {
     zero_copy_.fetch_add(n, std::memory_order_relaxed);
@@ -52,6 +67,7 @@ class UserBuffers {
   std::map<std::uint64_t, Entry> entries_;  // by handle; users register a handful of buffers
   std::uint64_t next_ = 1;
   std::atomic<std::uint64_t> zero_copy_{0};
+  std::atomic<std::uint64_t> removals_{0};
 };
 
 }  // namespace coccl::transport

@@ -420,12 +420,19 @@ class Communicator {
   /// both registered is written by the device straight from the sender's buffer into the
   /// receiver's: send/recv, all_gather, all_to_all, all_to_allv, gather, scatter and the
   /// all-gather phase of all_reduce (between receive buffers); when only one side registered,
-  /// the bytes are staged as usual. Other transports record the registration
-  /// and move the bytes as usual. Throws std::system_error: errc::invalid_argument for a null
-  /// buffer or 0 bytes or an empty handle, or the device's refusal (for instance the locked-memory
-  /// limit, RLIMIT_MEMLOCK) with its reason.
+  /// the bytes are staged as usual. With tcp links on the io_uring engine (COCCL_TCP_ENGINE), a
+  /// put of at least COCCL_TCP_ZC_MIN bytes that a link sends zero-copy (IORING_OP_SEND_ZC) from a
+  /// registered buffer is sent from the link's io_uring registration of the whole buffer, made on
+  /// first use: its pages are pinned once instead of on every send (where io_uring refuses the
+  /// buffer, for instance above 1 GiB or past RLIMIT_MEMLOCK, such puts are sent as from an
+  /// unregistered buffer and the reason is logged at INFO). Other transports record the
+  /// registration and move the bytes as usual. Throws std::system_error: errc::invalid_argument
+  /// for a null buffer or 0 bytes or an empty handle, or the device's refusal (for instance the
+  /// locked-memory limit, RLIMIT_MEMLOCK) with its reason.
   BufferRegistration register_buffer(void* buffer, std::size_t bytes);
-  /// Bytes this rank has sent zero-copy from registered buffers (see register_buffer).
+  /// Bytes this rank has sent zero-copy from registered buffers (see register_buffer): by the
+  /// RDMA device (ib), or by io_uring zero-copy sends from a link's registered buffers (tcp; the
+  /// kernel may still copy them, as it does over loopback).
   std::uint64_t zero_copy_bytes() const;
 
   /// A handle to this communicator whose operations each carry a deadline of `limit` from their

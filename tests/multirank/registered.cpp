@@ -3,14 +3,21 @@
 // reg=none; default both). Checks every result against the reference and checks
 // zero_copy_bytes() against the bytes this rank must have sent zero-copy: with the ib transport,
 // every transfer of at least COCCL_IB_ZCOPY_MIN bytes whose source and destination are both
-// registered; with other transports, none. Ends by deregistering everything and checking that
-// nothing more goes zero-copy, then checks that bad registrations are refused.
+// registered; with other transports, none, except tcp links on io_uring whose puts reach
+// COCCL_TCP_ZC_MIN: which of those go zero-copy depends on how they stripe over the sockets, so
+// there the count must be above 0 (some sources registered, tcp) and must not grow once the
+// registrations end (the exact count is the registered_uring scenario's). Ends by deregistering
+// everything and checking that nothing more goes zero-copy, then checks that bad registrations are
+// refused.
+#include <sys/mman.h>
+
 #include <coccl/error.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "tests/multirank/worker.hpp"
+#include "transport/tcp_uring.hpp"
 
 namespace coccl::test {
 namespace {
@@ -31,6 +38,9 @@ struct Registered {
   Worker& w;
   bool reg_send = true, reg_recv = true;
   bool ib = false;
+  // tcp links on io_uring may send puts zero-copy from registered sources (see the top).
+  bool uring_zero_copy = false, tcp = false;
+  std::uint64_t counted_while_registered = 0;
   std::size_t block_min = 0;
   std::uint64_t expected = 0;  // bytes this rank must have sent zero-copy
   std::vector<BufferRegistration> regs;
@@ -233,10 +243,23 @@ struct Registered {
     }
   }
 
-  void check_counter(const char* when) {
+  void check_counter(const char* when, bool registrations_ended) {
     const std::uint64_t got = w.comm.zero_copy_bytes();
     std::printf("rank %d: ZERO_COPY_BYTES %llu %s\n", w.rank, static_cast<unsigned long long>(got),
                 when);
+    if (uring_zero_copy && !registrations_ended) {
+      counted_while_registered = got;
+      if (tcp && reg_send && got == 0)
+        w.fail(std::string("zero_copy_bytes ") + when, "got 0 from registered sources on io_uring");
+      return;
+    }
+    if (uring_zero_copy) {
+      if (got != counted_while_registered)
+        w.fail(std::string("zero_copy_bytes ") + when,
+               "got " + std::to_string(got) + ", want " + std::to_string(counted_while_registered) +
+                   " as before the registrations ended");
+      return;
+    }
     if (got != expected)
       w.fail(std::string("zero_copy_bytes ") + when,
              "got " + std::to_string(got) + ", want " + std::to_string(expected));
@@ -259,7 +282,117 @@ struct Registered {
   }
 };
 
+// The "registered_uring" scenario, 2 ranks over tcp with COCCL_TCP_SOCKETS=2 and puts of
+// COCCL_SLOT_BYTES of at least COCCL_TCP_ZC_MIN: each exchange sends the peer 4 puts from one
+// buffer, and puts larger than the fast path's go round socket 0 and the lane, so 2 of every 4
+// are sent zero-copy on the lane; on the uring engine they count as zero-copy bytes exactly when
+// the buffer is in the link's ring table (registered, and the table had room and the kernel took
+// it). On the asio engine nothing counts.
+struct RegisteredUring {
+  explicit RegisteredUring(Worker& worker) : w(worker) {}
+  Worker& w;
+  bool uring = false;
+  std::size_t chunk = 0;
+  std::uint64_t expected = 0;
+  std::uint64_t salt = 5000;
+  int step = 0;
+
+  std::size_t bytes() const { return 4 * chunk; }
+
+  // Sends the peer `bytes()` from `src` and checks what comes back; `counts`: whether the
+  // lane's puts from `src` are zero-copy sends from the ring's registered buffers.
+  void exchange(std::byte* src, bool counts, const char* what) {
+    const int peer = 1 - w.rank;
+    const std::uint64_t s = ++salt;
+    fill_copy(w.rank, s, src, 0, bytes());
+    Bytes in(bytes(), std::byte{0xcd});
+    w.comm.send_recv({Communicator::send_op(src, bytes(), DataType::uint8, peer),
+                      Communicator::recv_op(in.data(), bytes(), DataType::uint8, peer)});
+    const Bytes want = data_of(peer, s, 0, bytes());
+    w.expect_equal(describe("send_recv", DataType::uint8, ReduceOp::sum, bytes(),
+                            std::string("registered_uring ") + what),
+                   DataType::uint8, in.data(), want.data(), bytes());
+    if (counts && uring) expected += 2 * chunk;
+    check(what);
+  }
+
+  void check(const char* what) {
+    ++step;
+    const std::uint64_t got = w.comm.zero_copy_bytes();
+    std::printf("rank %d: ZERO_COPY_BYTES %llu after step %d (%s)\n", w.rank,
+                static_cast<unsigned long long>(got), step, what);
+    if (got != expected)
+      w.fail(std::string("zero_copy_bytes after ") + what,
+             "got " + std::to_string(got) + ", want " + std::to_string(expected));
+  }
+
+  void run() {
+    Bytes a(bytes()), b(bytes());
+    {
+      BufferRegistration ra = w.comm.register_buffer(a.data(), a.size());
+      exchange(a.data(), true, "a registered buffer");
+      exchange(a.data(), true, "the same registered buffer again");
+    }
+    exchange(a.data(), false, "the same buffer after its registration ended");
+    exchange(b.data(), false, "a buffer never registered");
+    {
+      // A part of a registered buffer counts: the ring holds the whole registration.
+      Bytes big(3 * bytes());
+      BufferRegistration rb = w.comm.register_buffer(big.data(), big.size());
+      exchange(big.data() + bytes(), true, "the middle of a registered buffer");
+    }
+    {
+      // More registered buffers than the ring's table holds (32): the first 32 sent from count,
+      // the others go zero-copy unregistered; once all end, the table's entries are free again.
+      std::vector<Bytes> many(40, Bytes(bytes()));
+      std::vector<BufferRegistration> regs;
+      for (Bytes& m : many) regs.push_back(w.comm.register_buffer(m.data(), m.size()));
+      for (std::size_t i = 0; i < many.size(); ++i)
+        exchange(many[i].data(), i < 32, i < 32 ? "a buffer the table holds" : "a full table");
+      regs.clear();
+      for (std::size_t i = 0; i < 4; ++i) {
+        regs.push_back(w.comm.register_buffer(many[i].data(), many[i].size()));
+        exchange(many[i].data(), true, "a registration made after the table emptied");
+      }
+    }
+    {
+      // io_uring registers at most 1 GiB a buffer: a larger registration is refused by the ring
+      // (the user's register_buffer succeeds), and its puts go zero-copy unregistered. The range
+      // is reserved, not touched beyond what is sent.
+      const std::size_t huge = (std::size_t{1} << 30) + (std::size_t{64} << 20);
+      void* p = ::mmap(nullptr, huge, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) {
+        w.fail("mmap", "cannot reserve 1.06 GiB");
+        return;
+      }
+      {
+        BufferRegistration rh = w.comm.register_buffer(p, huge);
+        exchange(static_cast<std::byte*>(p), false, "a buffer the ring refuses");
+      }
+      ::munmap(p, huge);
+    }
+  }
+};
+
 }  // namespace
+
+int run_registered_uring(Worker& w) {
+  if (w.n != 2) {
+    w.fail("registered_uring", "needs 2 ranks");
+    return exit_ok;
+  }
+  RegisteredUring t(w);
+  const char* engine = std::getenv("COCCL_TCP_ENGINE");
+  t.uring = engine && std::string(engine) == "uring";
+  t.chunk = env_size("COCCL_SLOT_BYTES", 0);
+  if (t.chunk == 0 || env_size("COCCL_TCP_ZC_MIN", 0) > t.chunk) {
+    w.fail("registered_uring", "needs COCCL_SLOT_BYTES at least COCCL_TCP_ZC_MIN");
+    return exit_ok;
+  }
+  t.run();
+  return exit_ok;
+}
 
 void run_registered(Worker& w) {
   Registered t(w);
@@ -268,6 +401,13 @@ void run_registered(Worker& w) {
   if (w.has("reg=none")) t.reg_send = t.reg_recv = false;
   const char* transport = std::getenv("COCCL_TRANSPORT");
   t.ib = transport && std::string(transport) == "ib";
+  t.tcp = transport && std::string(transport) == "tcp";
+  const char* engine = std::getenv("COCCL_TCP_ENGINE");
+  const char* sockets = std::getenv("COCCL_TCP_SOCKETS");
+  t.uring_zero_copy =
+      !t.ib && transport::uring_unavailable().empty() &&
+      !(engine && std::string(engine) == "asio") && !(sockets && std::string(sockets) == "1") &&
+      env_size("COCCL_TCP_ZC_MIN", 1 << 20) <= env_size("COCCL_SLOT_BYTES", 256 << 10);
   t.block_min = std::max<std::size_t>(4096, env_size("COCCL_IB_ZCOPY_MIN", 64 << 10));
   t.send_recv();
   t.all_gather();
@@ -276,13 +416,13 @@ void run_registered(Worker& w) {
   t.gather_scatter();
   t.all_reduce();
   t.same_buffers_after_deregistering();
-  t.check_counter("after registered transfers");
+  t.check_counter("after registered transfers", false);
   // Without registrations the same transfers are staged, and still right.
   const bool had_send = t.reg_send, had_recv = t.reg_recv;
   t.reg_send = t.reg_recv = false;
   t.all_to_allv(false);
   t.send_recv();
-  t.check_counter("after deregistering");
+  t.check_counter("after deregistering", true);
   t.reg_send = had_send;
   t.reg_recv = had_recv;
   t.bad_registrations();

@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
       {"fast_interleaved", run_fast_interleaved},
       {"blocking_threads", run_blocking_threads},
       {"send_and_leave", run_send_and_leave},
+      {"registered_uring", run_registered_uring},
   };
   try {
     const bool from_env = std::string(argv[4]) == "env";

@@ -59,6 +59,9 @@ void run_send_recv(Worker& w);
 void run_barrier(Worker& w);
 /// Transfers between registered buffers (registered.cpp); flags reg=both|send|recv|none.
 void run_registered(Worker& w);
+/// Zero-copy puts from registered buffers over tcp on 2 ranks, counted per engine; failures are
+/// counted in w.
+int run_registered_uring(Worker& w);
 
 /// Scenarios with communicators of their own or expected errors (lifecycle.cpp). Those that end
 /// in an error return the process exit code; the others return exit_ok and count failures in w.

@@ -292,7 +292,7 @@ struct UringLink {
       lanes.push_back(std::move(mine[1]));
       conn = transport::make_uring_connection(
           0, 1, std::move(control), std::move(lanes), std::move(ring), slots, slot_bytes, thread,
-          [this](int, std::error_code ec, const std::string& text) {
+          nullptr, [this](int, std::error_code ec, const std::string& text) {
             std::lock_guard lock(m);
             failure.ec = ec;
             failure.why = text;
