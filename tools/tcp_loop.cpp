@@ -1,9 +1,11 @@
 // coccl-tcp-loop: the physical reference for tcp on this machine. Two processes (a fork) connected
-// over loopback tcp: a one-way stream of `size`-byte sends (plain send(2) with one socket per
-// stream, or several streams at once), and an 8-byte ping-pong. No coccl code: what the kernel's
-// copies allow, for comparison with coccl's tcp links.
+// over loopback tcp: a one-way stream of `size`-byte sends (one socket per stream, or several
+// streams at once), and an 8-byte ping-pong. No coccl code: what the kernel's copies allow, for
+// comparison with coccl's tcp links. The sends are send(2) (--send copy), or io_uring SEND_ZC
+// from the buffer (--send zc) or from the ring's registration of it (--send zc-fixed: pinned
+// once, not per send); a zero-copy sender keeps up to 8 sends' notifications outstanding.
 //
-//   coccl-tcp-loop [--sizes 1M,16M,256M] [--streams N] [--seconds S]
+//   coccl-tcp-loop [--sizes 1M,16M,256M] [--streams N] [--seconds S] [--send copy|zc|zc-fixed]
 //
 // Prints one line per size: GB/s moved from sender to receiver (median of 5 timed batches), and
 // the ping-pong's one-way latency in microseconds.
@@ -14,11 +16,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#if COCCL_HAVE_URING
+#include <liburing.h>
+#endif
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,22 +105,99 @@ int dial(int port) {
   return s;
 }
 
-// Each stream moves `bytes` in `size`-byte sends; the receiver answers one byte per stream when
-// all arrived, so a batch's time covers delivery, not just the hand-off to the kernel.
-void run_batch(const std::vector<int>& fds, bool sender, std::size_t size, std::size_t bytes,
-               std::vector<char>& buf) {
-  std::vector<std::thread> threads;
-  for (int fd : fds)
-    threads.emplace_back([&, fd] {
-      std::vector<char> local(size);
-      char* p = fds.size() == 1 ? buf.data() : local.data();
-      char ack = 0;
-      for (std::size_t done = 0; done < bytes; done += size) {
-        if (sender)
-          send_all(fd, p, size);
-        else
-          recv_all(fd, p, size);
+enum class SendMode { copy, zc, zc_fixed };
+
+#if COCCL_HAVE_URING
+// A zero-copy sender's ring, made once per stream before the timed batches; with zc-fixed the
+// stream's buffer is registered with it then, as a library registers a buffer once.
+class ZcRing {
+ public:
+  ZcRing(char* buf, std::size_t n, bool fixed) : fixed_(fixed) {
+    if (int e = io_uring_queue_init(16, &ring_, 0); e < 0) fail(e, "io_uring_queue_init");
+    if (fixed) {
+      iovec iov{buf, n};
+      if (int e = io_uring_register_buffers(&ring_, &iov, 1); e < 0)
+        fail(e, "io_uring_register_buffers");
+    }
+  }
+  ~ZcRing() { io_uring_queue_exit(&ring_); }
+  ZcRing(const ZcRing&) = delete;
+  ZcRing& operator=(const ZcRing&) = delete;
+
+  // `bytes` in `size`-byte SEND_ZCs of p on fd, one send in flight, at most `depth`
+  // notifications outstanding (the buffer is never written, so it need not wait for them
+  // sooner); all are reaped before it returns.
+  void send(int fd, const char* p, std::size_t size, std::size_t bytes) {
+    constexpr unsigned depth = 8;
+    for (std::size_t done = 0; done < bytes; done += size) {
+      io_uring_sqe* q = io_uring_get_sqe(&ring_);
+      if (fixed_)
+        io_uring_prep_send_zc_fixed(q, fd, p, size, MSG_WAITALL | MSG_NOSIGNAL, 0, 0);
+      else
+        io_uring_prep_send_zc(q, fd, p, size, MSG_WAITALL | MSG_NOSIGNAL, 0);
+      io_uring_submit(&ring_);
+      reap(true, size);
+      while (notes_ >= depth) reap(false, size);
+    }
+    while (notes_ > 0) reap(false, size);
+  }
+
+ private:
+  [[noreturn]] static void fail(int e, const char* what) {
+    errno = -e;
+    die(what);
+  }
+  // Until the send's completion (for_send), or one notification.
+  void reap(bool for_send, std::size_t size) {
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      if (int e = io_uring_wait_cqe(&ring_, &cqe); e < 0) fail(e, "io_uring_wait_cqe");
+      const unsigned flags = cqe->flags;
+      const int res = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      if (flags & IORING_CQE_F_NOTIF) {
+        --notes_;
+        if (!for_send) return;
+        continue;
       }
+      if (res != static_cast<int>(size)) fail(res < 0 ? res : -EIO, "SEND_ZC");
+      if (flags & IORING_CQE_F_MORE) ++notes_;
+      if (for_send) return;
+    }
+  }
+
+  io_uring ring_{};
+  bool fixed_;
+  unsigned notes_ = 0;  // notifications still to come
+};
+#else
+class ZcRing {
+ public:
+  void send(int, const char*, std::size_t, std::size_t) {}
+};
+#endif
+
+// Each stream moves `bytes` in `size`-byte sends from or into its own buffer; the receiver answers
+// one byte per stream when all arrived, so a batch's time covers delivery, not just the hand-off
+// to the kernel. `zc[s]`: stream s's zero-copy ring, null for send(2).
+void run_batch(const std::vector<int>& fds, bool sender, std::size_t size, std::size_t bytes,
+               std::vector<std::vector<char>>& bufs,
+               const std::vector<std::unique_ptr<ZcRing>>& zc) {
+  std::vector<std::thread> threads;
+  for (std::size_t s = 0; s < fds.size(); ++s)
+    threads.emplace_back([&, s] {
+      const int fd = fds[s];
+      char* p = bufs[s].data();
+      char ack = 0;
+      if (sender && zc[s])
+        zc[s]->send(fd, p, size, bytes);
+      else
+        for (std::size_t done = 0; done < bytes; done += size) {
+          if (sender)
+            send_all(fd, p, size);
+          else
+            recv_all(fd, p, size);
+        }
       if (sender)
         recv_all(fd, &ack, 1);
       else
@@ -127,6 +212,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes{1 << 20, 16 << 20, 256 << 20};
   int streams = 1;
   double seconds = 0.5;
+  SendMode mode = SendMode::copy;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--sizes" && i + 1 < argc) {
@@ -141,8 +227,26 @@ int main(int argc, char** argv) {
       streams = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--seconds" && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
+    } else if (a == "--send" && i + 1 < argc) {
+      const std::string m = argv[++i];
+      if (m == "copy") {
+        mode = SendMode::copy;
+      } else if (m == "zc" || m == "zc-fixed") {
+#if COCCL_HAVE_URING
+        mode = m == "zc" ? SendMode::zc : SendMode::zc_fixed;
+#else
+        std::fprintf(stderr, "coccl-tcp-loop: --send %s needs io_uring (built without liburing)\n",
+                     m.c_str());
+        return 2;
+#endif
+      } else {
+        std::fprintf(stderr, "coccl-tcp-loop: --send copy, zc or zc-fixed, not %s\n", m.c_str());
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: coccl-tcp-loop [--sizes 1M,16M] [--streams N] [--seconds S]\n");
+      std::fprintf(stderr,
+                   "usage: coccl-tcp-loop [--sizes 1M,16M] [--streams N] [--seconds S] "
+                   "[--send copy|zc|zc-fixed]\n");
       return 2;
     }
   }
@@ -168,7 +272,13 @@ int main(int argc, char** argv) {
   const int pp = fds.back();
   fds.pop_back();
   std::size_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<char> buf(max_size, 1);
+  std::vector<std::vector<char>> bufs(fds.size(), std::vector<char>(max_size, 1));
+  std::vector<std::unique_ptr<ZcRing>> zc(fds.size());
+#if COCCL_HAVE_URING
+  if (sender && mode != SendMode::copy)
+    for (std::size_t s = 0; s < fds.size(); ++s)
+      zc[s] = std::make_unique<ZcRing>(bufs[s].data(), max_size, mode == SendMode::zc_fixed);
+#endif
   for (std::size_t size : sizes) {
     // Enough sends per batch to last about `seconds`/5 at a few GB/s, at least one.
     const std::size_t per_stream = std::max<std::size_t>(
@@ -176,13 +286,16 @@ int main(int argc, char** argv) {
     std::vector<double> rates;
     for (int batch = 0; batch < 6; ++batch) {
       auto t0 = Clock::now();
-      run_batch(fds, sender, size, per_stream, buf);
+      run_batch(fds, sender, size, per_stream, bufs, zc);
       double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (batch > 0) rates.push_back(static_cast<double>(per_stream) * streams / dt / 1e9);
     }
     std::sort(rates.begin(), rates.end());
     if (sender)
-      std::printf("size %zu streams %d: %.2f GB/s (median of %zu batches)\n", size, streams,
+      std::printf("size %zu streams %d send %s: %.2f GB/s (median of %zu batches)\n", size, streams,
+                  mode == SendMode::copy ? "copy"
+                  : mode == SendMode::zc ? "zc"
+                                         : "zc-fixed",
                   rates[rates.size() / 2], rates.size());
   }
   // Ping-pong: one-way latency of an 8-byte message.
