@@ -99,7 +99,9 @@ Task all_reduce_ring(Op& op) {
   neighbours[1] = left;
   co_await op.connect(neighbours);
   const std::size_t e = op.elt();
-  copy_in_place(a, e);
+  // Nothing is copied in place first: the first step sends our own segment from the input, each
+  // reduction reads our contribution from the input and writes the receive buffer, and the
+  // all-gather fills the rest, so every segment of the result is written once.
   for (int step = 0; step < 2 * (n - 1); ++step) {
     bool reducing = step < n - 1;
     int s = reducing ? step : step - (n - 1);
@@ -115,8 +117,10 @@ Task all_reduce_ring(Op& op) {
       continue;
     }
     std::vector<Task> tasks;
-    tasks.push_back(op.send(right, cbytes(a.recv) + out.begin * e, out.size()));
-    tasks.push_back(ring_reduce_recv(op, left, bytes(a.recv), in));
+    const std::byte* from = step == 0 ? cbytes(a.send) : cbytes(a.recv);
+    tasks.push_back(op.send(right, from + out.begin * e, out.size()));
+    tasks.push_back(ring_reduce_recv(op, left, bytes(a.recv) + in.begin * e,
+                                     cbytes(a.send) + in.begin * e, in.size()));
     co_await all_of(std::move(tasks));
     if (step == n - 2) {
       // This rank now holds the full reduction of segment recv_seg.

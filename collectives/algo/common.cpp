@@ -128,14 +128,13 @@ void finish_avg(Op& op, std::byte* p, std::size_t elems) {
   if (op.args().op == ReduceOp::avg) divide_by(p, elems, op.args().type, op.n());
 }
 
-Task ring_reduce_recv(Op& op, int left, std::byte* base, Range in) {
+Task ring_reduce_recv(Op& op, int left, std::byte* dst, const std::byte* own, std::size_t count) {
   const auto& a = op.args();
   const std::size_t k = op.per_chunk(), e = op.elt();
-  for (std::size_t off = 0; off < in.size(); off += k) {
-    std::size_t elems = std::min(k, in.size() - off);
-    std::byte* dst = base + (in.begin + off) * e;
+  for (std::size_t off = 0; off < count; off += k) {
+    std::size_t elems = std::min(k, count - off);
     Chunk ch = co_await op.take(left, elems * e);
-    reduce2(dst, dst, ch.data, elems, a.type, base_op(a.op));
+    reduce2(dst + off * e, own + off * e, ch.data, elems, a.type, base_op(a.op));
     op.release(left);
   }
 }

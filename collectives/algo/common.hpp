@@ -256,8 +256,9 @@ inline ReduceOp base_op(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::su
 // Divides the `elems` reduced elements at `p` by the rank count when the operation is avg.
 void finish_avg(Op& op, std::byte* p, std::size_t elems);
 
-// One reduce-scatter step's receiving side: reduce into elements `in` of `base`.
-Task ring_reduce_recv(Op& op, int left, std::byte* base, Range in);
+// One reduce-scatter step's receiving side: the `count` elements at `dst` become the chunks taken
+// from `left` reduced with the elements at `own` (this rank's input; may be `dst`).
+Task ring_reduce_recv(Op& op, int left, std::byte* dst, const std::byte* own, std::size_t count);
 
 // ---- each family's algorithms, chosen by collectives/algorithms.cpp ----------------------------
 

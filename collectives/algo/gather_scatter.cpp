@@ -1,4 +1,6 @@
 // all_gather (direct, Bruck, ring) and reduce_scatter (direct, ring, recursive doubling).
+#include <memory>
+
 #include "collectives/algo/common.hpp"
 
 namespace coccl::detail::algo {
@@ -100,25 +102,29 @@ Task all_gather_ring(Op& op) {
 }
 
 // Ring: in step s a rank passes its partial sum of block r - s - 1 to the right and adds the left
-// neighbour's into block r - s - 2; after n - 1 steps it holds the whole sum of block r.
+// neighbour's into block r - s - 2; after n - 1 steps it holds the whole sum of block r. The first
+// step sends our block straight from the input; a partial sum is sent the step after it is made,
+// so two blocks of scratch alternate; the last step reduces into the receive buffer. Each
+// reduction reads our own contribution from the input, which is never copied (in place, the
+// receive buffer is our own block of the input, read only by that last reduction).
 Task reduce_scatter_ring(Op& op) {
   const auto& a = op.args();
   const int n = op.n(), r = op.rank();
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  const std::size_t e = op.elt();
+  const std::size_t e = op.elt(), block = a.count * e;
   std::vector<int> neighbours{right, left};
   co_await op.connect(std::move(neighbours));
-  std::vector<std::byte> part(static_cast<std::size_t>(n) * a.count * e);
-  if (!part.empty()) std::memcpy(part.data(), a.send, part.size());
+  std::unique_ptr<std::byte[]> scratch(n > 2 ? new std::byte[2 * block] : nullptr);
   for (int s = 0; s + 1 < n; ++s) {
     const int out = (r - s - 1 + n) % n, in = (r - s - 2 + 2 * n) % n;
+    const std::byte* from =
+        s == 0 ? cbytes(a.send) + out * block : scratch.get() + ((s - 1) % 2) * block;
+    std::byte* to = s + 2 == n ? bytes(a.recv) : scratch.get() + (s % 2) * block;
     std::vector<Task> tasks;
-    tasks.push_back(op.send(right, part.data() + out * a.count * e, a.count));
-    tasks.push_back(
-        ring_reduce_recv(op, left, part.data(), Range{in * a.count, (in + 1) * a.count}));
+    tasks.push_back(op.send(right, from, a.count));
+    tasks.push_back(ring_reduce_recv(op, left, to, cbytes(a.send) + in * block, a.count));
     co_await all_of(std::move(tasks));
   }
-  if (a.count) std::memcpy(a.recv, part.data() + r * a.count * e, a.count * e);
   finish_avg(op, bytes(a.recv), a.count);
 }
 
