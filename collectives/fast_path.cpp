@@ -83,8 +83,11 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     peer.send_bytes = block;
     peer.recv_bytes = block;
     // Where every frame is a system call and every slot a credit to return (tcp, whose puts are
-    // gathered), the header rides with the data (see Connection::try_put_gathered).
-    peer.joined = l->gathers_puts() && sizeof(OpHeader) + block <= l->poll_bytes();
+    // gathered), the header rides with the data (see Connection::try_put_gathered); on shm it
+    // does where a compact header and the data fit the part of the slot that arrives with its
+    // notice (one cache line where header and data cost three).
+    peer.joined = l->gathers_puts() ? sizeof(OpHeader) + block <= l->poll_bytes()
+                                    : compact_header_bytes + block <= l->put_inline_bytes();
     peers_.push_back(peer);
     if (!l->polls_cheaply()) spin_limit_ = costly_spin_polls;
   }
@@ -109,6 +112,7 @@ void FastOp::start(const OpArgs& a) {
     // Recorded as sent now, as the slow path's link() would; put by step() or finish().
     p.header = *c_.checks().to_send(p.rank);
     p.sent = p.got = 0;
+    p.compact = p.joined && compactable(p.header);
     switch (a.kind) {
       case OpKind::all_reduce:
         p.src = cbytes(a.send);
@@ -169,7 +173,12 @@ bool FastOp::step() {
       return false;
     }
     if (p.sent == 0) {
-      if (p.joined) {
+      if (p.compact) {
+        std::byte h[compact_header_bytes];
+        write_compact_header(p.header, fp_, h);
+        if (p.link->try_put_gathered(h, sizeof h, p.src, p.send_bytes, op_compact_fingerprint))
+          p.sent = 2;
+      } else if (p.joined && p.link->gathers_puts()) {
         OpHeader h = p.header;
         h.joined_fingerprint = fp_;
         if (p.link->try_put_gathered(&h, sizeof h, p.src, p.send_bytes, op_joined_fingerprint))
@@ -185,18 +194,19 @@ bool FastOp::step() {
         // disagrees, or data of another operation, stays in the ring: finish() takes it and fails
         // the operation with the full description.
         bool joined = false;
+        std::size_t header_bytes = 0;
         const std::optional<OpHeader> theirs =
-            header_of(ch->data, ch->size, ch->fingerprint, joined);
+            header_of(ch->data, ch->size, ch->fingerprint, joined, header_bytes);
         if (!theirs || !op_headers_agree(p.header, *theirs) ||
             (joined &&
-             (ch->size != sizeof(OpHeader) + p.recv_bytes || theirs->joined_fingerprint != fp_))) {
+             (ch->size != header_bytes + p.recv_bytes || theirs->joined_fingerprint != fp_))) {
           stuck_ = true;
           return false;
         }
         c_.checks().to_take(p.rank);
         p.link->take_peeked();
         if (joined) {
-          deliver(p, ch->data + sizeof(OpHeader));
+          deliver(p, ch->data + header_bytes);
         } else {
           p.link->release();
           p.got = 1;

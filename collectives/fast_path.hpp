@@ -78,6 +78,7 @@ class FastOp {
     std::byte* dst = nullptr;        // where the peer's chunk is copied; null: reduced later
     std::size_t recv_bytes = 0;      // 0: the header only
     bool joined = false;             // the header and the data go in one chunk
+    bool compact = false;            // ... behind a compact header
     std::uint8_t sent = 0;           // 0 nothing, 1 the header, 2 everything
     std::uint8_t got = 0;            // 0 nothing, 1 the header, 2 everything
     transport::Chunk chunk{};        // a chunk held for the reduction

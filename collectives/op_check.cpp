@@ -18,9 +18,11 @@ bool rooted(OpKind k) {
          k == OpKind::scatter;
 }
 
+constexpr std::uint64_t fnv_basis = 14695981039346656037ull;
+
 // FNV-1a, 64-bit, over the transfers of one direction in order.
 struct Signature {
-  std::uint64_t hash = 14695981039346656037ull;
+  std::uint64_t hash = fnv_basis;
   std::uint64_t bytes = 0;
   void add(DataType t, std::size_t count) {
     for (std::uint64_t f : {static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(count)})
@@ -112,9 +114,65 @@ std::vector<int> OpChecks::untaken() const {
   return v;
 }
 
+namespace {
+
+// The compact header on the wire: 32 bytes, little-endian as the full one.
+struct CompactHeader {
+  std::uint8_t kind, type, op, version;
+  std::int32_t root;
+  std::uint32_t count;
+  std::uint32_t joined_fingerprint;
+  std::uint64_t pair_seq;
+  std::uint64_t op_seq;
+};
+static_assert(sizeof(CompactHeader) == compact_header_bytes);
+constexpr std::uint8_t compact_version = 1;
+
+}  // namespace
+
+bool compactable(const OpHeader& h) noexcept {
+  return h.magic == op_header_magic && h.send_sig == fnv_basis && h.recv_sig == fnv_basis &&
+         h.send_bytes == 0 && h.recv_bytes == 0 && h.kind < 256 && h.type < 256 && h.op < 256 &&
+         h.count <= UINT32_MAX;
+}
+
+void write_compact_header(const OpHeader& h, std::uint32_t data_fingerprint,
+                          std::byte (&out)[compact_header_bytes]) noexcept {
+  const CompactHeader c{static_cast<std::uint8_t>(h.kind),
+                        static_cast<std::uint8_t>(h.type),
+                        static_cast<std::uint8_t>(h.op),
+                        compact_version,
+                        h.root,
+                        static_cast<std::uint32_t>(h.count),
+                        data_fingerprint,
+                        h.pair_seq,
+                        h.op_seq};
+  std::memcpy(out, &c, sizeof c);
+}
+
 std::optional<OpHeader> header_of(const void* data, std::size_t size, std::uint32_t fingerprint,
-                                  bool& joined) noexcept {
+                                  bool& joined, std::size_t& header_bytes) noexcept {
   OpHeader h{};
+  if (fingerprint == op_compact_fingerprint) {
+    joined = true;
+    header_bytes = compact_header_bytes;
+    CompactHeader c{};
+    if (size < sizeof c) return std::nullopt;
+    std::memcpy(&c, data, sizeof c);
+    if (c.version != compact_version) return std::nullopt;
+    h.magic = op_header_magic;
+    h.kind = c.kind;
+    h.type = c.type;
+    h.op = c.op;
+    h.root = c.root;
+    h.count = c.count;
+    h.joined_fingerprint = c.joined_fingerprint;
+    h.pair_seq = c.pair_seq;
+    h.op_seq = c.op_seq;
+    h.send_sig = h.recv_sig = fnv_basis;
+    return h;
+  }
+  header_bytes = sizeof h;
   joined = fingerprint == op_joined_fingerprint && size >= sizeof h;
   if (!joined && (fingerprint != op_header_fingerprint || size != sizeof h)) return std::nullopt;
   std::memcpy(&h, data, sizeof h);

@@ -46,12 +46,26 @@ inline constexpr std::uint32_t op_header_fingerprint = 0x0C0C4EADu;
 /// (the header, then the data: one frame and one ring slot instead of two). The fast path sends
 /// them on links whose every frame costs a system call (tcp); every receiver takes either form.
 inline constexpr std::uint32_t op_joined_fingerprint = 0x0C0C401Du;
+/// The chunk fingerprint of a compact header (compact_header_bytes, write_compact_header())
+/// joined with the sender's data: a collective's header without the fields only messages use, so
+/// that with a few bytes of data it fits the part of a chunk that arrives with its notice (shm:
+/// the slot's first cache line; see Connection::put_inline_bytes).
+inline constexpr std::uint32_t op_compact_fingerprint = 0x0C0C4C1Du;
 inline constexpr std::uint32_t op_header_magic = 0x4F504843u;
+inline constexpr std::size_t compact_header_bytes = 32;
+
+/// Whether `h` travels as a compact header without losing anything: a collective (the transfer
+/// signatures empty), with kind, type and op below 256 and count below 2^32.
+bool compactable(const OpHeader& h) noexcept;
+/// Writes `h` (compactable) as a compact header whose data carry `data_fingerprint`.
+void write_compact_header(const OpHeader& h, std::uint32_t data_fingerprint,
+                          std::byte (&out)[compact_header_bytes]) noexcept;
 
 /// The header a chunk (`size` bytes at `data`, marked `fingerprint`) starts with: a header alone,
-/// or one joined with data (`joined` set; the data follows it). Nothing if the chunk is neither.
+/// or one joined with data (`joined` set; the data follows the header's `header_bytes`), full or
+/// compact (expanded: equal to the header it was written from). Nothing if the chunk is neither.
 std::optional<OpHeader> header_of(const void* data, std::size_t size, std::uint32_t fingerprint,
-                                  bool& joined) noexcept;
+                                  bool& joined, std::size_t& header_bytes) noexcept;
 
 /// This rank's view of the operation `args` (sequence number `op_seq`) towards `peer`.
 OpHeader make_op_header(const OpArgs& args, std::uint64_t op_seq, std::uint64_t pair_seq, int peer);

@@ -209,10 +209,13 @@ void ShmConnection::resume_inline(Waiter& w) {
   std::move(h)(boost::system::error_code{});
 }
 
-void ShmConnection::publish(const void* src, std::size_t n, std::uint32_t fp) {
+void ShmConnection::publish(const void* src, std::size_t n, std::uint32_t fp, const void* head,
+                            std::size_t head_n) {
   ShmSlot& s = slot(peer_->data(), sent_);
-  if (n) std::memcpy(reinterpret_cast<std::byte*>(&s) + payload_offset, src, n);
-  s.size = static_cast<std::uint32_t>(n);
+  std::byte* payload = reinterpret_cast<std::byte*>(&s) + payload_offset;
+  if (head_n) std::memcpy(payload, head, head_n);
+  if (n) std::memcpy(payload + head_n, src, n);
+  s.size = static_cast<std::uint32_t>(head_n + n);
   s.fingerprint = fp;
   ++sent_;
   // Publishes the payload and the size and fingerprint above.
@@ -247,6 +250,15 @@ bool ShmConnection::try_put(const void* src, std::size_t n, std::uint32_t fp) {
   publish(src, n, fp);
   return true;
 }
+
+bool ShmConnection::try_put_gathered(const void* head, std::size_t head_n, const void* src,
+                                     std::size_t n, std::uint32_t fp) {
+  if (closed_ || departed_ || head_n + n > slot_bytes_ || !can_put()) return false;
+  publish(src, n, fp, head, head_n);
+  return true;
+}
+
+std::size_t ShmConnection::put_inline_bytes() const noexcept { return cache_line - payload_offset; }
 
 std::optional<Chunk> ShmConnection::peek() {
   if (closed_ || departed_ || !can_recv()) return std::nullopt;

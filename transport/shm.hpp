@@ -65,6 +65,9 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   bool settled() const noexcept override;
   bool pollable() const noexcept override { return !closed_ && !departed_; }
   bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
+  bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
+                        std::uint32_t fingerprint) override;
+  std::size_t put_inline_bytes() const noexcept override;
   std::optional<Chunk> peek() override;
   void take_peeked() override { ++consumed_; }
   void learn_credit() noexcept override;
@@ -80,8 +83,10 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   bool can_recv() const noexcept override;
   void before_park() override { poller_.activate(this); }
   void resume_inline(Waiter& w);
-  // Copies a chunk into the peer's next slot and publishes it (a slot is free).
-  void publish(const void* src, std::size_t n, std::uint32_t fingerprint);
+  // Copies a chunk (`head_n` bytes of `head`, then `n` of `src`) into the peer's next slot and
+  // publishes it (a slot is free).
+  void publish(const void* src, std::size_t n, std::uint32_t fingerprint,
+               const void* head = nullptr, std::size_t head_n = 0);
   Chunk chunk_at(std::uint64_t i) const;
   // Slot of chunk `i` in `ring` (a segment: this side's or the peer's).
   ShmSlot& slot(void* ring, std::uint64_t i) const noexcept;

@@ -86,14 +86,15 @@ class Op {
     Chunk ch = co_await l->wait();
     const OpHeader& mine = c_.checks().sent(peer);
     bool joined = false;
+    std::size_t header_bytes = 0;
     const OpHeader theirs =
-        header_of(ch.data, ch.size, ch.fingerprint, joined).value_or(OpHeader{});
+        header_of(ch.data, ch.size, ch.fingerprint, joined, header_bytes).value_or(OpHeader{});
     if (!joined) l->release();
     std::string why = compare_op_headers(mine, theirs, r_, peer);
     if (!why.empty()) raise(make_error_code(errc::mismatch), why);
     if (joined)
-      joined_.push_back({peer, Chunk{ch.data + sizeof theirs, ch.size - sizeof theirs,
-                                     theirs.joined_fingerprint}});
+      joined_.push_back(
+          {peer, Chunk{ch.data + header_bytes, ch.size - header_bytes, theirs.joined_fingerprint}});
   }
 
   // Confirms every peer linked in this operation: a rank that only sent to a peer learns here

@@ -1,9 +1,9 @@
 // Fuzz target: the argument checks every operation passes before it is queued
 // (detail::validate), and the operation headers ranks exchange and compare before any data
-// (detail::make_op_header, compare_op_headers: the peer's header is the fuzzed part). Buffers are
-// addresses that are never dereferenced: the checks look only at null-ness and identity. An
-// operation that validate() accepts must have buffer sizes that fit in size_t, and a header must
-// agree with itself.
+// (detail::make_op_header, compare_op_headers, the compact form's round trip and decoding: the
+// peer's header is the fuzzed part). Buffers are addresses that are never dereferenced: the checks
+// look only at null-ness and identity. An operation that validate() accepts must have buffer sizes
+// that fit in size_t, and a header must agree with itself.
 #include "collectives/comm.hpp"
 #include "collectives/op_check.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
@@ -69,6 +69,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (a.kind != OpKind::p2p && a.kind != OpKind::all_to_allv &&
       !compare_op_headers(mine, mine, rank, peer).empty())
     fuzz::violated("a collective's header disagrees with itself");
+  // A header that travels compact comes back whole.
+  if (compactable(mine)) {
+    std::byte head[compact_header_bytes];
+    write_compact_header(mine, 0x5eedu, head);
+    bool joined = false;
+    std::size_t header_bytes = 0;
+    const auto back = header_of(head, sizeof head, op_compact_fingerprint, joined, header_bytes);
+    OpHeader want = mine;
+    want.joined_fingerprint = 0x5eedu;
+    if (!back || !joined || header_bytes != compact_header_bytes ||
+        std::memcmp(&*back, &want, sizeof want) != 0)
+      fuzz::violated("a compact header does not come back whole");
+  }
+  // Whatever a peer sends as a compact chunk is read within its bytes and compared.
+  {
+    auto c = in.take(in.get<std::uint8_t>() % (compact_header_bytes + 8));
+    bool joined = false;
+    std::size_t header_bytes = 0;
+    if (const auto h =
+            header_of(c.data(), c.size(), op_compact_fingerprint, joined, header_bytes)) {
+      if (header_bytes > c.size()) fuzz::violated("a compact header longer than its chunk");
+      compare_op_headers(mine, *h, rank, peer);
+    }
+  }
   OpHeader theirs;
   auto b = in.take(sizeof theirs);
   std::memcpy(&theirs, &mine, sizeof theirs);
