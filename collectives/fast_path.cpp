@@ -82,12 +82,12 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     peer.link = l;
     peer.send_bytes = block;
     peer.recv_bytes = block;
-    // Where every frame is a system call and every slot a credit to return (tcp, whose puts are
-    // gathered), the header rides with the data (see Connection::try_put_gathered); on shm it
-    // does where a compact header and the data fit the part of the slot that arrives with its
-    // notice (one cache line where header and data cost three).
-    peer.joined = l->gathers_puts() ? sizeof(OpHeader) + block <= l->poll_bytes()
-                                    : compact_header_bytes + block <= l->put_inline_bytes();
+    // The header rides with the data, compact (see Connection::try_put_gathered): where every
+    // frame is a system call and every slot a credit to return (tcp, whose puts are gathered), at
+    // any size the fast path takes; on shm where both fit the part of the slot that arrives with
+    // its notice (one cache line where header and data cost three). start() confirms it.
+    const std::size_t room = l->gathers_puts() ? l->poll_bytes() : l->put_inline_bytes();
+    peer.joined = compact_header_bytes + block <= room;
     peers_.push_back(peer);
     if (!l->polls_cheaply()) spin_limit_ = costly_spin_polls;
   }
@@ -112,7 +112,9 @@ void FastOp::start(const OpArgs& a) {
     // Recorded as sent now, as the slow path's link() would; put by step() or finish().
     p.header = *c_.checks().to_send(p.rank);
     p.sent = p.got = 0;
-    p.compact = p.joined && compactable(p.header);
+    // Every operation the fast path takes has a compactable header; one that had not would go
+    // apart from its data.
+    p.joined = p.joined && compactable(p.header);
     switch (a.kind) {
       case OpKind::all_reduce:
         p.src = cbytes(a.send);
@@ -173,15 +175,10 @@ bool FastOp::step() {
       return false;
     }
     if (p.sent == 0) {
-      if (p.compact) {
+      if (p.joined) {
         std::byte h[compact_header_bytes];
         write_compact_header(p.header, fp_, h);
         if (p.link->try_put_gathered(h, sizeof h, p.src, p.send_bytes, op_compact_fingerprint))
-          p.sent = 2;
-      } else if (p.joined && p.link->gathers_puts()) {
-        OpHeader h = p.header;
-        h.joined_fingerprint = fp_;
-        if (p.link->try_put_gathered(&h, sizeof h, p.src, p.send_bytes, op_joined_fingerprint))
           p.sent = 2;
       } else if (p.link->try_put(&p.header, sizeof p.header, op_header_fingerprint)) {
         p.sent = 1;

@@ -77,8 +77,7 @@ class FastOp {
     std::size_t send_bytes = 0;      // 0: the header only
     std::byte* dst = nullptr;        // where the peer's chunk is copied; null: reduced later
     std::size_t recv_bytes = 0;      // 0: the header only
-    bool joined = false;             // the header and the data go in one chunk
-    bool compact = false;            // ... behind a compact header
+    bool joined = false;             // the header (compact) and the data go in one chunk
     std::uint8_t sent = 0;           // 0 nothing, 1 the header, 2 everything
     std::uint8_t got = 0;            // 0 nothing, 1 the header, 2 everything
     transport::Chunk chunk{};        // a chunk held for the reduction

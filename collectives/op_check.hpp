@@ -35,16 +35,17 @@ struct OpHeader {
   std::int32_t root;
   std::uint32_t type;
   std::uint32_t op;
-  /// In a joined chunk (op_joined_fingerprint), the fingerprint of the data that follows the
-  /// header; 0 otherwise. Not compared: it describes the chunk, not the operation.
+  /// In a joined chunk (op_compact_fingerprint or op_joined_fingerprint), the fingerprint of the
+  /// data that follows the header; 0 otherwise. Not compared: it describes the chunk, not the
+  /// operation.
   std::uint32_t joined_fingerprint;
 };
 
 /// The chunk fingerprint that marks a header (data chunks carry fingerprint_of()).
 inline constexpr std::uint32_t op_header_fingerprint = 0x0C0C4EADu;
 /// The chunk fingerprint of a header joined with the sender's data for the receiver in one chunk
-/// (the header, then the data: one frame and one ring slot instead of two). The fast path sends
-/// them on links whose every frame costs a system call (tcp); every receiver takes either form.
+/// (the header, then the data: one frame and one ring slot instead of two). The fast path now
+/// joins the compact form below; receivers still take this one, as they take a header alone.
 inline constexpr std::uint32_t op_joined_fingerprint = 0x0C0C401Du;
 /// The chunk fingerprint of a compact header (compact_header_bytes, write_compact_header())
 /// joined with the sender's data: a collective's header without the fields only messages use, so

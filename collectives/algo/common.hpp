@@ -79,8 +79,8 @@ class Op {
 
   // Takes `peer`'s header, once per operation and before any of its data, and fails the
   // operation (errc::mismatch) unless it describes the same operation as this rank's. A header
-  // joined with data (op_joined_fingerprint) keeps its slot: the data is the peer's next chunk,
-  // which take() returns and release() gives back.
+  // joined with data (op_compact_fingerprint, op_joined_fingerprint) keeps its slot: the data is
+  // the peer's next chunk, which take() returns and release() gives back.
   Task take_header(Connection* l, int peer) {
     if (!c_.checks().to_take(peer)) co_return;
     Chunk ch = co_await l->wait();

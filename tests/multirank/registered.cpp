@@ -33,6 +33,22 @@ std::size_t env_size(const char* name, std::size_t fallback) {
   return v && *v ? static_cast<std::size_t>(std::strtoull(v, nullptr, 0)) : fallback;
 }
 
+// This rank's zero_copy_bytes(), printed (ZERO_COPY_BYTES) with `when`.
+std::uint64_t zero_copy_now(Worker& w, const std::string& when) {
+  const std::uint64_t got = w.comm.zero_copy_bytes();
+  std::printf("rank %d: ZERO_COPY_BYTES %llu %s\n", w.rank, static_cast<unsigned long long>(got),
+              when.c_str());
+  return got;
+}
+
+// Fails `w` unless zero_copy_bytes() read `got` where `want` was due (`why`: what makes it due).
+void expect_zero_copy_count(Worker& w, std::uint64_t got, std::uint64_t want,
+                            const std::string& when, const std::string& why = {}) {
+  if (got != want)
+    w.fail("zero_copy_bytes " + when,
+           "got " + std::to_string(got) + ", want " + std::to_string(want) + why);
+}
+
 struct Registered {
   explicit Registered(Worker& worker) : w(worker) {}
   Worker& w;
@@ -244,25 +260,17 @@ struct Registered {
   }
 
   void check_counter(const char* when, bool registrations_ended) {
-    const std::uint64_t got = w.comm.zero_copy_bytes();
-    std::printf("rank %d: ZERO_COPY_BYTES %llu %s\n", w.rank, static_cast<unsigned long long>(got),
-                when);
-    if (uring_zero_copy && !registrations_ended) {
+    const std::uint64_t got = zero_copy_now(w, when);
+    if (!uring_zero_copy) {
+      expect_zero_copy_count(w, got, expected, when);
+    } else if (registrations_ended) {
+      expect_zero_copy_count(w, got, counted_while_registered, when,
+                             " as before the registrations ended");
+    } else {
       counted_while_registered = got;
       if (tcp && reg_send && got == 0)
         w.fail(std::string("zero_copy_bytes ") + when, "got 0 from registered sources on io_uring");
-      return;
     }
-    if (uring_zero_copy) {
-      if (got != counted_while_registered)
-        w.fail(std::string("zero_copy_bytes ") + when,
-               "got " + std::to_string(got) + ", want " + std::to_string(counted_while_registered) +
-                   " as before the registrations ended");
-      return;
-    }
-    if (got != expected)
-      w.fail(std::string("zero_copy_bytes ") + when,
-             "got " + std::to_string(got) + ", want " + std::to_string(expected));
   }
 
   void bad_registrations() {
@@ -317,13 +325,8 @@ struct RegisteredUring {
   }
 
   void check(const char* what) {
-    ++step;
-    const std::uint64_t got = w.comm.zero_copy_bytes();
-    std::printf("rank %d: ZERO_COPY_BYTES %llu after step %d (%s)\n", w.rank,
-                static_cast<unsigned long long>(got), step, what);
-    if (got != expected)
-      w.fail(std::string("zero_copy_bytes after ") + what,
-             "got " + std::to_string(got) + ", want " + std::to_string(expected));
+    const std::string when = "after step " + std::to_string(++step) + " (" + what + ")";
+    expect_zero_copy_count(w, zero_copy_now(w, when), expected, when);
   }
 
   void run() {
