@@ -282,7 +282,9 @@ bool CommImpl::fast_candidate(const OpArgs& a) const noexcept {
   if (a.kind != OpKind::all_reduce && a.kind != OpKind::all_gather &&
       a.kind != OpKind::reduce_scatter && a.kind != OpKind::all_to_all)
     return false;
-  return a.count <= fast_max_ / size_of(a.type);
+  // A product, not a quotient: a division was 7% of a small blocking all_reduce on one rank.
+  std::size_t bytes = 0;
+  return !__builtin_mul_overflow(a.count, size_of(a.type), &bytes) && bytes <= fast_max_;
 }
 
 CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
@@ -301,9 +303,9 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
   fast_.start(args);
   const bool done = fast_.run_for(fast_wait_, thread_, crowded_);
   // An operation that waited starts in the trace when its wait began (read while it waits, a
-  // fraction of a microsecond after it started); one handed over at its first step reads the
-  // clock now; one done at its first step took no time the trace's microseconds can show, and
-  // keeps its provisional start as its end.
+  // fraction of a microsecond after it started); one handed over before that reads the clock now;
+  // one done before that (at its first step or within a few polls) took no time the trace's
+  // microseconds can show, and keeps its provisional start as its end.
   const auto waited_since = fast_.waited_since();
   if (waited_since)
     trace_.restart(seq_, *waited_since);

@@ -65,7 +65,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     default:
       return false;
   }
-  peers_.clear();
+  peers_.resize(static_cast<std::size_t>(n - 1));
   spin_limit_ = spin_polls;
   if (n == 1) return true;
   // As run_op's Use: the links resolved here stay open until end().
@@ -77,7 +77,8 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
       use_.reset();
       return false;
     }
-    Peer peer;
+    Peer& peer = peers_[static_cast<std::size_t>(i - 1)];
+    if (!peer.pair || peer.rank != p) peer.pair = &c_.checks().pair(p);
     peer.rank = p;
     peer.link = l;
     peer.send_bytes = block;
@@ -88,7 +89,6 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     // its notice (one cache line where header and data cost three). start() confirms it.
     const std::size_t room = l->gathers_puts() ? l->poll_bytes() : l->put_inline_bytes();
     peer.joined = compact_header_bytes + block <= room;
-    peers_.push_back(peer);
     if (!l->polls_cheaply()) spin_limit_ = costly_spin_polls;
   }
   return true;
@@ -110,11 +110,11 @@ void FastOp::start(const OpArgs& a) {
   reduces_ = a.kind == OpKind::all_reduce || a.kind == OpKind::reduce_scatter;
   for (Peer& p : peers_) {
     // Recorded as sent now, as the slow path's link() would; put by step() or finish().
-    p.header = *c_.checks().to_send(p.rank);
+    p.header = c_.checks().to_send(*p.pair, p.rank);
     p.sent = p.got = 0;
     // Every operation the fast path takes has a compactable header; one that had not would go
     // apart from its data.
-    p.joined = p.joined && compactable(p.header);
+    p.joined = p.joined && compactable(*p.header);
     switch (a.kind) {
       case OpKind::all_reduce:
         p.src = cbytes(a.send);
@@ -177,10 +177,10 @@ bool FastOp::step() {
     if (p.sent == 0) {
       if (p.joined) {
         std::byte h[compact_header_bytes];
-        write_compact_header(p.header, fp_, h);
+        write_compact_header(*p.header, fp_, h);
         if (p.link->try_put_gathered(h, sizeof h, p.src, p.send_bytes, op_compact_fingerprint))
           p.sent = 2;
-      } else if (p.link->try_put(&p.header, sizeof p.header, op_header_fingerprint)) {
+      } else if (p.link->try_put(p.header, sizeof *p.header, op_header_fingerprint)) {
         p.sent = 1;
       }
     }
@@ -194,13 +194,13 @@ bool FastOp::step() {
         std::size_t header_bytes = 0;
         const std::optional<OpHeader> theirs =
             header_of(ch->data, ch->size, ch->fingerprint, joined, header_bytes);
-        if (!theirs || !op_headers_agree(p.header, *theirs) ||
+        if (!theirs || !op_headers_agree(*p.header, *theirs) ||
             (joined &&
              (ch->size != header_bytes + p.recv_bytes || theirs->joined_fingerprint != fp_))) {
           stuck_ = true;
           return false;
         }
-        c_.checks().to_take(p.rank);
+        OpChecks::to_take(*p.pair);
         p.link->take_peeked();
         if (joined) {
           deliver(p, ch->data + header_bytes);
@@ -264,15 +264,14 @@ bool FastOp::spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& t
   waited_since_.reset();
   if (step()) return true;
   if (stuck_) return false;
-  // The clock is read once the operation waits anyway: its start in the trace, and the spin's
-  // budget.
-  waited_since_ = std::chrono::steady_clock::now();
-  const auto until = *waited_since_ + budget;
   // Waiting for the peers: the read of their rings' tails, a cache miss (they write them on
   // every release), is taken here rather than by a later try_put on the critical path.
   for (Peer& p : peers_) p.link->learn_credit();
-  // The clock is read again only once the spin has lasted: a read costs as much as a few polls
-  // (it was 6% of a 2-rank 8-byte all_reduce read every 64 polls), a yield far more.
+  // The clock is read first once the wait has lasted some polls (its start in the trace, and the
+  // spin's budget), and then only now and then: a read costs as much as a few polls (read at the
+  // start of every wait, it was 5% of a 2-rank 8-byte all_reduce, most of whose waits end within
+  // a few polls), a yield far more.
+  std::chrono::steady_clock::time_point until{};
   for (unsigned i = 1;; ++i) {
     // With a core per rank the spin yields too once it has lasted (some microseconds; a peer's
     // operation takes well under one): a peer that another thread pushed off its core (a proxy
@@ -288,6 +287,11 @@ bool FastOp::spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& t
     if (stuck_) return false;
     if ((i & 7) != 0) continue;
     if (thread.wanted()) return false;
+    if (!waited_since_) {
+      waited_since_ = std::chrono::steady_clock::now();
+      until = *waited_since_ + budget;
+      continue;
+    }
     if ((i & ((yielding ? 8 : 1024) - 1)) != 0) continue;
     if (std::chrono::steady_clock::now() >= until) return false;
   }
@@ -299,7 +303,7 @@ boost::asio::awaitable<void> FastOp::finish() {
     // The header was recorded as sent by start(): link() sends nothing more.
     Connection* l = co_await op.link(p.rank);
     if (p.sent == 0) {
-      co_await l->put(&p.header, sizeof p.header, op_header_fingerprint);
+      co_await l->put(p.header, sizeof *p.header, op_header_fingerprint);
       p.sent = 1;
     }
     if (p.sent == 1) {
@@ -319,7 +323,6 @@ boost::asio::awaitable<void> FastOp::finish() {
 
 void FastOp::end() noexcept {
   use_.reset();
-  peers_.clear();
   if (a_ == &args_) args_ = OpArgs{};
   a_ = nullptr;
 }

@@ -51,8 +51,8 @@ class FastOp {
   /// away between polls (ranks outnumber cores); otherwise spin on it for some microseconds first,
   /// as the peers have cores of their own.
   bool run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
-  /// When the last run_for() began to wait for the peers; nothing if its first step completed the
-  /// operation or stopped it.
+  /// When the last run_for() began to wait for the peers, as read a few polls into the wait (a
+  /// fraction of a microsecond late); nothing if it completed or stopped before that read.
   std::optional<std::chrono::steady_clock::time_point> waited_since() const noexcept {
     return waited_since_;
   }
@@ -72,15 +72,16 @@ class FastOp {
   struct Peer {
     int rank = 0;
     transport::Connection* link = nullptr;
-    OpHeader header{};
-    const std::byte* src = nullptr;  // this rank's chunk for the peer
-    std::size_t send_bytes = 0;      // 0: the header only
-    std::byte* dst = nullptr;        // where the peer's chunk is copied; null: reduced later
-    std::size_t recv_bytes = 0;      // 0: the header only
-    bool joined = false;             // the header (compact) and the data go in one chunk
-    std::uint8_t sent = 0;           // 0 nothing, 1 the header, 2 everything
-    std::uint8_t got = 0;            // 0 nothing, 1 the header, 2 everything
-    transport::Chunk chunk{};        // a chunk held for the reduction
+    OpChecks::Pair* pair = nullptr;    // the communicator's checks of this peer (kept across ops)
+    const OpHeader* header = nullptr;  // this operation's header to the peer, in *pair
+    const std::byte* src = nullptr;    // this rank's chunk for the peer
+    std::size_t send_bytes = 0;        // 0: the header only
+    std::byte* dst = nullptr;          // where the peer's chunk is copied; null: reduced later
+    std::size_t recv_bytes = 0;        // 0: the header only
+    bool joined = false;               // the header (compact) and the data go in one chunk
+    std::uint8_t sent = 0;             // 0 nothing, 1 the header, 2 everything
+    std::uint8_t got = 0;              // 0 nothing, 1 the header, 2 everything
+    transport::Chunk chunk{};          // a chunk held for the reduction
   };
   bool step();
   // run_for() without the flush of the links at its end.
@@ -93,9 +94,12 @@ class FastOp {
   void deliver(Peer& p, std::byte* data);
 
   CommImpl& c_;
-  const OpArgs* a_ = nullptr;        // the running operation's arguments: the caller's, or args_
-  OpArgs args_{};                    // adopted
-  std::vector<Peer> peers_;          // in the order the slow path sends to them
+  const OpArgs* a_ = nullptr;  // the running operation's arguments: the caller's, or args_
+  OpArgs args_{};              // adopted
+  // In the order the slow path sends to them. Entries are reused from one operation to the next
+  // (filled by prepare() and start()): building and copying them in was a tenth of a 2-rank
+  // 8-byte all_reduce.
+  std::vector<Peer> peers_;
   std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
   std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
   std::uint32_t fp_ = 0;

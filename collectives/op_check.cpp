@@ -81,16 +81,20 @@ void OpChecks::begin(const OpArgs& args, std::uint64_t op_seq) {
 }
 
 std::optional<OpHeader> OpChecks::to_send(int peer) {
-  Peer& p = peers_[peer];
-  if (p.op == op_seq_) return std::nullopt;
+  if (const OpHeader* h = to_send(peers_[peer], peer)) return *h;
+  return std::nullopt;
+}
+
+const OpHeader* OpChecks::to_send(Pair& p, int peer) {
+  if (p.op == op_seq_) return nullptr;
   p.sent = make_op_header(*args_, op_seq_, p.pair_seq++, peer);
   p.op = op_seq_;
   p.taken = false;
   current_.push_back(peer);
-  return p.sent;
+  return &p.sent;
 }
 
-OpChecks::Peer& OpChecks::current(int peer) {
+OpChecks::Pair& OpChecks::current(int peer) {
   auto it = peers_.find(peer);
   if (it == peers_.end() || it->second.op != op_seq_)
     throw std::out_of_range("no header was sent to rank " + std::to_string(peer) +
@@ -100,12 +104,7 @@ OpChecks::Peer& OpChecks::current(int peer) {
 
 const OpHeader& OpChecks::sent(int peer) { return current(peer).sent; }
 
-bool OpChecks::to_take(int peer) {
-  Peer& p = current(peer);
-  if (p.taken) return false;
-  p.taken = true;
-  return true;
-}
+bool OpChecks::to_take(int peer) { return to_take(current(peer)); }
 
 std::vector<int> OpChecks::untaken() const {
   std::vector<int> v;

@@ -80,35 +80,51 @@ bool op_headers_agree(const OpHeader& mine, const OpHeader& theirs) noexcept;
 /// The checks of the running operation and the pairs' sequence numbers; proxy thread only.
 class OpChecks {
  public:
+  /// What is kept of one peer: the pair's count of checked operations and this operation's header
+  /// to it. Lives as long as the OpChecks (entries are never removed), so a caller may keep a
+  /// pointer to it from one operation to the next instead of looking the peer up each time.
+  struct Pair {
+    std::uint64_t pair_seq = 0;  // operations this pair has checked
+    std::uint64_t op = 0;        // the op_seq of the operation `sent` belongs to (0: none yet)
+    OpHeader sent{};
+    bool taken = false;
+  };
+
   /// Starts checking operation `args` (kept by reference until the next begin()).
   void begin(const OpArgs& args, std::uint64_t op_seq);
   /// The running operation's arguments moved to `args`: keeps referring to them there.
   void rebind(const OpArgs& args) noexcept { args_ = &args; }
+  /// The entry of `peer` (made on first use).
+  Pair& pair(int peer) { return peers_[peer]; }
   /// The header to send to `peer` if none was sent in this operation yet (then counts one more
   /// operation for the pair), else nothing.
   std::optional<OpHeader> to_send(int peer);
+  /// to_send() for the entry of `peer`: the header (kept in the entry until the pair's next
+  /// operation), or null.
+  const OpHeader* to_send(Pair& pair, int peer);
   /// True the first time in this operation that `peer`'s header is to be taken; it must have
   /// been sent to first.
   bool to_take(int peer);
+  /// to_take() for the entry of a peer that was sent to in this operation.
+  static bool to_take(Pair& pair) noexcept {
+    if (pair.taken) return false;
+    pair.taken = true;
+    return true;
+  }
   /// What this rank sent `peer` in this operation.
   const OpHeader& sent(int peer);
   /// Peers sent a header in this operation whose own header has not been taken yet.
   std::vector<int> untaken() const;
 
  private:
-  struct Peer {
-    std::uint64_t pair_seq = 0;  // operations this pair has checked
-    std::uint64_t op = 0;        // the op_seq of the operation `sent` belongs to (0: none yet)
-    OpHeader sent{};
-    bool taken = false;
-  };
-  Peer& current(int peer);
+  Pair& current(int peer);
 
   const OpArgs* args_ = nullptr;
   std::uint64_t op_seq_ = 0;
   // Every peer headers were exchanged with; entries stay from one operation to the next, so an
-  // operation allocates nothing for a peer it has met before (the fast path's per-call cost).
-  std::unordered_map<int, Peer> peers_;
+  // operation allocates nothing for a peer it has met before (the fast path's per-call cost), and
+  // an unordered_map does not move them.
+  std::unordered_map<int, Pair> peers_;
   std::vector<int> current_;  // the peers of this operation, in the order they were first sent to
 };
 

@@ -97,10 +97,12 @@ inline void cpu_relax() noexcept {
 /// COCCL_SPIN_US of its last work). A borrower that gets it runs with the proxy thread stopped at
 /// that point; the proxy thread waits until the borrower gives it back, asleep on a futex (at most
 /// 1 ms at a time) so that it leaves the core to the borrowers: it is woken early when it is owed
-/// a round (owe()) or when a borrower gives back the role while the loop's pollers wait. Nothing is
-/// lent while the proxy thread is busy or asleep. The role is handed over with acquire/release
-/// atomics, so everything the borrower did is visible to the proxy thread afterwards, and the other
-/// way round.
+/// a round (owe()) or when a borrower gives back the role while the loop's pollers wait. Once a
+/// borrower has done work since its last round and the loop has none of its own under way, the
+/// proxy thread naps the same way between idle rounds, the role free. Nothing is lent while the
+/// proxy thread is busy or asleep (in its io_context, after COCCL_SPIN_US without work). The role
+/// is handed over with acquire/release atomics, so everything the borrower did is visible to the
+/// proxy thread afterwards, and the other way round.
 class ProxyThread {
  public:
   explicit ProxyThread(int index);
@@ -223,8 +225,11 @@ class ProxyThread {
   void give_back_role() noexcept;
   void lend_if_asked() noexcept;
   void release_role() noexcept { holder_.store(free_role, std::memory_order_release); }
-  // The proxy thread naps in hold_role() while a borrower holds the role; wake_nap() ends the nap.
+  // The proxy thread naps (at most 1 ms, ended early by wake_nap()) in hold_role() while a
+  // borrower holds the role (`while_borrowed`: only if it still does), and between idle rounds
+  // while borrowers do the work (the role free).
   void wake_nap() noexcept;
+  void nap(bool while_borrowed) noexcept;
   std::atomic<int> holder_{proxy_role};
   std::atomic<bool> asleep_{false};
   std::atomic<int> asking_{0};

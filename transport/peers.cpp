@@ -481,15 +481,14 @@ void Peers::announce(int peer) {
 }
 
 Connection* Peers::ready(int peer, std::chrono::steady_clock::time_point now) noexcept {
-  if (peer < 0 || peer >= nranks_ || peer == rank_ || !by_peer_[peer]) return nullptr;
-  // An open link has its entry (add() made it); looked up, not made, since this cannot throw.
-  const auto it = peer_state_.find(peer);
-  if (it == peer_state_.end()) return nullptr;
-  PeerState& state = it->second;
+  // Only open links are indexed, never one to this rank itself or out of range.
+  const LinkIndex::Entry* e = by_peer_.find(peer);
+  if (!e) return nullptr;
+  PeerState& state = *e->state;
   if (state.closing && state.close_done) return nullptr;
   state.last_used = now;
   if (users_ > 0) state.held = period_;
-  return by_peer_[peer];
+  return e->link;
 }
 
 asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
@@ -740,7 +739,7 @@ void Peers::add_made(int peer, std::unique_ptr<Connection> c, std::size_t slots)
 void Peers::add(int peer, std::unique_ptr<Connection> c, std::size_t ring_bytes) {
   COCCL_INFO(net, rank_, "connected to rank %d over %s (receive ring %zu bytes)", peer, c->kind(),
              ring_bytes);
-  by_peer_.set(peer, c.get());
+  by_peer_.set(peer, c.get(), &at(peer));
   conns_.push_back(std::move(c));
   at(peer).ring_of = ring_bytes;
   ring_bytes_ += ring_bytes;
@@ -916,7 +915,7 @@ asio::awaitable<void> Peers::serve_close(std::shared_ptr<Stream> s,
 void Peers::retire(int peer, CloseReason why) {
   Connection* c = by_peer_[peer];
   if (!c) return;
-  by_peer_.set(peer, nullptr);
+  by_peer_.set(peer, nullptr, nullptr);
   ++at(peer).link_gen;
   ring_bytes_ -= at(peer).ring_of;
   at(peer).ring_of = 0;

@@ -314,21 +314,33 @@ class Peers {
   std::vector<std::unique_ptr<Connection>> retired_;  // closed by agreement, freed soon
   // Open links by peer, sorted: a rank links to O(log N) of its N peers, so a flat vector
   // searched by halves beats N pointers.
+  struct PeerState;
   class LinkIndex {
    public:
-    Connection* operator[](int peer) const noexcept {
+    /// A peer's open link and its entry in peer_state_ (kept with it so that the fast path's
+    /// per-operation lookup, ready(), is one search of this small vector and no hash).
+    struct Entry {
+      int peer;
+      Connection* link;
+      PeerState* state;
+    };
+    const Entry* find(int peer) const noexcept {
       auto it = lower(peer);
-      return it != links_.end() && it->first == peer ? it->second : nullptr;
+      return it != links_.end() && it->peer == peer ? &*it : nullptr;
     }
-    void set(int peer, Connection* c) {
+    Connection* operator[](int peer) const noexcept {
+      const Entry* e = find(peer);
+      return e ? e->link : nullptr;
+    }
+    void set(int peer, Connection* c, PeerState* state) {
       auto it = lower(peer);
-      const bool there = it != links_.end() && it->first == peer;
+      const bool there = it != links_.end() && it->peer == peer;
       if (c == nullptr) {
         if (there) links_.erase(it);
       } else if (there) {
-        it->second = c;
+        *it = Entry{peer, c, state};
       } else {
-        links_.insert(it, {peer, c});
+        links_.insert(it, Entry{peer, c, state});
       }
     }
     std::size_t size() const noexcept { return links_.size(); }
@@ -336,19 +348,18 @@ class Peers {
     std::vector<int> peers() const {
       std::vector<int> out;
       out.reserve(links_.size());
-      for (const auto& [p, c] : links_) out.push_back(p);
+      for (const Entry& e : links_) out.push_back(e.peer);
       return out;
     }
 
    private:
-    using Entry = std::pair<int, Connection*>;
     std::vector<Entry>::const_iterator lower(int peer) const noexcept {
       return std::lower_bound(links_.begin(), links_.end(), peer,
-                              [](const Entry& e, int p) { return e.first < p; });
+                              [](const Entry& e, int p) { return e.peer < p; });
     }
     std::vector<Entry>::iterator lower(int peer) noexcept {
       return std::lower_bound(links_.begin(), links_.end(), peer,
-                              [](const Entry& e, int p) { return e.first < p; });
+                              [](const Entry& e, int p) { return e.peer < p; });
     }
     std::vector<Entry> links_;
   };
