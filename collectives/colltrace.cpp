@@ -34,13 +34,12 @@ void CollTrace::restart(std::uint64_t seq, std::chrono::steady_clock::time_point
   if (Entry* e = running(seq)) e->started = at;
 }
 
-void CollTrace::end(std::uint64_t seq, bool ok,
-                    std::optional<std::chrono::steady_clock::time_point> at) {
+void CollTrace::end(std::uint64_t seq, bool ok, std::chrono::steady_clock::time_point at) {
   // Operations end in the order they begin, so the newest entry is the one to close.
   Entry* e = running(seq);
   if (!e) return;
   e->state = ok ? State::done : State::failed;
-  e->ended = at ? *at : std::chrono::steady_clock::now();
+  e->ended = at;
 }
 
 std::string CollTrace::json(int rank) const {

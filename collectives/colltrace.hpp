@@ -34,7 +34,7 @@ class CollTrace {
   void restart(std::uint64_t seq, std::chrono::steady_clock::time_point at);
   /// Closes the newest entry if it is `seq`'s, ended at `at` (now when not given).
   void end(std::uint64_t seq, bool ok,
-           std::optional<std::chrono::steady_clock::time_point> at = std::nullopt);
+           std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now());
   /// The ring as a JSON object: {"rank":R,"ops":[{"seq":..,"op":..,"state":..,"us":..},..]}.
   std::string json(int rank) const;
   /// The ring, oldest first, as the public API shows it.

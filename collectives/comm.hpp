@@ -192,7 +192,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   // Proxy thread (role held): the running operation begins / has ended.
   void begin_op(const OpArgs& args,
                 std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
-  void end_op(bool ok, std::optional<std::chrono::steady_clock::time_point> at = std::nullopt);
+  void end_op(bool ok, std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now());
   asio::awaitable<void> drain();
   // The watchdog fails the communicator when a link has been blocked for longer than
   // COCCL_TIMEOUT. Links block only inside operations, so it ticks only while watched(): an

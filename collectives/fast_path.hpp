@@ -79,9 +79,10 @@ class FastOp {
     std::byte* dst = nullptr;          // where the peer's chunk is copied; null: reduced later
     std::size_t recv_bytes = 0;        // 0: the header only
     bool joined = false;               // the header (compact) and the data go in one chunk
-    std::uint8_t sent = 0;             // 0 nothing, 1 the header, 2 everything
-    std::uint8_t got = 0;              // 0 nothing, 1 the header, 2 everything
-    transport::Chunk chunk{};          // a chunk held for the reduction
+    std::byte compact[compact_header_bytes];  // the compact header, when joined
+    std::uint8_t sent = 0;                    // 0 nothing, 1 the header, 2 everything
+    std::uint8_t got = 0;                     // 0 nothing, 1 the header, 2 everything
+    transport::Chunk chunk{};                 // a chunk held for the reduction
   };
   bool step();
   // run_for() without the flush of the links at its end.

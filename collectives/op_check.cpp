@@ -1,8 +1,10 @@
 #include "collectives/op_check.hpp"
 
 #include <coccl/types.hpp>
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "collectives/comm.hpp"
 
@@ -43,11 +45,22 @@ std::string type_name(std::uint32_t t) { return std::string(to_string(static_cas
 }  // namespace
 
 OpHeader make_op_header(const OpArgs& a, std::uint64_t op_seq, std::uint64_t pair_seq, int peer) {
-  OpHeader h{};
-  h.magic = op_header_magic;
-  h.kind = static_cast<std::uint32_t>(a.kind);
-  h.pair_seq = pair_seq;
-  h.op_seq = op_seq;
+  OpHeader h;
+  write_op_header(h, a, op_seq, pair_seq, peer);
+  return h;
+}
+
+// Every byte of a header is a field that write_op_header() stores (it goes on the wire as is).
+static_assert(sizeof(OpHeader) == 80 && std::has_unique_object_representations_v<OpHeader>);
+
+void write_op_header(OpHeader& h, const OpArgs& a, std::uint64_t op_seq, std::uint64_t pair_seq,
+                     int peer) {
+  // Worked out first and stored once a field: a header zeroed whole and then written over was
+  // read back by the fast path (compact form, comparison) across the seams of those stores, which
+  // stalls each load.
+  std::uint32_t type = 0, op = 0;
+  std::uint64_t count = 0;
+  std::int32_t root = 0;
   Signature out, in;
   switch (a.kind) {
     case OpKind::barrier:
@@ -57,21 +70,29 @@ OpHeader make_op_header(const OpArgs& a, std::uint64_t op_seq, std::uint64_t pai
         if (p.peer == peer) (p.is_send ? out : in).add(p.type, p.count);
       break;
     case OpKind::all_to_allv:
-      h.type = static_cast<std::uint32_t>(a.type);
+      type = static_cast<std::uint32_t>(a.type);
       out.add(a.type, a.send_counts[static_cast<std::size_t>(peer)]);
       in.add(a.type, a.recv_counts[static_cast<std::size_t>(peer)]);
       break;
     default:
-      h.type = static_cast<std::uint32_t>(a.type);
-      h.count = a.count;
-      if (rooted(a.kind)) h.root = a.root;
-      if (reduces(a.kind)) h.op = static_cast<std::uint32_t>(a.op);
+      type = static_cast<std::uint32_t>(a.type);
+      count = a.count;
+      if (rooted(a.kind)) root = a.root;
+      if (reduces(a.kind)) op = static_cast<std::uint32_t>(a.op);
   }
+  h.magic = op_header_magic;
+  h.kind = static_cast<std::uint32_t>(a.kind);
+  h.pair_seq = pair_seq;
+  h.op_seq = op_seq;
+  h.count = count;
   h.send_sig = out.hash;
   h.recv_sig = in.hash;
   h.send_bytes = out.bytes;
   h.recv_bytes = in.bytes;
-  return h;
+  h.root = root;
+  h.type = type;
+  h.op = op;
+  h.joined_fingerprint = 0;
 }
 
 void OpChecks::begin(const OpArgs& args, std::uint64_t op_seq) {
@@ -87,7 +108,9 @@ std::optional<OpHeader> OpChecks::to_send(int peer) {
 
 const OpHeader* OpChecks::to_send(Pair& p, int peer) {
   if (p.op == op_seq_) return nullptr;
-  p.sent = make_op_header(*args_, op_seq_, p.pair_seq++, peer);
+  // In place: a header returned by value and copied in was read back before its stores had
+  // drained (no store forwarding), most of this call's time on the fast path.
+  write_op_header(p.sent, *args_, op_seq_, p.pair_seq++, peer);
   p.op = op_seq_;
   p.taken = false;
   current_.push_back(peer);
@@ -147,6 +170,13 @@ void write_compact_header(const OpHeader& h, std::uint32_t data_fingerprint,
                         h.pair_seq,
                         h.op_seq};
   std::memcpy(out, &c, sizeof c);
+}
+
+bool compact_header_agrees(const std::byte (&mine)[compact_header_bytes],
+                           const std::byte* theirs) noexcept {
+  static_assert(offsetof(CompactHeader, op_seq) + sizeof(CompactHeader::op_seq) ==
+                compact_header_bytes);
+  return std::memcmp(mine, theirs, offsetof(CompactHeader, op_seq)) == 0;
 }
 
 std::optional<OpHeader> header_of(const void* data, std::size_t size, std::uint32_t fingerprint,

@@ -62,6 +62,13 @@ bool compactable(const OpHeader& h) noexcept;
 void write_compact_header(const OpHeader& h, std::uint32_t data_fingerprint,
                           std::byte (&out)[compact_header_bytes]) noexcept;
 
+/// True when the compact header at `theirs` (a peer's, compact_header_bytes long) agrees with
+/// `mine` (written by this rank for the same operation towards that peer): every field but the
+/// sender's own op_seq is equal, the fingerprint of the data joined to it included. A byte
+/// comparison, for the fast path; header_of() and op_headers_agree() decide every other case.
+bool compact_header_agrees(const std::byte (&mine)[compact_header_bytes],
+                           const std::byte* theirs) noexcept;
+
 /// The header a chunk (`size` bytes at `data`, marked `fingerprint`) starts with: a header alone,
 /// or one joined with data (`joined` set; the data follows the header's `header_bytes`), full or
 /// compact (expanded: equal to the header it was written from). Nothing if the chunk is neither.
@@ -70,6 +77,9 @@ std::optional<OpHeader> header_of(const void* data, std::size_t size, std::uint3
 
 /// This rank's view of the operation `args` (sequence number `op_seq`) towards `peer`.
 OpHeader make_op_header(const OpArgs& args, std::uint64_t op_seq, std::uint64_t pair_seq, int peer);
+/// make_op_header() written into `h` (every field).
+void write_op_header(OpHeader& h, const OpArgs& args, std::uint64_t op_seq, std::uint64_t pair_seq,
+                     int peer);
 
 /// Compares `theirs` (received from `peer`) with `mine` (what this rank sent to it for the same
 /// operation). Returns an empty string when they agree, else what differs, naming both ranks.

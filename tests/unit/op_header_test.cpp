@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "collectives/comm.hpp"
 #include "collectives/op_check.hpp"
@@ -117,6 +118,62 @@ TEST(CompactHeader, FullHeadersStillDecodeWithTheirLength) {
   EXPECT_TRUE(joined);
   EXPECT_EQ(header_bytes, sizeof(OpHeader));
   expect_same(*with_data, h);
+}
+
+// The fast path's byte comparison of a peer's compact header decides exactly as the decoded
+// comparison (op_headers_agree plus the joined data's fingerprint) for every field but the
+// sender's own op_seq, which neither compares.
+TEST(CompactHeader, ByteComparisonAgreesWithTheDecodedOne) {
+  const OpArgs a = collective(OpKind::all_reduce, 6);
+  const std::uint32_t data_fp = 0x5eed1234u;
+  const OpHeader mine = make_op_header(a, 40, (1ull << 35) + 3, 1);
+  std::byte mine_bytes[compact_header_bytes];
+  write_compact_header(mine, data_fp, mine_bytes);
+
+  struct Variant {
+    const char* what;
+    OpHeader theirs;
+    std::uint32_t fp;
+    bool agrees;
+  };
+  std::vector<Variant> variants;
+  OpHeader h = make_op_header(a, 977, mine.pair_seq, 0);
+  variants.push_back({"another op_seq only", h, data_fp, true});
+  variants.push_back({"another data fingerprint", h, data_fp + 1, false});
+  h = make_op_header(a, 40, mine.pair_seq + 1, 0);
+  variants.push_back({"another pair_seq", h, data_fp, false});
+  h = make_op_header(collective(OpKind::all_reduce, 7), 40, mine.pair_seq, 0);
+  variants.push_back({"another count", h, data_fp, false});
+  OpArgs typed = a;
+  typed.type = DataType::int32;
+  variants.push_back({"another type", make_op_header(typed, 40, mine.pair_seq, 0), data_fp, false});
+  OpArgs summed = a;
+  summed.op = ReduceOp::sum;
+  variants.push_back(
+      {"another operator", make_op_header(summed, 40, mine.pair_seq, 0), data_fp, false});
+  variants.push_back({"another kind",
+                      make_op_header(collective(OpKind::all_gather, 6), 40, mine.pair_seq, 0),
+                      data_fp, false});
+
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    std::byte theirs[compact_header_bytes];
+    write_compact_header(v.theirs, v.fp, theirs);
+    bool joined = false;
+    std::size_t header_bytes = 0;
+    const auto decoded =
+        header_of(theirs, sizeof theirs, op_compact_fingerprint, joined, header_bytes);
+    ASSERT_TRUE(decoded);
+    const bool decoded_agrees =
+        op_headers_agree(mine, *decoded) && decoded->joined_fingerprint == data_fp;
+    EXPECT_EQ(decoded_agrees, v.agrees);
+    EXPECT_EQ(compact_header_agrees(mine_bytes, theirs), v.agrees);
+  }
+  // Another version (byte 3) is never taken for this one.
+  std::byte other[compact_header_bytes];
+  std::memcpy(other, mine_bytes, sizeof other);
+  other[3] = std::byte{2};
+  EXPECT_FALSE(compact_header_agrees(mine_bytes, other));
 }
 
 }  // namespace
