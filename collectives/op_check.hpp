@@ -49,8 +49,8 @@ inline constexpr std::uint32_t op_header_fingerprint = 0x0C0C4EADu;
 inline constexpr std::uint32_t op_joined_fingerprint = 0x0C0C401Du;
 /// The chunk fingerprint of a compact header (compact_header_bytes, write_compact_header())
 /// joined with the sender's data: a collective's header without the fields only messages use, so
-/// that with a few bytes of data it fits the part of a chunk that arrives with its notice (shm:
-/// the slot's first cache line; see Connection::put_inline_bytes).
+/// that with up to 16 bytes of data it fits the part of a chunk that arrives with its notice
+/// (shm: the slot's first cache line), and larger data spill over by fewer lines.
 inline constexpr std::uint32_t op_compact_fingerprint = 0x0C0C4C1Du;
 inline constexpr std::uint32_t op_header_magic = 0x4F504843u;
 inline constexpr std::size_t compact_header_bytes = 32;

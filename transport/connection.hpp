@@ -98,14 +98,6 @@ class Connection {
                                 std::size_t /*n*/, std::uint32_t /*fingerprint*/) {
     return false;
   }
-  /// Whether every put is a frame of its own that costs a system call and a credit (tcp), so that
-  /// joining an operation's header with its data pays at any size the fast path takes.
-  virtual bool gathers_puts() const noexcept { return false; }
-  /// Bytes at the start of a chunk that reach the receiver together with its arrival notice (shm:
-  /// those on the slot's first cache line); 0 where no such part exists. A chunk of at most that
-  /// many bytes costs the receiver one cache-line transfer (a joined header measured no faster on
-  /// shm when it spilled over: a full header and 8 bytes take two lines, against three apart).
-  virtual std::size_t put_inline_bytes() const noexcept { return 0; }
   /// The next chunk, if it has arrived and the link is healthy, without taking it; nothing
   /// otherwise (not yet, or the link failed: wait() then says why).
   virtual std::optional<Chunk> peek() { return std::nullopt; }

@@ -258,8 +258,6 @@ bool ShmConnection::try_put_gathered(const void* head, std::size_t head_n, const
   return true;
 }
 
-std::size_t ShmConnection::put_inline_bytes() const noexcept { return cache_line - payload_offset; }
-
 std::optional<Chunk> ShmConnection::peek() {
   if (closed_ || departed_ || !can_recv()) return std::nullopt;
   return chunk_at(consumed_);

@@ -67,7 +67,6 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
                         std::uint32_t fingerprint) override;
-  std::size_t put_inline_bytes() const noexcept override;
   std::optional<Chunk> peek() override;
   void take_peeked() override { ++consumed_; }
   void learn_credit() noexcept override;

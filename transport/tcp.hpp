@@ -44,7 +44,6 @@ class TcpConnection : public SocketConnection {
   }
   bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
                         std::uint32_t fingerprint) override;
-  bool gathers_puts() const noexcept override { return true; }
   std::optional<Chunk> peek() override;
   void take_peeked() override { ++consumed_; }
   std::size_t poll_bytes() const noexcept override;
