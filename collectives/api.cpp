@@ -280,7 +280,7 @@ void throw_op_error(const std::shared_ptr<CommImpl>& impl, std::error_code ec) {
   throw std::system_error(ec, describe_error(impl, ec));
 }
 
-void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec) {
+void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs&& args, std::error_code& ec) {
   if ((ec = blocking_refused(impl))) return;
   if (impl) {
     // Done on this thread, no handler and no hand-over, when the fast path takes it.

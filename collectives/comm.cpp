@@ -341,7 +341,11 @@ CommImpl::FastResult CommImpl::run_fast(OpArgs& args, std::error_code& ec,
 
 void CommImpl::begin_op(const OpArgs& args, std::chrono::steady_clock::time_point now) {
   ++seq_;
-  fingerprint_ = fingerprint_of(args);
+  const FingerprintKey key{args.kind, args.type, args.op, args.root, args.count};
+  if (fingerprint_key_ != key) {
+    fingerprint_ = fingerprint_of(args);
+    fingerprint_key_ = key;
+  }
   checks_.begin(args, seq_);
   op_name_ = name_of(args.kind);
   trace_.begin(seq_, op_name_, args.count, static_cast<int>(args.type), args.root, now);

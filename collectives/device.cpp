@@ -214,7 +214,7 @@ std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, 
   gather.recv = all.data();
   gather.count = 2;
   gather.type = DataType::int64;
-  run_blocking(self, gather, ec);
+  run_blocking(self, OpArgs(gather), ec);
   if (ec) return nullptr;
   std::vector<int> members;
   for (int r = 0; r < n; ++r)
@@ -229,7 +229,7 @@ std::shared_ptr<CommImpl> split_blocking(const std::shared_ptr<CommImpl>& self, 
   gather.recv = ids.data();
   gather.count = id.bytes.size();
   gather.type = DataType::uint8;
-  run_blocking(self, gather, ec);
+  run_blocking(self, OpArgs(gather), ec);
   if (ec) return nullptr;
   std::memcpy(id.bytes.data(), ids.data() + members.front() * id.bytes.size(), id.bytes.size());
   const int rank =
@@ -337,7 +337,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   gather.count = sizeof(Advert);
   gather.type = DataType::uint8;
   std::error_code ec;
-  run_blocking(self, gather, ec);
+  run_blocking(self, OpArgs(gather), ec);
   if (ec) return ec;
   st->peers.resize(across_hosts ? 0 : n);
   for (int p = 0; p < n && !across_hosts; ++p) {
@@ -363,7 +363,7 @@ std::error_code ensure_device(CommImpl& c, const std::shared_ptr<CommImpl>& self
   // Nobody launches before every workspace is zeroed and mapped.
   OpArgs barrier;
   barrier.kind = OpKind::barrier;
-  run_blocking(self, barrier, ec);
+  run_blocking(self, std::move(barrier), ec);
   if (ec) return ec;
   const bool dependent = params::dependent_launch.get();
   st->ws.peers = across_hosts ? nullptr : st->peers.data();

@@ -223,7 +223,7 @@ class NetDevice {
     share.count = ids.size() * sizeof(UniqueId);
     share.type = DataType::uint8;
     std::error_code ec;
-    run_blocking(comm, share, ec);
+    run_blocking(comm, std::move(share), ec);
     if (ec) return ec;
     for (const UniqueId& id : ids) {
       lanes_.push_back(join_on(engine, id, comm->rank(), comm->size(), ec));

@@ -160,16 +160,18 @@ bool compactable(const OpHeader& h) noexcept {
 
 void write_compact_header(const OpHeader& h, std::uint32_t data_fingerprint,
                           std::byte (&out)[compact_header_bytes]) noexcept {
-  const CompactHeader c{static_cast<std::uint8_t>(h.kind),
-                        static_cast<std::uint8_t>(h.type),
-                        static_cast<std::uint8_t>(h.op),
-                        compact_version,
-                        h.root,
-                        static_cast<std::uint32_t>(h.count),
-                        data_fingerprint,
-                        h.pair_seq,
-                        h.op_seq};
-  std::memcpy(out, &c, sizeof c);
+  // Field by field into place: a header built aside and copied was read back in 16-byte pieces
+  // of its smaller stores, which stalls (no store forwarding).
+  auto put = [&out](std::size_t at, auto v) { std::memcpy(out + at, &v, sizeof v); };
+  put(offsetof(CompactHeader, kind), static_cast<std::uint8_t>(h.kind));
+  put(offsetof(CompactHeader, type), static_cast<std::uint8_t>(h.type));
+  put(offsetof(CompactHeader, op), static_cast<std::uint8_t>(h.op));
+  put(offsetof(CompactHeader, version), compact_version);
+  put(offsetof(CompactHeader, root), h.root);
+  put(offsetof(CompactHeader, count), static_cast<std::uint32_t>(h.count));
+  put(offsetof(CompactHeader, joined_fingerprint), data_fingerprint);
+  put(offsetof(CompactHeader, pair_seq), h.pair_seq);
+  put(offsetof(CompactHeader, op_seq), h.op_seq);
 }
 
 bool compact_header_agrees(const std::byte (&mine)[compact_header_bytes],

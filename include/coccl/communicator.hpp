@@ -127,7 +127,7 @@ void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler hand
 void initiate_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
                     std::chrono::milliseconds deadline, OpHandler handler);
 /// The blocking forms: waits for the operation (or group) on the calling thread.
-void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs args, std::error_code& ec);
+void run_blocking(const std::shared_ptr<CommImpl>& impl, OpArgs&& args, std::error_code& ec);
 void run_blocking_group(const std::shared_ptr<CommImpl>& impl, std::vector<OpArgs> ops,
                         std::chrono::milliseconds deadline, std::error_code& ec);
 /// Throws the error of a failed blocking operation, with the communicator's description.
