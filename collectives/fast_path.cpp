@@ -65,7 +65,6 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     default:
       return false;
   }
-  peers_.resize(static_cast<std::size_t>(n - 1));
   spin_limit_ = spin_polls;
   if (n == 1) return true;
   // As run_op's Use: the links resolved here stay open until end().
@@ -78,6 +77,9 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
       use_.reset();
       return false;
     }
+    // An entry is made only for a link that is ready, as far as the links go: a large
+    // communicator whose links are made lazily never holds one per rank here.
+    if (peers_.size() < static_cast<std::size_t>(i)) peers_.emplace_back();
     Peer& peer = peers_[static_cast<std::size_t>(i - 1)];
     if (!peer.pair || peer.rank != p) peer.pair = &c_.checks().pair(p);
     peer.rank = p;
