@@ -78,11 +78,14 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
       return false;
     }
     // An entry is made only for a link that is ready, as far as the links go: a large
-    // communicator whose links are made lazily never holds one per rank here.
-    if (peers_.size() < static_cast<std::size_t>(i)) peers_.emplace_back();
+    // communicator whose links are made lazily never holds one per rank here. Entry i - 1 is
+    // always peer p (the rank and size do not change), so its rank and checks are set once.
+    if (peers_.size() < static_cast<std::size_t>(i)) {
+      Peer& made = peers_.emplace_back();
+      made.rank = p;
+      made.pair = &c_.checks().pair(p);
+    }
     Peer& peer = peers_[static_cast<std::size_t>(i - 1)];
-    if (!peer.pair || peer.rank != p) peer.pair = &c_.checks().pair(p);
-    peer.rank = p;
     peer.link = l;
     peer.send_bytes = block;
     peer.recv_bytes = block;

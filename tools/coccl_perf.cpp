@@ -204,8 +204,8 @@ struct Row {
   long long wrong[2];
 };
 
-// The collectives the bench times, named once per size so that the blocking loop switches on
-// this rather than comparing names on every call.
+// The collectives the bench times, named once per collective so that the calls switch on this
+// rather than comparing names every time.
 enum class Coll {
   allreduce,
   broadcast,
@@ -262,28 +262,31 @@ std::error_code call_blocking(Coll k, coccl::Communicator& c, const Options& o, 
   return ec;
 }
 
-// Launches one operation of `coll` as an awaitable on the communicator (the blocking form when
+// Launches one operation of `k` as an awaitable on the communicator (the blocking form when
 // --blocking: the bench then runs on this rank's own thread, run_rank, which may block).
-asio::awaitable<std::error_code> launch(coccl::Communicator& c, const std::string& coll,
-                                        const Options& o, const Shape& s, const void* send,
-                                        void* recv) {
-  auto t = o.type;
-  if (o.blocking) co_return call_blocking(coll_of(coll), c, o, s, send, recv);
+asio::awaitable<std::error_code> launch(coccl::Communicator& c, Coll k, const Options& o,
+                                        const Shape& s, const void* send, void* recv) {
+  if (o.blocking) co_return call_blocking(k, c, o, s, send, recv);
+  const auto t = o.type;
   auto tok = asio::as_tuple(asio::use_awaitable);
-  if (coll == "allreduce")
-    co_return std::get<0>(co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok));
-  if (coll == "broadcast")
-    co_return std::get<0>(co_await c.async_broadcast(send, recv, s.count, t, o.root, tok));
-  if (coll == "reduce")
-    co_return std::get<0>(co_await c.async_reduce(send, recv, s.count, t, o.op, o.root, tok));
-  if (coll == "allgather")
-    co_return std::get<0>(co_await c.async_all_gather(send, recv, s.count, t, tok));
-  if (coll == "reducescatter")
-    co_return std::get<0>(co_await c.async_reduce_scatter(send, recv, s.count, t, o.op, tok));
-  if (coll == "alltoall")
-    co_return std::get<0>(co_await c.async_all_to_all(send, recv, s.count, t, tok));
-  if (coll == "gather")
-    co_return std::get<0>(co_await c.async_gather(send, recv, s.count, t, o.root, tok));
+  switch (k) {
+    case Coll::allreduce:
+      co_return std::get<0>(co_await c.async_all_reduce(send, recv, s.count, t, o.op, tok));
+    case Coll::broadcast:
+      co_return std::get<0>(co_await c.async_broadcast(send, recv, s.count, t, o.root, tok));
+    case Coll::reduce:
+      co_return std::get<0>(co_await c.async_reduce(send, recv, s.count, t, o.op, o.root, tok));
+    case Coll::allgather:
+      co_return std::get<0>(co_await c.async_all_gather(send, recv, s.count, t, tok));
+    case Coll::reducescatter:
+      co_return std::get<0>(co_await c.async_reduce_scatter(send, recv, s.count, t, o.op, tok));
+    case Coll::alltoall:
+      co_return std::get<0>(co_await c.async_all_to_all(send, recv, s.count, t, tok));
+    case Coll::gather:
+      co_return std::get<0>(co_await c.async_gather(send, recv, s.count, t, o.root, tok));
+    case Coll::scatter:
+      break;
+  }
   co_return std::get<0>(co_await c.async_scatter(send, recv, s.count, t, o.root, tok));
 }
 
@@ -302,6 +305,7 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
   const int n = c.size(), rank = c.rank();
   const std::size_t elt = coccl::size_of(o.type);
   for (const std::string& coll : o.colls) {
+    const Coll kind = coll_of(coll);
     for (double b = static_cast<double>(o.min_bytes); b <= static_cast<double>(o.max_bytes);
          b = std::max(b * o.factor, b + 1)) {
       std::size_t bytes = static_cast<std::size_t>(b);
@@ -338,7 +342,7 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
         std::error_code ec;
         if (o.check) {
           perf::fill(coll, o, s.count, n, rank, const_cast<void*>(sp), rp, place == 1);
-          ec = co_await launch(c, coll, o, s, sp, rp);
+          ec = co_await launch(c, kind, o, s, sp, rp);
           if (ec) throw std::system_error(ec, c.last_error());
           long long wrong = perf::count_wrong(coll, o, s.count, n, rank, rp);
           std::vector<long long> total{wrong};
@@ -348,24 +352,20 @@ asio::awaitable<void> bench_rank(coccl::Communicator c, Options o, std::vector<R
           row.wrong[place] = total[0];
         }
         for (int i = 0; i < o.warmup; ++i) {
-          ec = co_await launch(c, coll, o, s, sp, rp);
+          ec = co_await launch(c, kind, o, s, sp, rp);
           if (ec) throw std::system_error(ec, c.last_error());
         }
         std::vector<double> batches;
-        const Coll kind = coll_of(coll);
         for (int r = 0; r < o.repeat; ++r) {
           std::tie(ec) = co_await c.async_barrier(asio::as_tuple(asio::use_awaitable));
           auto t0 = std::chrono::steady_clock::now();
-          if (o.blocking) {
-            for (int i = 0; i < o.iters; ++i) {
+          for (int i = 0; i < o.iters; ++i) {
+            // Blocking calls straight from this loop: no coroutine per call.
+            if (o.blocking)
               ec = call_blocking(kind, c, o, s, sp, rp);
-              if (ec) throw std::system_error(ec, c.last_error());
-            }
-          } else {
-            for (int i = 0; i < o.iters; ++i) {
-              ec = co_await launch(c, coll, o, s, sp, rp);
-              if (ec) throw std::system_error(ec, c.last_error());
-            }
+            else
+              ec = co_await launch(c, kind, o, s, sp, rp);
+            if (ec) throw std::system_error(ec, c.last_error());
           }
           double us =
               std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)

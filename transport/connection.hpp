@@ -87,9 +87,9 @@ class Connection {
   virtual bool pollable() const noexcept { return false; }
   /// put(), if a slot of the peer's ring is free now and the link is healthy: true once it is
   /// published; false, with nothing sent, otherwise (no room yet, or the link failed: put() then
-  /// says why).
-  virtual bool try_put(const void* /*src*/, std::size_t /*n*/, std::uint32_t /*fingerprint*/) {
-    return false;
+  /// says why). A chunk of one part, as try_put_gathered() sends it.
+  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) {
+    return try_put_gathered(src, n, nullptr, 0, fingerprint);
   }
   /// try_put() of one chunk made of two parts, `head` then `src` (both reusable once it returns
   /// true), copied into one chunk by the link (tcp: into the frames it holds back; shm: into the

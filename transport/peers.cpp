@@ -915,7 +915,7 @@ asio::awaitable<void> Peers::serve_close(std::shared_ptr<Stream> s,
 void Peers::retire(int peer, CloseReason why) {
   Connection* c = by_peer_[peer];
   if (!c) return;
-  by_peer_.set(peer, nullptr, nullptr);
+  by_peer_.erase(peer);
   ++at(peer).link_gen;
   ring_bytes_ -= at(peer).ring_of;
   at(peer).ring_of = 0;

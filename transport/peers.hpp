@@ -334,14 +334,14 @@ class Peers {
     }
     void set(int peer, Connection* c, PeerState* state) {
       auto it = lower(peer);
-      const bool there = it != links_.end() && it->peer == peer;
-      if (c == nullptr) {
-        if (there) links_.erase(it);
-      } else if (there) {
+      if (it != links_.end() && it->peer == peer)
         *it = Entry{peer, c, state};
-      } else {
+      else
         links_.insert(it, Entry{peer, c, state});
-      }
+    }
+    void erase(int peer) {
+      auto it = lower(peer);
+      if (it != links_.end() && it->peer == peer) links_.erase(it);
     }
     std::size_t size() const noexcept { return links_.size(); }
     /// The peers with an open link, in order (a copy: closing one changes the index).

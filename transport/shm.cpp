@@ -245,12 +245,6 @@ asio::awaitable<Chunk> ShmConnection::wait() {
   co_return chunk_at(consumed_++);
 }
 
-bool ShmConnection::try_put(const void* src, std::size_t n, std::uint32_t fp) {
-  if (closed_ || departed_ || n > slot_bytes_ || !can_put()) return false;
-  publish(src, n, fp);
-  return true;
-}
-
 bool ShmConnection::try_put_gathered(const void* head, std::size_t head_n, const void* src,
                                      std::size_t n, std::uint32_t fp) {
   if (closed_ || departed_ || head_n + n > slot_bytes_ || !can_put()) return false;

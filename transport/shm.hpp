@@ -64,7 +64,6 @@ class ShmConnection final : public SocketConnection, public PolledLink {
   void release() override;
   bool settled() const noexcept override;
   bool pollable() const noexcept override { return !closed_ && !departed_; }
-  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override;
   bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
                         std::uint32_t fingerprint) override;
   std::optional<Chunk> peek() override;

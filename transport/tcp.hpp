@@ -39,9 +39,6 @@ class TcpConnection : public SocketConnection {
     return socket_.tcp() && !closed_ && (!departed_ || filled_ != consumed_) && !reader_busy() &&
            (fast_active() || fast_writable());
   }
-  bool try_put(const void* src, std::size_t n, std::uint32_t fingerprint) override {
-    return try_put_gathered(src, n, nullptr, 0, fingerprint);
-  }
   bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
                         std::uint32_t fingerprint) override;
   std::optional<Chunk> peek() override;
