@@ -233,9 +233,11 @@ class Peers {
   // Slots of a link made for an operation of `bytes` (0: unknown, the full ring).
   std::size_t slots_for(std::size_t bytes) const noexcept;
   // Makes room under the budget for a link to `peer` of `bytes` ring bytes, closing least recently
-  // used idle links (waiting for busy peers to let go, until the deadline). Throws LinkError
-  // naming COCCL_MEM_BUDGET when it cannot.
-  asio::awaitable<Reservation> make_room(int peer, std::size_t bytes);
+  // used idle links (waiting for busy peers to let go, until the deadline). `answering`: the link
+  // is the peer's request (for an operation of its own, which may be ahead of this rank's), so
+  // links that this rank's running operation holds are waited for too. Throws LinkError naming
+  // COCCL_MEM_BUDGET when it cannot.
+  asio::awaitable<Reservation> make_room(int peer, std::size_t bytes, bool answering);
   // The link to `peer` is open and not held by the running operation.
   bool held(int peer) const noexcept {
     const PeerState* s = find(peer);
