@@ -46,6 +46,24 @@ transport::Secret make_secret() {
   throw std::system_error(make_error_code(errc::invalid_argument), why);
 }
 
+// A secret as 32 hex digits (a launcher value), and back.
+std::string secret_text(const transport::Secret& secret) {
+  UniqueId id{};
+  std::memcpy(id.bytes.data(), secret.data(), secret.size());
+  return id.to_string().substr(0, 2 * secret.size());
+}
+
+transport::Secret secret_from_text(const std::string& text) {
+  transport::Secret secret{};
+  if (text.size() != 2 * secret.size())
+    throw std::system_error(make_error_code(errc::bad_message),
+                            "the launcher's secret is " + std::to_string(text.size()) +
+                                " characters, not " + std::to_string(2 * secret.size()));
+  const UniqueId id = UniqueId::from_string(text + std::string(256 - text.size(), '0'));
+  std::memcpy(secret.data(), id.bytes.data(), secret.size());
+  return secret;
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -365,6 +383,42 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
   return ec ? nullptr : impl;
 }
 
+Communicator create_from_book(transport::AddressBook& book, const transport::Secret& secret,
+                              int rank, int nranks) {
+  if (runtime::on_proxy_thread())
+    throw std::system_error(std::make_error_code(std::errc::resource_deadlock_would_occur),
+                            blocking_on_proxy);
+  if (nranks <= 0) invalid("nranks must be positive, got " + std::to_string(nranks));
+  if (rank < 0 || rank >= nranks)
+    invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) + ")");
+  auto impl = std::make_shared<CommImpl>(engine(), secret, rank, nranks, CommunicatorOptions{},
+                                         false);
+  // The launcher's calls block: they run here, the communicator's own steps on its thread.
+  auto on_proxy = [&](auto fn) {
+    std::promise<void> done;
+    asio::post(impl->executor(), [&] {
+      try {
+        fn();
+        done.set_value();
+      } catch (...) {
+        done.set_exception(std::current_exception());
+      }
+    });
+    done.get_future().get();
+  };
+  try {
+    transport::PeerInfo self{};
+    on_proxy([&] { self = impl->peers().self_info(); });
+    const transport::DirectoryFrame frame = transport::frame_from_book(book, self, rank, nranks);
+    on_proxy([&] { impl->form(frame); });
+  } catch (const std::system_error& err) {
+    COCCL_WARN(init, rank, "communicator creation failed: %s", err.what());
+    on_proxy([&] { impl->fail(err.code(), err.what(), false); });
+    throw;
+  }
+  return CommImpl::handle(impl);
+}
+
 void initiate_create(std::vector<UniqueId> ids, int rank, int nranks,
                      const CommunicatorOptions& options, CreateHandler handler,
                      std::shared_ptr<std::string> failure) {
@@ -602,6 +656,26 @@ Communicator Communicator::from_env() {
     rank = pmix->rank();
     size = pmix->size();
     const std::string key = launcher_key(call);
+    const std::string how = params::bootstrap.get();
+    if (how != "auto" && how != "root" && how != "launcher")
+      invalid("COCCL_BOOTSTRAP is auto, root or launcher, not '" + how + "'");
+    const std::unique_ptr<transport::AddressBook> book = transport::pmix_book(*pmix, key);
+    if (how != "root" && transport::can_form_from(*book, size)) {
+      // No root: rank 0's secret, then every rank's listener, through the launcher's table.
+      transport::Secret secret{};
+      if (rank == 0) {
+        secret = make_secret();
+        pmix->put(key + "/secret", secret_text(secret));
+      }
+      pmix->fence();
+      if (rank != 0) secret = secret_from_text(pmix->get(0, key + "/secret"));
+      return detail::create_from_book(*book, secret, rank, size);
+    }
+    if (how == "launcher")
+      invalid("COCCL_BOOTSTRAP=launcher, but the launcher cannot count the hosts of " +
+              std::to_string(size) +
+              " ranks (COCCL_HOSTID is set, or PMIx lacks pmix.num.nodes) and the directory is "
+              "not full (COCCL_DIRECTORY_FULL)");
     UniqueId id;
     if (rank == 0) {
       id = UniqueId::create();

@@ -150,7 +150,7 @@ CommImpl::~CommImpl() {
   done.get_future().wait();
 }
 
-asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> roots) {
+void CommImpl::serve_status() {
   peers_->set_status_source([w = weak_from_this()]() -> std::vector<std::uint8_t> {
     auto self = w.lock();
     // Nothing until the table is here: the asker reads that as "has not formed".
@@ -158,7 +158,17 @@ asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> r
     return encode_status(self->status());
   });
   peers_->set_status_reader(status_text);
+}
+
+asio::awaitable<void> CommImpl::rendezvous(std::vector<transport::RootAddress> roots) {
+  serve_status();
   co_await peers_->rendezvous(std::move(roots));
+  learn_topology();
+}
+
+void CommImpl::form(const transport::DirectoryFrame& frame) {
+  serve_status();
+  peers_->form(frame);
   learn_topology();
 }
 

@@ -20,6 +20,7 @@
 #include "kernels/device.hpp"
 #include "kernels/net.hpp"
 #include "runtime/engine.hpp"
+#include "transport/address_book.hpp"
 #include "transport/peers.hpp"
 
 namespace coccl::detail {
@@ -86,6 +87,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
   /// Proxy thread: joins via the roots (one, or several: see Peers::rendezvous).
   asio::awaitable<void> rendezvous(std::vector<transport::RootAddress> roots);
+  /// Proxy thread: forms without a root, from the frame a launcher's table gave this rank
+  /// (transport/address_book.hpp; Peers::form).
+  void form(const transport::DirectoryFrame& frame);
 
   /// Any thread: validates and queues an operation.
   void submit(OpArgs args, OpHandler handler);
@@ -267,6 +271,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   bool one_host_ = false;
   bool crowded_ = false;
   void learn_topology();
+  // Answers status queries once formed (both ways of forming).
+  void serve_status();
   std::chrono::steady_clock::duration timeout_;
   bool blocking_ = true;
   std::string name_;
@@ -330,6 +336,12 @@ void start_create(std::vector<UniqueId> ids, int rank, int nranks,
 /// (blocking; not on that engine's threads). Null, with `ec` set, on failure.
 std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& engine,
                                   const UniqueId& id, int rank, int nranks, std::error_code& ec);
+
+/// Forms `rank` of `nranks` from a launcher's table (transport/address_book.hpp), without a
+/// root, its links authenticated with `secret`: the book's calls block on this thread (not a
+/// proxy thread). Throws std::system_error with the book's error or the frame's.
+Communicator create_from_book(transport::AddressBook& book, const transport::Secret& secret,
+                              int rank, int nranks);
 
 /// Checks an operation's arguments against the communicator; returns an empty string when they
 /// are valid, else the reason.

@@ -19,5 +19,6 @@ extern config::Param<std::int64_t> direct_max_ranks;  // COCCL_DIRECT_MAX_RANKS
 extern config::Param<std::int64_t> colltrace_size;    // COCCL_COLLTRACE_SIZE
 extern config::Param<std::string> comm_id;            // COCCL_COMM_ID
 extern config::Param<std::string> secret;             // COCCL_SECRET
+extern config::Param<std::string> bootstrap;          // COCCL_BOOTSTRAP
 
 }  // namespace coccl::params

@@ -47,6 +47,7 @@ std::span<const config::ParamBase* const> library() {
     &hostid,
     &comm_id,
     &secret,
+    &bootstrap,
     &bootstrap_pending_max,
     &bootstrap_auth_timeout,
     &bootstrap_pending_grace,

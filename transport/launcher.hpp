@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "transport/address_book.hpp"
 
 namespace coccl::transport {
 
@@ -82,11 +85,19 @@ class PmixClient {
   void fence();
   /// Reads what process `rank` put under `key` (after a fence()).
   std::string get(int rank, std::string_view key);
+  /// A 32-bit fact of the job that PMIx holds (`key`, for instance "pmix.num.nodes" or
+  /// "pmix.local.size"); nullopt when it holds none under that key.
+  std::optional<std::uint32_t> job_info(std::string_view key);
 
  private:
   struct Api;
   explicit PmixClient(std::unique_ptr<Api> api);
   std::unique_ptr<Api> api_;
 };
+
+/// The job's modex as an AddressBook (address_book.hpp): entries go under `key` + "/addr", and
+/// the hosts are the launcher's nodes unless COCCL_HOSTID names them (then only a full directory
+/// can count them). `pmix` outlives the book.
+std::unique_ptr<AddressBook> pmix_book(PmixClient& pmix, std::string key);
 
 }  // namespace coccl::transport

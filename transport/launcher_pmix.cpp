@@ -10,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "transport/bootstrap.hpp"
 #include "transport/launcher.hpp"
 
 namespace coccl::transport {
@@ -153,6 +154,52 @@ std::string PmixClient::get(int rank, std::string_view key) {
   std::string out(v->data.string);
   api_->release(v);
   return out;
+}
+
+std::optional<std::uint32_t> PmixClient::job_info(std::string_view key) {
+  if (key.size() >= key_len) fail(errc::invalid_argument, "PMIx key too long");
+  char k[key_len] = {};
+  std::memcpy(k, key.data(), key.size());
+  Proc job = api_->me;
+  job.rank = rank_wildcard;
+  Value* v = nullptr;
+  const int rc = api_->get(&job, k, nullptr, 0, &v);
+  std::optional<std::uint32_t> out;
+  if (rc == 0 && v && v->type == type_uint32) out = v->data.uint32;
+  api_->release(v);
+  return out;
+}
+
+namespace {
+
+class PmixBook final : public AddressBook {
+ public:
+  PmixBook(PmixClient& pmix, std::string key) : pmix_(pmix), key_(std::move(key) + "/addr") {}
+
+  void publish(const PeerInfo& self) override {
+    pmix_.put(key_, encode_book_entry(self));
+    pmix_.fence();
+  }
+  PeerInfo lookup(int rank) override { return decode_book_entry(pmix_.get(rank, key_), rank); }
+  std::optional<HostCount> hosts() override {
+    // The launcher's nodes are coccl's hosts unless COCCL_HOSTID gives ranks identities of
+    // their own, which the launcher does not know.
+    if (!params::hostid.get().empty()) return std::nullopt;
+    const auto nodes = pmix_.job_info("pmix.num.nodes");
+    const auto local = pmix_.job_info("pmix.local.size");
+    if (!nodes || !local) return std::nullopt;
+    return HostCount{*nodes, *local};
+  }
+
+ private:
+  PmixClient& pmix_;
+  std::string key_;
+};
+
+}  // namespace
+
+std::unique_ptr<AddressBook> pmix_book(PmixClient& pmix, std::string key) {
+  return std::make_unique<PmixBook>(pmix, std::move(key));
 }
 
 }  // namespace coccl::transport

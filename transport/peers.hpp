@@ -84,6 +84,10 @@ class Peers {
   /// ranks and the first of each share passes it on to roots[0]. When it fails, this rank tells
   /// roots[0] why (for peers that find it gone).
   asio::awaitable<void> rendezvous(std::vector<RootAddress> roots);
+  /// Forms without a root, from the frame a launcher's table gave this rank (address_book.hpp).
+  /// Throws std::system_error (errc::bad_message) when the frame is not this communicator's or
+  /// lacks an entry this rank keeps.
+  void form(const DirectoryFrame& frame);
 
   /// The connection to `peer`, made now if needed. `bytes` (0: unknown) is the size of the
   /// operation that asks: a link made for a small one gets a ring of fewer slots. A new link that
