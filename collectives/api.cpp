@@ -384,7 +384,8 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& e, con
 }
 
 Communicator create_from_book(transport::AddressBook& book, const transport::Secret& secret,
-                              int rank, int nranks) {
+                              int rank, int nranks, bool memory,
+                              std::shared_ptr<transport::Traffic> traffic) {
   if (runtime::on_proxy_thread())
     throw std::system_error(std::make_error_code(std::errc::resource_deadlock_would_occur),
                             blocking_on_proxy);
@@ -392,7 +393,7 @@ Communicator create_from_book(transport::AddressBook& book, const transport::Sec
   if (rank < 0 || rank >= nranks)
     invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) + ")");
   auto impl = std::make_shared<CommImpl>(engine(), secret, rank, nranks, CommunicatorOptions{},
-                                         false);
+                                         memory, std::move(traffic));
   // The launcher's calls block: they run here, the communicator's own steps on its thread.
   auto on_proxy = [&](auto fn) {
     std::promise<void> done;

@@ -339,9 +339,11 @@ std::shared_ptr<CommImpl> join_on(const std::shared_ptr<runtime::Engine>& engine
 
 /// Forms `rank` of `nranks` from a launcher's table (transport/address_book.hpp), without a
 /// root, its links authenticated with `secret`: the book's calls block on this thread (not a
-/// proxy thread). Throws std::system_error with the book's error or the frame's.
+/// proxy thread). `memory`: it listens and links on the in-memory network, its streams counted in
+/// `traffic` (as start_create). Throws std::system_error with the book's error or the frame's.
 Communicator create_from_book(transport::AddressBook& book, const transport::Secret& secret,
-                              int rank, int nranks);
+                              int rank, int nranks, bool memory = false,
+                              std::shared_ptr<transport::Traffic> traffic = nullptr);
 
 /// Checks an operation's arguments against the communicator; returns an empty string when they
 /// are valid, else the reason.

@@ -61,9 +61,9 @@ bool can_form_from(AddressBook& book, int nranks) {
 
 DirectoryFrame frame_from_book(AddressBook& book, const PeerInfo& self, int rank, int nranks) {
   if (nranks < 1 || rank < 0 || rank >= nranks)
-    throw std::system_error(make_error_code(errc::invalid_argument),
-                            "bootstrap: rank " + std::to_string(rank) + " of " +
-                                std::to_string(nranks) + " ranks");
+    throw std::system_error(
+        make_error_code(errc::invalid_argument),
+        "bootstrap: rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " ranks");
   const bool full = full_directory(nranks);
   std::optional<HostCount> known;
   if (!full && !(known = book.hosts()))
@@ -85,8 +85,7 @@ DirectoryFrame frame_from_book(AddressBook& book, const PeerInfo& self, int rank
     needs.erase(std::unique(needs.begin(), needs.end()), needs.end());
   }
   frame.entries.reserve(needs.size());
-  for (int r : needs)
-    frame.entries.push_back({r, r == rank ? self : book.lookup(r), 1});
+  for (int r : needs) frame.entries.push_back({r, r == rank ? self : book.lookup(r), 1});
   if (full) {
     // Every entry is here: count the hosts as a root would (same host_hash, same host).
     std::unordered_map<std::uint64_t, std::uint32_t> on_host;

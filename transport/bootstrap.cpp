@@ -923,8 +923,8 @@ asio::awaitable<void> Peers::rendezvous(std::vector<RootAddress> roots) {
 
 void Peers::form(const DirectoryFrame& frame) {
   if (frame.header.nranks != static_cast<std::uint32_t>(nranks_))
-    bad_message("a table of " + std::to_string(frame.header.nranks) + " ranks for a communicator of " +
-                std::to_string(nranks_));
+    bad_message("a table of " + std::to_string(frame.header.nranks) +
+                " ranks for a communicator of " + std::to_string(nranks_));
   directory_.assign(frame, rank_);
   table_ready_.cancel();
   COCCL_INFO(boot, rank_, "formed from the launcher's table, without a root: %d ranks, %u hosts",

@@ -93,37 +93,96 @@ std::pair<int, std::string> shell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-TEST(FromEnv, MpirunPassesTheIdThroughPmix) {
-  if (::access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/mpirun";
-  // Rank -1: the worker takes its rank from the launcher. MASTER_ADDR and COCCL_COMM_ID are
-  // cleared so that PMIx is the only way the ranks can meet. libpmix keeps a few bytes of its
-  // own initialisation until exit, which the sanitizer build's leak check would count.
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// `n` workers of the all_reduce scenario under mpirun, with `env` (NAME=value ...) passed to
+// them; each forms two communicators from the environment. Rank -1: the worker takes its rank
+// from the launcher. MASTER_ADDR and COCCL_COMM_ID are cleared so that PMIx is the only way the
+// ranks can meet. libpmix keeps a few bytes of its own initialisation until exit, which the
+// sanitizer build's leak check would count.
+std::pair<int, std::string> under_mpirun(int n, const std::vector<std::string>& env) {
   const std::string supp = ::testing::TempDir() + "coccl_lsan_pmix.supp";
   if (FILE* f = std::fopen(supp.c_str(), "w")) {
     std::fputs("leak:libpmix.so\n", f);
     std::fclose(f);
   }
+  std::string vars, exported;
+  for (const std::string& e : env) {
+    vars += e + " ";
+    exported += "-x " + e.substr(0, e.find('=')) + " ";
+  }
   const std::string cmd =
       "env -u MASTER_ADDR -u MASTER_PORT -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 "
       "LSAN_OPTIONS=suppressions=" +
-      supp +
-      " "
+      supp + " " + vars +
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 "
-      "timeout 120 /usr/bin/mpirun -n 3 " COCCL_WORKER " all_reduce -1 3 env quick nolarge";
-  const auto [code, out] = shell(cmd);
-  EXPECT_EQ(code, 0) << out;
-  std::size_t passed = 0;
-  for (auto at = out.find("all checks passed"); at != std::string::npos;
-       at = out.find("all checks passed", at + 1))
-    ++passed;
-  EXPECT_EQ(passed, 3u) << out;
+      "timeout 120 /usr/bin/mpirun " +
+      exported + "-n " + std::to_string(n) + " " COCCL_WORKER " all_reduce -1 " +
+      std::to_string(n) + " env quick nolarge 2>&1";
+  return shell(cmd);
 }
 
-std::size_t count_of(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
+TEST(FromEnv, MpirunPassesTheIdThroughPmix) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/mpirun";
+  // With a root: rank 0 starts it and puts its id in the launcher's table.
+  const auto [code, out] = under_mpirun(3, {"COCCL_BOOTSTRAP=root", "COCCL_DEBUG=INFO"});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(count_of(out, "all checks passed"), 3u) << out;
+  EXPECT_EQ(count_of(out, "bootstrap done: 3 ranks"), 6u) << out;
+  EXPECT_EQ(count_of(out, "formed from the launcher's table"), 0u) << out;
+}
+
+// The default under PMIx: no root; every rank puts its listener in the launcher's table and
+// reads those it keeps. A full directory (3 ranks) counts the hosts from the entries; above
+// COCCL_DIRECTORY_FULL (lowered to 2) a rank reads its O(log N) partners and the launcher counts
+// the hosts (its nodes: one here).
+TEST(FromEnv, MpirunFormsFromTheLaunchersTableWithoutARoot) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/mpirun";
+  for (const auto& [n, full] : {std::pair{3, "64"}, std::pair{4, "2"}}) {
+    const auto [code, out] =
+        under_mpirun(n, {"COCCL_DEBUG=INFO", std::string("COCCL_DIRECTORY_FULL=") + full});
+    EXPECT_EQ(code, 0) << out;
+    const std::string formed =
+        "formed from the launcher's table, without a root: " + std::to_string(n) +
+        " ranks, 1 hosts";
+    EXPECT_EQ(count_of(out, "all checks passed"), static_cast<std::size_t>(n)) << out;
+    EXPECT_EQ(count_of(out, formed), 2u * n) << out;
+    EXPECT_EQ(count_of(out, "bootstrap done"), 0u) << out;
+  }
+}
+
+// COCCL_HOSTID gives ranks hosts the launcher does not know: above the full directory's limit
+// auto falls back to a root, and launcher refuses with the reason on every rank.
+TEST(FromEnv, HostIdentitiesTheLauncherCannotCountTakeARootOrAreRefused) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/mpirun";
+  const std::vector<std::string> sparse{"COCCL_DEBUG=INFO", "COCCL_DIRECTORY_FULL=2",
+                                        "COCCL_HOSTID=emulated"};
+  {
+    const auto [code, out] = under_mpirun(4, sparse);
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_EQ(count_of(out, "all checks passed"), 4u) << out;
+    EXPECT_EQ(count_of(out, "bootstrap done: 4 ranks"), 8u) << out;
+    EXPECT_EQ(count_of(out, "formed from the launcher's table"), 0u) << out;
+  }
+  std::vector<std::string> forced = sparse;
+  forced.push_back("COCCL_BOOTSTRAP=launcher");
+  const auto [code, out] = under_mpirun(4, forced);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_EQ(count_of(out, "all checks passed"), 0u) << out;
+  EXPECT_GE(count_of(out,
+                     "COCCL_BOOTSTRAP=launcher, but the launcher cannot count the hosts of 4 "
+                     "ranks"),
+            1u)
+      << out;
+  const auto [bad_code, bad_out] = under_mpirun(3, {"COCCL_BOOTSTRAP=leader"});
+  EXPECT_NE(bad_code, 0) << bad_out;
+  EXPECT_GE(count_of(bad_out, "COCCL_BOOTSTRAP is auto, root or launcher, not 'leader'"), 1u)
+      << bad_out;
 }
 
 // A port no one listens on now (the kernel's pick for a socket bound to port 0).
