@@ -15,7 +15,9 @@
 //
 // Phases: init (N ranks bootstrap one communicator, their hellos spread over K roots as
 // ncclCommInitRankScalable spreads them over its ids; ranks r / R share a host identity, so
-// that each host's ranks meet through its leader as on a cluster of R GPUs a host), a first
+// that each host's ranks meet through its leader as on a cluster of R GPUs a host; or, with
+// --bootstrap launcher, each rank puts its listener in a launcher's table and, after the fence,
+// reads the entries it keeps, as under PMIx, with no root), a first
 // all_reduce of C int32 on it, then for each group size G a split into groups of G ranks
 // (contiguous blocks when G*G <= N, else strided like rails: rank r in group r mod ceil(N/G)) and a
 // first all_reduce on every group, and finally the destruction of everything. Every all_reduce is
@@ -30,12 +32,14 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <coccl/coccl.hpp>
+#include <coccl/error.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <future>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -46,6 +50,8 @@
 #include "runtime/engine.hpp"
 #include "sim_costs.hpp"
 #include "sim_report.hpp"
+#include "transport/address_book.hpp"
+#include "transport/hmac.hpp"
 #include "transport/memory.hpp"
 #include "transport/peers.hpp"
 #include "transport/traffic.hpp"
@@ -61,6 +67,7 @@ using coccl::transport::Traffic;
 struct Options {
   int ranks = 4096;
   int roots = 1;            // bootstrap roots of the world communicator
+  bool launcher = false;    // --bootstrap launcher: the world forms from a launcher's table
   int ranks_per_host = 8;   // ranks sharing a host identity
   std::vector<int> groups;  // empty: 8 and N/8
   std::size_t count = 1024;
@@ -76,13 +83,17 @@ struct Options {
   std::fprintf(
       stderr,
       "coccl-sim: %s\n"
-      "usage: coccl-sim [--ranks N] [--roots K] [--ranks-per-host R] [--groups G1,G2,...]\n"
+      "usage: coccl-sim [--ranks N] [--roots K | --bootstrap root|launcher]\n"
+      "                 [--ranks-per-host R] [--groups G1,G2,...]\n"
       "                 [--count C] [--split members|color] [--latency-us L]\n"
       "                 [--bandwidth-gbps B] [--costs M_US,B_NS,K_US] [--threads T]\n"
       "                 [--json PATH]\n"
       "  --ranks N           ranks in this process (default 4096)\n"
       "  --roots K           bootstrap roots of the first communicator, each taking the\n"
       "                      hellos of N/K ranks (default 1)\n"
+      "  --bootstrap HOW     root: the first communicator forms through its roots (default);\n"
+      "                      launcher: from a launcher's table of addresses (PMIx's modex),\n"
+      "                      without a root, the launcher's fences and reads modelled\n"
       "  --ranks-per-host R  ranks r / R share a host identity (default 8)\n"
       "  --groups G,...      split group sizes (default 8 and N/8)\n"
       "  --count C           int32 elements of each first all_reduce (default 1024)\n"
@@ -124,6 +135,10 @@ Options parse(int argc, char** argv) {
       o.ranks = static_cast<int>(number_arg(v, "--ranks"));
     } else if (a == "--roots") {
       o.roots = static_cast<int>(number_arg(v, "--roots"));
+    } else if (a == "--bootstrap") {
+      const std::string how = v;
+      if (how != "root" && how != "launcher") usage("--bootstrap is root or launcher");
+      o.launcher = how == "launcher";
     } else if (a == "--ranks-per-host") {
       o.ranks_per_host = static_cast<int>(number_arg(v, "--ranks-per-host"));
     } else if (a == "--groups") {
@@ -153,6 +168,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.ranks < 1) usage("--ranks must be at least 1");
   if (o.roots < 1 || o.roots > o.ranks) usage("--roots must be between 1 and --ranks");
+  if (o.launcher && o.roots != 1) usage("--roots is for --bootstrap root");
   if (o.ranks_per_host < 1) usage("--ranks-per-host must be at least 1");
   if (o.net.bandwidth_bytes_s <= 0) usage("--bandwidth-gbps must be positive");
   if (o.groups.empty()) o.groups = {8, std::max(1, o.ranks / 8)};
@@ -235,6 +251,8 @@ struct Sim {
   std::vector<PhaseStats> phases;
   Snapshot first;
   bool verified = true;
+  // Set by the init phase's check when it formed from a launcher's table; taken by its line.
+  std::optional<coccl::sim::LauncherStats> launcher;
   coccl::transport::memory::VirtualTime* time = nullptr;
 
   // The simulated host of rank r, and its proxy thread: the ranks of a host share one, so that
@@ -323,6 +341,10 @@ struct Sim {
     s.cpu_s = cpu;
     s.wall_s = wall;
     s.virtual_rounds = elapsed;
+    if (launcher) {
+      s.model_s += coccl::sim::launcher_s(*launcher, costs, opt.net);
+      s.launcher = std::exchange(launcher, std::nullopt);
+    }
     s.peak_rss_bytes_per_rank = std::max(0.0, peak - baseline_rss) / n;
     s.check = std::move(checked);
     std::printf("%s\n", coccl::sim::line(s).c_str());
@@ -365,7 +387,108 @@ Layout layout(int n, int g) {
   return l;
 }
 
+// The launcher's table of the sim's ranks (transport/address_book.hpp), as PMIx's modex holds
+// it: every rank's entry is put before the fence (the first step of the init phase, on every
+// thread), and each rank's reads are counted.
+struct SimBook {
+  std::vector<coccl::transport::PeerInfo> entries;
+  std::vector<std::uint32_t> reads;
+  int per_host = 1;
+
+  class View final : public coccl::transport::AddressBook {
+   public:
+    View(SimBook& book, int rank) : book_(book), rank_(rank) {}
+    void publish(const coccl::transport::PeerInfo& self) override {
+      // Put in the first step, read here after the fence: what a rank reads back is its own.
+      if (std::memcmp(&book_.entries[rank_], &self, sizeof self) != 0)
+        throw std::system_error(coccl::make_error_code(coccl::errc::internal),
+                                "rank " + std::to_string(rank_) + "'s entry changed");
+    }
+    coccl::transport::PeerInfo lookup(int rank) override {
+      ++book_.reads[rank_];
+      return book_.entries.at(rank);
+    }
+    std::optional<coccl::transport::HostCount> hosts() override {
+      const int n = static_cast<int>(book_.entries.size());
+      const int first = rank_ / book_.per_host * book_.per_host;
+      return coccl::transport::HostCount{
+          static_cast<std::uint32_t>((n + book_.per_host - 1) / book_.per_host),
+          static_cast<std::uint32_t>(std::min(book_.per_host, n - first))};
+    }
+
+   private:
+    SimBook& book_;
+    int rank_;
+  };
+};
+
+// The rank's party, with its host's identity (never 0, which means this process's). Named (the
+// roots 1 to K, the ranks after them), so that each round serves its streams in the same order
+// on any number of threads (transport/traffic.hpp).
+std::shared_ptr<Traffic> party_of(const Sim& sim, int r) {
+  auto party = std::make_shared<Traffic>();
+  party->set_id(static_cast<std::uint64_t>(sim.opt.roots) + 1 + r);
+  party->set_host(0x5157000000000000ull + sim.host_of(r));
+  return party;
+}
+
+void run_launcher_init(Sim& sim) {
+  const int n = sim.opt.ranks;
+  SimBook book;
+  book.entries.resize(n);
+  book.reads.assign(n, 0);
+  book.per_host = sim.opt.ranks_per_host;
+  coccl::transport::Secret secret{};
+  coccl::detail::random_bytes(secret);
+  std::vector<std::shared_ptr<coccl::detail::CommImpl>> made(n);
+  sim.phase(
+      "init",
+      [&](auto done) {
+        // Each rank opens its listener and puts its entry; the fence is the end of this step on
+        // every thread. Then each reads what it keeps and forms.
+        sim.each_rank([&](int r) {
+          made[r] = std::make_shared<coccl::detail::CommImpl>(
+              coccl::runtime::Engine::instance(), secret, r, n, coccl::CommunicatorOptions{}, true,
+              party_of(sim, r));
+          book.entries[r] = made[r]->peers().self_info();
+        });
+        sim.each_rank([&](int r) {
+          std::error_code ec;
+          try {
+            SimBook::View view(book, r);
+            made[r]->form(coccl::transport::frame_from_book(view, book.entries[r], r, n));
+            sim.ranks[r].comms.push_back(coccl::detail::CommImpl::handle(made[r]));
+          } catch (const std::system_error& e) {
+            ec = e.code();
+          }
+          made[r].reset();
+          done(r, ec);
+        });
+      },
+      [&] {
+        for (int r = 0; r < n; ++r) {
+          auto impl = coccl::detail::impl_of(sim.ranks[r].comms.front());
+          sim.ranks[r].traffic = impl->peers().traffic();
+          sim.ranks[r].roots = impl->roots_traffic();
+        }
+        coccl::sim::LauncherStats l;
+        l.fences = 2;  // rank 0's secret, then the entries
+        l.puts = static_cast<std::uint64_t>(n) + 1;
+        l.hosts = (n + sim.opt.ranks_per_host - 1) / sim.opt.ranks_per_host;
+        l.entry_bytes = 2 * sizeof(coccl::transport::PeerInfo);
+        for (int r = 0; r < n; ++r)
+          if (l.max_reads.rank < 0 || book.reads[r] > l.max_reads.value)
+            l.max_reads = {book.reads[r], r};
+        sim.launcher = l;
+        return std::string();
+      });
+}
+
 void run_init(Sim& sim) {
+  if (sim.opt.launcher) {
+    run_launcher_init(sim);
+    return;
+  }
   const int n = sim.opt.ranks;
   std::vector<coccl::UniqueId> ids;
   for (std::shared_ptr<Traffic>& root : sim.world_roots)
@@ -376,19 +499,13 @@ void run_init(Sim& sim) {
         // Started on the rank's proxy thread, where each communicator is built at once (from
         // here, each would be a round trip to it).
         sim.each_rank([&](int r) {
-          // The rank's party, with its host's identity (never 0, which means this process's).
-          // Named (the roots 1 to K, the ranks after them), so that each round serves its
-          // streams in the same order on any number of threads (transport/traffic.hpp).
-          auto party = std::make_shared<Traffic>();
-          party->set_id(static_cast<std::uint64_t>(sim.opt.roots) + 1 + r);
-          party->set_host(0x5157000000000000ull + sim.host_of(r));
           coccl::detail::start_create(
               ids, r, n, coccl::CommunicatorOptions{},
               [&sim, done, r](boost::system::error_code ec, Communicator c) {
                 if (!ec) sim.ranks[r].comms.push_back(std::move(c));
                 done(r, ec);
               },
-              nullptr, std::move(party));
+              nullptr, party_of(sim, r));
         });
       },
       [&] {
@@ -563,9 +680,11 @@ int main(int argc, char** argv) {
       std::min<int>(sim.opt.threads, static_cast<int>(coccl::detail::process_engine().size()));
   std::printf(
       "coccl-sim: %d ranks in one process on the in-memory network, %d proxy thread(s); first "
-      "all_reduce of %zu int32; %d bootstrap root(s); %d ranks a host; split by %s into groups of",
-      n, sim.opt.threads, sim.opt.count, sim.opt.roots, sim.opt.ranks_per_host,
-      sim.opt.split == "color" ? "split(color, key)" : "split_members");
+      "all_reduce of %zu int32; %s; %d ranks a host; split by %s into groups of",
+      n, sim.opt.threads, sim.opt.count,
+      sim.opt.launcher ? "formed from a launcher's table (no root)"
+                       : (std::to_string(sim.opt.roots) + " bootstrap root(s)").c_str(),
+      sim.opt.ranks_per_host, sim.opt.split == "color" ? "split(color, key)" : "split_members");
   for (int g : sim.opt.groups) std::printf(" %d", g);
   // The settings that size what a rank holds (the library's parameters, as the environment
   // sets them).
@@ -576,7 +695,7 @@ int main(int argc, char** argv) {
   for (int t = 0; t < sim.opt.threads; ++t)
     threads.push_back(&coccl::detail::process_engine().thread(t));
   sim.ranks.resize(n);
-  for (int k = 0; k < sim.opt.roots; ++k) {
+  for (int k = 0; k < (sim.opt.launcher ? 0 : sim.opt.roots); ++k) {
     sim.world_roots.push_back(std::make_shared<Traffic>());
     sim.world_roots.back()->set_id(1 + static_cast<std::uint64_t>(k));
   }
@@ -602,6 +721,7 @@ int main(int argc, char** argv) {
   std::printf("%s\n", coccl::sim::line(all).c_str());
   std::printf("modelled init + first all_reduce at %d ranks: %.2f ms\n", n, init_ar * 1e3);
   std::printf("%s\n", coccl::sim::model_text(sim.costs, sim.costs_origin, sim.opt.net).c_str());
+  if (sim.opt.launcher) std::printf("%s\n", coccl::sim::launcher_model_text().c_str());
   std::printf("verified: %s\n", sim.verified ? "every all_reduce and split" : "NO");
   if (!sim.opt.json.empty()) {
     std::ofstream out(sim.opt.json);

@@ -1,6 +1,7 @@
 #include "sim_report.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 
 namespace coccl::sim {
@@ -134,6 +135,13 @@ std::string stats_json(const PhaseStats& s) {
   j += ", \"wall_s\": " + number(s.wall_s);
   j += ", \"model_s\": " + number(s.model_s);
   j += ", \"verified\": " + quoted(s.check);
+  if (s.launcher) {
+    j += ", \"launcher\": {\"fences\": " + std::to_string(s.launcher->fences);
+    j += ", \"hosts\": " + std::to_string(s.launcher->hosts);
+    j += ", \"puts\": " + std::to_string(s.launcher->puts);
+    j += ", \"entry_bytes\": " + std::to_string(s.launcher->entry_bytes);
+    j += ", \"max_reads\": " + max_json(s.launcher->max_reads) + "}";
+  }
   return j + "}";
 }
 
@@ -166,6 +174,21 @@ PhaseStats overall(const std::vector<PhaseStats>& phases, const Snapshot& first,
   return s;
 }
 
+double launcher_s(const LauncherStats& l, const Costs& costs, const Network& net) {
+  const int levels = l.hosts <= 1 ? 0 : std::bit_width(static_cast<unsigned>(l.hosts - 1));
+  const double table = static_cast<double>(l.puts * l.entry_bytes);
+  return l.fences * 2.0 * levels * (net.latency_s + costs.message_s) +
+         table * (2 / net.bandwidth_bytes_s + costs.byte_s) +
+         static_cast<double>(l.max_reads.value) * 2 * costs.message_s;
+}
+
+std::string launcher_model_text() {
+  return "Launcher (--bootstrap launcher), added to init: each fence 2 ceil(log2 hosts) x "
+         "(latency + m) (a binary tree of the hosts' daemons, up and down), the values put x "
+         "(2 / bandwidth + b) (into and out of the tree's root, one copy), the busiest rank's "
+         "reads x 2m (a round trip to its host's daemon). Left out: the launcher's own start-up.";
+}
+
 std::string line(const PhaseStats& s) {
   char buf[1024];
   std::snprintf(
@@ -182,7 +205,16 @@ std::string line(const PhaseStats& s) {
       bytes_text(static_cast<double>(s.root_bytes)).c_str(),
       bytes_text(s.peak_rss_bytes_per_rank).c_str(), s.cpu_s, s.wall_s,
       time_text(s.model_s).c_str(), s.check.empty() ? "" : " | verified ", s.check.c_str());
-  return buf;
+  std::string text = buf;
+  if (s.launcher) {
+    std::snprintf(
+        buf, sizeof buf,
+        " | launcher: %d fences over %d hosts, %llu values put, max reads %llu (rank %d)",
+        s.launcher->fences, s.launcher->hosts, static_cast<unsigned long long>(s.launcher->puts),
+        static_cast<unsigned long long>(s.launcher->max_reads.value), s.launcher->max_reads.rank);
+    text += buf;
+  }
+  return text;
 }
 
 std::string model_text(const Costs& costs, const std::string& costs_origin, const Network& net) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,16 @@ struct Max {
   int rank = -1;
 };
 
+/// What forming from a launcher's table (coccl-sim --bootstrap launcher) asked of the launcher,
+/// whose daemons are not coccl parties and so are modelled, not run.
+struct LauncherStats {
+  int fences = 0;                 // job-wide fences (each an allgather over the hosts' daemons)
+  std::uint64_t puts = 0;         // values put, by every rank
+  std::uint64_t entry_bytes = 0;  // the size of one value
+  int hosts = 0;                  // daemons (one a host)
+  Max max_reads;                  // values one rank read from its host's daemon
+};
+
 /// One phase (or the whole run): counts from two snapshots, and what the process spent.
 struct PhaseStats {
   std::string name;
@@ -47,8 +58,17 @@ struct PhaseStats {
   double peak_rss_bytes_per_rank = 0;
   double cpu_s = 0, wall_s = 0;
   double model_s = 0;
-  std::string check;  // what was verified in this phase ("" for nothing)
+  std::string check;                      // what was verified in this phase ("" for nothing)
+  std::optional<LauncherStats> launcher;  // init formed from a launcher's table
 };
+
+/// The launcher's part of a phase's modelled time: each fence climbs and descends a binary tree
+/// of the hosts' daemons (2 ceil(log2 hosts) x (latency + m)), the values put cross the tree's
+/// root twice (in and out, at the bandwidth) and are copied once (b a byte), and the busiest
+/// rank's reads are a round trip each to its host's daemon (2m).
+double launcher_s(const LauncherStats& l, const Costs& costs, const Network& net);
+/// What launcher_s assumes, for the model's line.
+std::string launcher_model_text();
 
 /// The counts of a phase from the snapshots at its start and end (rounds are the end's: each
 /// phase starts them from 0), with the modelled time.
