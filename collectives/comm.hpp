@@ -72,6 +72,8 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   transport::Peers& peers() { return *peers_; }
   /// True on the in-memory network (memory_unique_id).
   bool on_memory() const noexcept { return memory_; }
+  /// The engine whose proxy thread runs this communicator (a split's new one shares it).
+  const std::shared_ptr<runtime::Engine>& engine() const noexcept { return engine_; }
   /// On the in-memory network (null elsewhere): what the bootstrap roots this rank started for
   /// communicators split from this one sent and received. The rank's own traffic is
   /// peers().traffic().

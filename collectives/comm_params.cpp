@@ -19,10 +19,6 @@ config::Param<std::int64_t> slots{
     "COCCL_SLOTS", 8,
     "slots per connection receive ring (pipelining depth); a link made for an operation of fewer "
     "bytes gets fewer, at least 2"};
-config::Param<std::int64_t> split_root_ranks{
-    "COCCL_SPLIT_ROOT_RANKS", 4096,
-    "split_members starts one bootstrap root per this many members, as ncclCommInitRankScalable "
-    "spreads hellos over its ids (at least 1)"};
 config::Param<std::int64_t> oneshot_max{
     "COCCL_ALLREDUCE_ONESHOT_MAX", 64 << 10,
     "largest host all_reduce (bytes) run by the latency-bound one-shot algorithm"};

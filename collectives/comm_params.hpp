@@ -13,7 +13,6 @@ extern config::Param<std::string> algo;               // COCCL_ALGO
 extern config::Param<std::string> transport;          // COCCL_TRANSPORT
 extern config::Param<std::int64_t> slot_bytes;        // COCCL_SLOT_BYTES
 extern config::Param<std::int64_t> slots;             // COCCL_SLOTS
-extern config::Param<std::int64_t> split_root_ranks;  // COCCL_SPLIT_ROOT_RANKS
 extern config::Param<std::int64_t> oneshot_max;       // COCCL_ALLREDUCE_ONESHOT_MAX
 extern config::Param<std::int64_t> direct_max_ranks;  // COCCL_DIRECT_MAX_RANKS
 extern config::Param<std::int64_t> colltrace_size;    // COCCL_COLLTRACE_SIZE

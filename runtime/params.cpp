@@ -38,7 +38,6 @@ std::span<const config::ParamBase* const> library() {
     &mem_budget,
     &link_idle_s,
     &directory_full,
-    &split_root_ranks,
     &host_leaders,
     &memory_stream_bytes,
     &oneshot_max,

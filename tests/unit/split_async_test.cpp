@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/use_future.hpp>
@@ -24,6 +25,7 @@
 #include "collectives/comm.hpp"
 #include "collectives/comm_params.hpp"
 #include "tests/support/param_override.hpp"
+#include "transport/directory.hpp"
 
 namespace coccl {
 namespace {
@@ -85,10 +87,10 @@ TEST(SplitAsync, MembersFormTheGroupsListedFromOneThread) {
   destroy_all(world);
 }
 
-// A group of more members than COCCL_SPLIT_ROOT_RANKS starts a root per share of them: the ids
-// go up the member tree and the whole list comes down, and the group forms over all of them.
-TEST(SplitAsync, MembersOfALargeGroupSpreadTheirHellosOverSeveralRoots) {
-  const test::ParamOverride per_root(params::split_root_ranks, "3");
+// A group above COCCL_DIRECTORY_FULL members forms without a root: each member takes the entries
+// of its O(log m) partners from them, and finds the others by asking.
+TEST(SplitAsync, MembersOfALargeGroupFormWithoutARootFromTheirPartnersEntries) {
+  const test::ParamOverride sparse(params::directory_full, "3");
   constexpr int n = 10;
   std::vector<Communicator> world = ranks_of(n);
   const std::vector<std::vector<int>> groups{{9, 7, 5, 3, 1, 0, 2, 4}, {6, 8}};
@@ -103,11 +105,56 @@ TEST(SplitAsync, MembersOfALargeGroupSpreadTheirHellosOverSeveralRoots) {
       ASSERT_TRUE(c) << "rank " << groups[g][i];
       EXPECT_EQ(c.size(), static_cast<int>(groups[g].size()));
       EXPECT_EQ(c.rank(), static_cast<int>(i));
-      // 8 members: ceil(8 / 3) roots; 2 members: one.
-      EXPECT_EQ(detail::impl_of(c)->peers().roots(), g == 0 ? 3u : 1u);
+      const auto impl = detail::impl_of(c);
+      EXPECT_EQ(impl->peers().roots(), 0u);
+      EXPECT_TRUE(impl->one_host());
+      // 8 members above the limit of 3: itself, 3 partners, 2 ring neighbours, its tree
+      // parent and children (at most 8); 2 members: both.
+      std::vector<int> needs;
+      transport::directory_needs(static_cast<int>(i), c.size(), needs);
+      std::sort(needs.begin(), needs.end());
+      needs.erase(std::unique(needs.begin(), needs.end()), needs.end());
+      EXPECT_EQ(impl->peers().addresses_known(), g == 0 ? needs.size() : 2u) << groups[g][i];
     }
+  // The group of 8 reduces and then exchanges every pair, finding the addresses it lacks.
   expect_sums(made, groups);
+  std::vector<std::vector<std::int32_t>> got(n);
+  std::vector<std::future<void>> done;
+  std::vector<std::vector<std::int32_t>> sent(n);
+  for (int r : groups[0]) {
+    const int me = made[r].rank();
+    for (int p = 0; p < 8; ++p) sent[r].push_back(me * 10 + p);
+    got[r].assign(8, -1);
+    done.push_back(made[r].async_all_to_all(sent[r].data(), got[r].data(), 1, DataType::int32,
+                                            asio::use_future));
+  }
+  for (auto& f : done) f.get();
+  for (int r : groups[0])
+    for (int p = 0; p < 8; ++p) EXPECT_EQ(got[r][p], p * 10 + made[r].rank()) << r << " " << p;
   destroy_all(made);
+  destroy_all(world);
+}
+
+// Members whose lists differ but make the same member tree all fail with errc::mismatch (none
+// waits for a message another list's tree never sends), and the parent still works.
+TEST(SplitAsync, MembersWithDifferentListsAllFailWithAMismatch) {
+  constexpr int n = 3;
+  std::vector<Communicator> world = ranks_of(n);
+  // Rank 0 lists the others the other way round: the same tree (0 above 1 and 2), another list.
+  const std::vector<std::vector<int>> lists{{0, 2, 1}, {0, 1, 2}, {0, 1, 2}};
+  std::vector<std::future<Communicator>> splitting;
+  for (int r = 0; r < n; ++r)
+    splitting.push_back(world[r].async_split_members(lists[r], asio::use_future));
+  for (int r = 0; r < n; ++r) {
+    try {
+      splitting[r].get();
+      ADD_FAILURE() << "rank " << r << " formed a group from different lists";
+    } catch (const boost::system::system_error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::mismatch)) << "rank " << r << ": " << e.what();
+    }
+  }
+  std::vector<std::vector<int>> all{{0, 1, 2}};
+  expect_sums(world, all);
   destroy_all(world);
 }
 
