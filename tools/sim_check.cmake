@@ -1,12 +1,21 @@
 # Runs coccl-sim at RANKS ranks and checks what it reports: it exits 0, prints the summary line
 # and the model, and its JSON says that every all_reduce and split was verified, phase by phase.
-# cmake -DSIM=<coccl-sim> -DRANKS=<n> [-DROOTS=<k>] -DOUT=<dir> -P sim_check.cmake
+# With -DBOOTSTRAP=launcher the world forms from a launcher's table: no root anywhere.
+# cmake -DSIM=<coccl-sim> -DRANKS=<n> [-DROOTS=<k> | -DBOOTSTRAP=launcher] -DOUT=<dir>
+#       -P sim_check.cmake
 if(NOT DEFINED ROOTS)
   set(ROOTS 1)
 endif()
-set(json "${OUT}/coccl_sim_${RANKS}_${ROOTS}.json")
+if(NOT DEFINED BOOTSTRAP)
+  set(BOOTSTRAP root)
+endif()
+set(json "${OUT}/coccl_sim_${RANKS}_${ROOTS}_${BOOTSTRAP}.json")
 file(REMOVE "${json}")
-execute_process(COMMAND "${SIM}" --ranks ${RANKS} --roots ${ROOTS} --json "${json}"
+set(how --roots ${ROOTS})
+if(BOOTSTRAP STREQUAL "launcher")
+  set(how --bootstrap launcher)
+endif()
+execute_process(COMMAND "${SIM}" --ranks ${RANKS} ${how} --json "${json}"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
 if(NOT rc EQUAL 0)
@@ -50,14 +59,42 @@ foreach(i RANGE ${last})
   if(name MATCHES "^all_reduce")
     math(EXPR all_reduces "${all_reduces} + 1")
   endif()
+  # Splits form over the members' hypercube, without a root.
+  string(JSON root GET "${doc}" phases ${i} root_messages)
+  if(name MATCHES "^split" AND NOT root EQUAL 0)
+    message(FATAL_ERROR "JSON: phase ${name}: a root handled ${root} messages; want none")
+  endif()
 endforeach()
 if(NOT all_reduces EQUAL 3)
   message(FATAL_ERROR "JSON: ${all_reduces} all_reduce phases verified, want 3")
 endif()
+string(JSON root GET "${doc}" phases 0 root_messages)
+if(BOOTSTRAP STREQUAL "launcher")
+  # No coccl message at init: each rank read from the launcher the entries it keeps, log2 N + 5
+  # at most (its hypercube partners, ring neighbours, tree parent and children).
+  string(JSON msgs GET "${doc}" phases 0 max_messages value)
+  string(JSON reads GET "${doc}" phases 0 launcher max_reads value)
+  string(JSON fences GET "${doc}" phases 0 launcher fences)
+  string(JSON puts GET "${doc}" phases 0 launcher puts)
+  set(bits 0)
+  set(v 1)
+  while(v LESS RANKS)
+    math(EXPR v "${v} * 2")
+    math(EXPR bits "${bits} + 1")
+  endwhile()
+  math(EXPR most "${bits} + 5")
+  math(EXPR want_puts "${RANKS} + 1")
+  if(NOT root EQUAL 0 OR NOT msgs EQUAL 0 OR reads LESS 1 OR reads GREATER most
+     OR NOT fences EQUAL 2 OR NOT puts EQUAL want_puts)
+    message(FATAL_ERROR "JSON: init from the launcher: root ${root} and rank ${msgs} messages "
+                        "(want 0), ${reads} reads (want 1 to ${most}), ${fences} fences (2), "
+                        "${puts} values put (${want_puts})")
+  endif()
+  return()
+endif()
 # The busiest root takes one connection a host of its share, not one a rank: at least a message
 # a host (coccl-sim puts 8 ranks on a host) and fewer messages than the ranks of its share (a
 # rank that says hello itself costs the root three).
-string(JSON root GET "${doc}" phases 0 root_messages)
 math(EXPR share "${RANKS} / ${ROOTS}")
 math(EXPR hosts "${share} / 8")
 if(root LESS hosts OR NOT root LESS share)
