@@ -94,12 +94,30 @@ struct TreeDown {
   transport::Secret secret{};
 };
 
-// A member's listener in the new communicator on its way to a member that keeps it.
+// A member's listener in the new communicator on its way to a member that keeps it. Positions
+// are in the hypercube of 2^ceil(log2 m) places: place v >= m is a stand-in hosted by member
+// v - 2^(ceil(log2 m) - 1) (host_of).
 struct Routed {
   std::int32_t source = 0;
   std::int32_t target = 0;
+  std::int32_t towards = 0;  // the place it heads for: first a stop picked by hash, then the target
+  std::int32_t at = 0;       // the place it is at
   transport::PeerInfo info{};
 };
+
+// The place an entry from `source` to `target` stops at on its way, spread as by chance over the
+// `places`: routed straight, the binary tree's pairs (i, 2i + 1) would cross a few members by the
+// hundreds; through a stop picked at random no member carries more than O(log m) of the entries
+// crossing a bit, with high probability (Valiant's two-leg routing).
+std::int32_t stop_of(std::uint64_t fingerprint, std::int32_t source, std::int32_t target,
+                     int places) {
+  std::uint64_t x =
+      fingerprint ^ (static_cast<std::uint64_t>(source) << 32) ^ static_cast<std::uint32_t>(target);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<std::int32_t>(x % static_cast<std::uint64_t>(places));
+}
 
 // The entries a member took from the members it keeps, as the table frame_from_book reads (they
 // were exchanged already: publishing is done). Sorted by source.
@@ -123,73 +141,140 @@ class TakenEntries final : public transport::AddressBook {
   transport::HostCount hosts_;
 };
 
-// One step of moving entries over the members' hypercube across `bit`, with the member
-// `partner` (a parent rank): this member sends the entries of `carry` that cross it (`setting`:
-// those whose target has the bit; clearing: those whose target lacks it), or takes what comes
-// into `carry`. A count goes first, then the entries when there are any, so both sides agree on
-// every message. At most `most` entries are accepted.
-asio::awaitable<void> route_step(std::shared_ptr<CommImpl> impl, std::vector<Routed>& carry,
-                                 bool sends, int partner, int bit, bool setting, int m,
-                                 std::size_t most) {
-  std::uint32_t count = 0;
-  std::vector<Routed> moved;
-  if (sends) {
-    const auto at = std::stable_partition(carry.begin(), carry.end(), [&](const Routed& e) {
-      return ((e.target & bit) != 0) != setting;
-    });
-    moved.assign(at, carry.end());
-    carry.erase(at, carry.end());
-    count = static_cast<std::uint32_t>(moved.size());
-    // Two operations, as the receiver sizes the second from the first.
-    std::vector<Transfer> send{Transfer::send(&count, sizeof count, DataType::uint8, partner)};
-    co_await run(impl, transfers(std::move(send)), "split");
-    if (count == 0) co_return;
-    send = {Transfer::send(moved.data(), count * sizeof(Routed), DataType::uint8, partner)};
-    co_await run(impl, transfers(std::move(send)), "split");
-    co_return;
+// Entries crossing one bit go in batches of a fixed size, so that each side knows every
+// message's size: one message each way a step unless more cross.
+constexpr std::uint32_t batch_entries = 16;
+struct RouteBatch {
+  std::uint32_t count = 0;  // entries used
+  std::uint32_t more = 0;   // 1: another batch follows in this step
+  Routed entries[batch_entries];
+};
+
+// The members' hypercube, padded to 2^bits places, seen from one member.
+struct Hypercube {
+  int m = 0, bits = 0, top = 0, mine = 0;
+  // The member hosting place v: itself, or v with its top bit cleared for a stand-in.
+  int host_of(int v) const { return v < m ? v : v ^ top; }
+  // Whether this member hosts place v.
+  bool hosts(int v) const { return v >= 0 && v < (1 << bits) && host_of(v) == mine; }
+};
+
+// One step of routing across `bit`: every entry of `carry` whose place differs from where it
+// heads in that bit moves to the place across it; those whose new place another member hosts go
+// to that member (the partners: mine XOR bit, or, for a stand-in across the top bit, mine XOR
+// bit XOR top), which sends its own in the same operation. `ranks` maps those members to their
+// parent ranks (sorted). At most `most` entries are accepted in all.
+asio::awaitable<void> route_round(std::shared_ptr<CommImpl> impl, std::vector<Routed>& carry,
+                                  const Hypercube& cube, int bit,
+                                  const std::vector<std::pair<int, int>>& ranks, std::size_t most) {
+  auto rank_of = [&ranks](int z) {
+    const auto at = std::lower_bound(ranks.begin(), ranks.end(), std::pair(z, -1));
+    if (at == ranks.end() || at->first != z)
+      throw std::system_error(make_error_code(errc::internal),
+                              "split: member " + std::to_string(z) + " is not a partner");
+    return at->second;
+  };
+  // The members this one trades with in this step, whatever crosses: both sides find the same.
+  std::vector<int> partners;
+  for (int v : {cube.mine, cube.mine | cube.top}) {
+    if (!cube.hosts(v)) continue;
+    const int z = cube.host_of(v ^ bit);
+    if (z != cube.mine && std::find(partners.begin(), partners.end(), z) == partners.end())
+      partners.push_back(z);
   }
-  std::vector<Transfer> take{Transfer::recv(&count, sizeof count, DataType::uint8, partner)};
-  co_await run(impl, transfers(std::move(take)), "split");
-  if (count == 0) co_return;
-  if (count > most)
-    transport::bad_message("split: rank " + std::to_string(partner) + " routed " +
-                           std::to_string(count) + " entries, more than can exist");
-  moved.resize(count);
-  take = {Transfer::recv(moved.data(), count * sizeof(Routed), DataType::uint8, partner)};
-  co_await run(impl, transfers(std::move(take)), "split");
-  for (const Routed& e : moved) {
-    if (e.source < 0 || e.source >= m || e.target < 0 || e.target >= m)
-      transport::bad_message("split: rank " + std::to_string(partner) +
-                             " routed an entry of a member out of range");
-    carry.push_back(e);
+  std::vector<std::vector<Routed>> out(partners.size());
+  std::vector<Routed> stay;
+  for (Routed& e : carry) {
+    if (((e.at ^ e.towards) & bit) != 0) e.at ^= bit;
+    const int z = cube.host_of(e.at);
+    if (z == cube.mine) {
+      stay.push_back(e);
+      continue;
+    }
+    const auto i = std::find(partners.begin(), partners.end(), z) - partners.begin();
+    if (i == static_cast<std::ptrdiff_t>(partners.size()))
+      transport::bad_message(
+          "split: an entry would cross to a member this one does not trade with");
+    out[i].push_back(e);
+  }
+  carry = std::move(stay);
+  if (partners.empty()) co_return;
+  const std::size_t n = partners.size();
+  std::vector<RouteBatch> sending(n), taking(n);
+  std::vector<std::size_t> sent(n, 0);
+  std::vector<bool> going(n, true);
+  std::size_t taken = carry.size();
+  while (std::find(going.begin(), going.end(), true) != going.end()) {
+    std::vector<Transfer> trade;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!going[i]) continue;
+      RouteBatch& b = sending[i];
+      b.count =
+          static_cast<std::uint32_t>(std::min<std::size_t>(batch_entries, out[i].size() - sent[i]));
+      std::copy_n(out[i].begin() + sent[i], b.count, b.entries);
+      sent[i] += b.count;
+      b.more = sent[i] < out[i].size() ? 1 : 0;
+      const int rank = rank_of(partners[i]);
+      trade.push_back(Transfer::send(&b, sizeof b, DataType::uint8, rank));
+      trade.push_back(Transfer::recv(&taking[i], sizeof(RouteBatch), DataType::uint8, rank));
+    }
+    co_await run(impl, transfers(std::move(trade)), "split");
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!going[i]) continue;
+      const RouteBatch& b = taking[i];
+      taken += b.count;
+      if (b.count > batch_entries || b.more > 1 || taken > most)
+        transport::bad_message("split: rank " + std::to_string(rank_of(partners[i])) +
+                               " routed a malformed batch of entries, or more than can exist");
+      for (std::uint32_t j = 0; j < b.count; ++j) {
+        const Routed& e = b.entries[j];
+        if (e.source < 0 || e.source >= cube.m || e.target < 0 || e.target >= cube.m ||
+            e.towards < 0 || e.towards >= (1 << cube.bits) || !cube.hosts(e.at))
+          transport::bad_message("split: rank " + std::to_string(rank_of(partners[i])) +
+                                 " routed an entry out of range or to a place not here");
+        carry.push_back(e);
+      }
+      // Both sides know both flags: the pair goes on while either has more.
+      going[i] = sending[i].more || b.more;
+    }
   }
 }
 
 // Forms the new communicator of `members` (parent ranks, in new-rank order; this rank is
 // members[mine]) without a root, on the parent's point-to-point links to the members' hypercube
-// partners (members[mine XOR 2^k]) only:
+// partners (members[mine XOR 2^k]; when m is not a power of two, also members two bits away for
+// the stand-ins):
 // - Up and down a binomial tree of the members: member i's tree parent is i with its lowest set
 //   bit cleared, its children i + 2^j for each 2^j below that bit. Up go the list's fingerprint
 //   and the host identities' extremes; down come the group's and a fresh secret, made by member 0.
 // - Each member opens its listener, and its entry goes to each member that keeps it
 //   (directory.hpp: every other one up to COCCL_DIRECTORY_FULL members, else O(log m)), routed
-//   over the hypercube as a lookup is: first clearing the bits the target lacks, lowest first,
-//   then setting those it has, one bit a step, so every member on the way exists. In each of the
-//   2 ceil(log2 m) steps a member sends to, or takes from, one partner all the entries that cross
-//   that bit.
+//   over the members' hypercube padded to a power of two (stand-ins hosted by members, Hypercube)
+//   in two legs, to a stop picked by hash (stop_of) and then to the target, each flipping the
+//   differing bits lowest first. In each of the 2 ceil(log2 m) steps a member trades with one or
+//   two partners every entry crossing that bit (route_round).
 // A member handles O(log m) messages and links to O(log m) partners. For members that are an
 // aligned block or every 2^s-th rank of the parent those are the parent's hypercube partners,
-// whose addresses every rank holds: nothing is looked up. Only they are kept while the split goes
-// on: the list itself is let go (12,288 members are 48 KiB a rank).
+// whose addresses every rank holds (a member two bits away is found in two hops). Only they are
+// kept while the split goes on: the list itself is let go (12,288 members are 48 KiB a rank).
 asio::awaitable<Communicator> form_group(std::shared_ptr<CommImpl> impl, std::vector<int> members,
                                          int mine, CommunicatorOptions options) {
   const int m = static_cast<int>(members.size());
   const std::uint64_t h = fingerprint_of(members);
   const int bits = m <= 1 ? 0 : std::bit_width(static_cast<unsigned>(m - 1));
-  // The parent rank of each hypercube partner (-1 where mine XOR 2^k is not a member).
+  const int top = bits > 0 ? 1 << (bits - 1) : 0;
+  // The parent rank of each hypercube partner (-1 where mine XOR 2^k is not a member), and of the
+  // members across a bit and the top bit, which route_round may trade with for a stand-in.
   std::vector<int> partner(bits, -1);
+  std::vector<std::pair<int, int>> ranks_of;
   for (int k = 0; k < bits; ++k)
-    if ((mine ^ (1 << k)) < m) partner[k] = members[mine ^ (1 << k)];
+    for (int z : {mine ^ (1 << k), mine ^ (1 << k) ^ top})
+      if (z < m && z != mine) {
+        if (z == (mine ^ (1 << k))) partner[k] = members[z];
+        ranks_of.emplace_back(z, members[z]);
+      }
+  std::sort(ranks_of.begin(), ranks_of.end());
+  ranks_of.erase(std::unique(ranks_of.begin(), ranks_of.end()), ranks_of.end());
   members = {};
   const int lowest = mine > 0 ? std::countr_zero(static_cast<unsigned>(mine)) : bits;
   const int parent = mine > 0 ? partner[lowest] : -1;
@@ -255,31 +340,25 @@ asio::awaitable<Communicator> form_group(std::shared_ptr<CommImpl> impl, std::ve
       keeps.erase(std::unique(keeps.begin(), keeps.end()), keeps.end());
       keeps.erase(std::find(keeps.begin(), keeps.end(), mine));
     }
+    const Hypercube cube{m, bits, top, mine};
+    const int places = 1 << bits;
     std::vector<Routed> carry;
-    for (int t : keeps) carry.push_back({mine, t, self});
+    for (int t : keeps) carry.push_back({mine, t, stop_of(h, mine, t, places), mine, self});
     // Every entry in flight at once could pass one member: m - 1 of each member in a full
     // directory, at most log2 m + 5 of each otherwise.
     const std::size_t most =
         static_cast<std::size_t>(m) * (full ? static_cast<std::size_t>(m) : bits + 6u);
-    for (int phase = 0; phase < 2; ++phase)
-      for (int k = 0; k < bits; ++k) {
-        const int bit = 1 << k;
-        const bool has = (mine & bit) != 0;
-        // Clearing: members with the bit send down; setting: members without it send up.
-        const bool sends = phase == 0 ? has : !has;
-        if (partner[k] < 0) {
-          const bool stuck = std::any_of(carry.begin(), carry.end(), [&](const Routed& e) {
-            return (e.target & bit) != 0 && e.target != mine;
-          });
-          if (sends && phase == 1 && stuck)
-            transport::bad_message("split: an entry would cross to a member that is not there");
-          continue;
-        }
-        co_await route_step(impl, carry, sends, partner[k], bit, phase == 1, m, most);
-      }
+    // Two legs, each flipping the differing bits lowest first: to the stop, then to the target.
+    for (int leg = 0; leg < 2; ++leg) {
+      if (leg == 1)
+        for (Routed& e : carry) e.towards = e.target;
+      for (int k = 0; k < bits; ++k)
+        co_await route_round(impl, carry, cube, 1 << k, ranks_of, most);
+    }
     std::vector<int> got;
     for (const Routed& e : carry) {
-      if (e.target != mine) transport::bad_message("split: an entry stopped short of its member");
+      if (e.target != mine || e.at != mine)
+        transport::bad_message("split: an entry stopped short of its member");
       got.push_back(e.source);
     }
     std::sort(carry.begin(), carry.end(),
