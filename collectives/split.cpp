@@ -276,6 +276,11 @@ asio::awaitable<Communicator> form_group(std::shared_ptr<CommImpl> impl, std::ve
   std::sort(ranks_of.begin(), ranks_of.end());
   ranks_of.erase(std::unique(ranks_of.begin(), ranks_of.end()), ranks_of.end());
   members = {};
+  // The parent's links that this split makes: the lower end of each lets it go once the group
+  // has formed, so that their receive rings do not stay with the parent (they reopen on demand).
+  std::vector<int> fresh;
+  for (const auto& [z, rank] : ranks_of)
+    if (rank > impl->rank() && !impl->peers().existing(rank)) fresh.push_back(rank);
   const int lowest = mine > 0 ? std::countr_zero(static_cast<unsigned>(mine)) : bits;
   const int parent = mine > 0 ? partner[lowest] : -1;
   std::vector<int> children;
@@ -378,6 +383,7 @@ asio::awaitable<Communicator> form_group(std::shared_ptr<CommImpl> impl, std::ve
             : std::min(count, static_cast<std::uint32_t>(std::max(1, impl->peers().host_ranks())))};
     TakenEntries book(carry, hosts);
     made->form(transport::frame_from_book(book, self, mine, m));
+    for (int rank : fresh) impl->peers().let_go(rank);
   } catch (...) {
     failed = std::current_exception();
   }

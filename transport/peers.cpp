@@ -941,6 +941,11 @@ void Peers::retire(int peer, CloseReason why) {
   });
 }
 
+void Peers::let_go(int peer) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_ || !by_peer_[peer] || shut_) return;
+  asio::co_spawn(ex_, try_close(peer, CloseReason::idle), asio::detached);
+}
+
 void Peers::arm_idle_timer() {
   idle_timer_.expires_after(
       std::max<std::chrono::steady_clock::duration>(idle_ / 4, std::chrono::milliseconds(10)));

@@ -133,6 +133,10 @@ class Peers {
 
   /// The connection to `peer` if it is open, else null.
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// Asks `peer`, in the background, to close the link by agreement if it is open and unused (as
+  /// an idle link is closed); it is made again on demand. For links made for a one-off exchange
+  /// (a split's), whose receive rings would otherwise stay until COCCL_LINK_IDLE_S.
+  void let_go(int peer);
   /// Addresses this rank holds now (its own entries of the table and those it learned).
   std::size_t addresses_known() const noexcept { return directory_.known(); }
   /// What get() returns without suspending: the open connection to `peer` (used at `now`, and held

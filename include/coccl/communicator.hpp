@@ -379,7 +379,10 @@ class Communicator {
   /// receive it through the launcher, so no second port and no guessable secret is involved:
   /// - torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): through the TCPStore that torchrun
   ///   already serves on MASTER_PORT, spoken to in its own protocol;
-  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time);
+  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time), and with no root
+  ///   at all: rank 0 puts a random secret, every rank puts its listener in the launcher's table
+  ///   and reads the O(log N) entries it keeps (COCCL_BOOTSTRAP=root keeps the root; COCCL_HOSTID
+  ///   with more than COCCL_DIRECTORY_FULL ranks takes the root, as PMIx cannot count its hosts);
   /// - COCCL_COMM_ID=host:port with COCCL_SECRET (32 hex digits) and RANK/WORLD_SIZE (or Open
   ///   MPI's / Slurm's variables): rank 0 runs the root on that port; without the secret the call
   ///   is refused.
