@@ -12,6 +12,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <coccl/coccl.hpp>
 #include <cstring>
+#include <span>
 #include <tuple>
 
 #include "collectives/comm.hpp"
@@ -340,9 +341,7 @@ asio::awaitable<Communicator> form_group(std::shared_ptr<CommImpl> impl, std::ve
       for (int j = 0; j < m; ++j)
         if (j != mine) keeps.push_back(j);
     } else {
-      transport::directory_needs(mine, m, keeps);
-      std::sort(keeps.begin(), keeps.end());
-      keeps.erase(std::unique(keeps.begin(), keeps.end()), keeps.end());
+      keeps = transport::needs_of(std::span<const int>(&mine, 1), m);
       keeps.erase(std::find(keeps.begin(), keeps.end(), mine));
     }
     const Hypercube cube{m, bits, top, mine};

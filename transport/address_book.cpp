@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <coccl/error.hpp>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -80,9 +81,7 @@ DirectoryFrame frame_from_book(AddressBook& book, const PeerInfo& self, int rank
     needs.resize(nranks);
     for (int r = 0; r < nranks; ++r) needs[r] = r;
   } else {
-    directory_needs(rank, nranks, needs);
-    std::sort(needs.begin(), needs.end());
-    needs.erase(std::unique(needs.begin(), needs.end()), needs.end());
+    needs = needs_of(std::span<const int>(&rank, 1), nranks);
   }
   frame.entries.reserve(needs.size());
   for (int r : needs) frame.entries.push_back({r, r == rank ? self : book.lookup(r), 1});

@@ -13,6 +13,7 @@
 #include <coccl/error.hpp>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,13 +74,8 @@ class MadeUpBook final : public AddressBook {
   bool knows_hosts_;
 };
 
-std::vector<int> needs_one(int rank, int n) {
-  std::vector<int> v;
-  directory_needs(rank, n, v);
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  return v;
-}
+// The entries `rank` keeps in a sparse directory of `n` ranks, sorted.
+std::vector<int> needs_one(int rank, int n) { return needs_of(std::span<const int>(&rank, 1), n); }
 
 TEST(BookEntry, AnAddressGoesThroughAsHexAndAnythingElseIsRefused) {
   const PeerInfo in = info_of(77, 8);
