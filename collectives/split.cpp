@@ -277,11 +277,14 @@ asio::awaitable<Communicator> form_group(std::shared_ptr<CommImpl> impl, std::ve
   std::sort(ranks_of.begin(), ranks_of.end());
   ranks_of.erase(std::unique(ranks_of.begin(), ranks_of.end()), ranks_of.end());
   members = {};
-  // The parent's links that this split makes: the lower end of each lets it go once the group
-  // has formed, so that their receive rings do not stay with the parent (they reopen on demand).
+  // The parent's links that this split makes (none yet, or one a partner already made for its
+  // own split and this rank has not used): both ends let each go once their group has formed
+  // (the one that finishes later, when the other is settled, gets the close agreed; at once,
+  // the lower rank's request wins), so that their receive rings do not stay with the parent.
+  // They reopen on demand.
   std::vector<int> fresh;
   for (const auto& [z, rank] : ranks_of)
-    if (rank > impl->rank() && !impl->peers().existing(rank)) fresh.push_back(rank);
+    if (!impl->peers().used(rank)) fresh.push_back(rank);
   const int lowest = mine > 0 ? std::countr_zero(static_cast<unsigned>(mine)) : bits;
   const int parent = mine > 0 ? partner[lowest] : -1;
   std::vector<int> children;

@@ -839,9 +839,10 @@ asio::awaitable<void> Peers::await_close(int peer) {
   }
 }
 
-asio::awaitable<bool> Peers::try_close(int peer, CloseReason why) {
+asio::awaitable<bool> Peers::try_close(int peer, CloseReason why, bool settle_first) {
   Connection* c = by_peer_[peer];
-  if (!c || at(peer).closing || held(peer) || !c->settled() || shut_) co_return false;
+  if (!c || at(peer).closing || held(peer) || (settle_first && !c->settled()) || shut_)
+    co_return false;
   auto pass = gate_.enter();
   const std::uint64_t gen = at(peer).link_gen;
   at(peer).closing = true;
@@ -943,7 +944,7 @@ void Peers::retire(int peer, CloseReason why) {
 
 void Peers::let_go(int peer) {
   if (peer < 0 || peer >= nranks_ || peer == rank_ || !by_peer_[peer] || shut_) return;
-  asio::co_spawn(ex_, try_close(peer, CloseReason::idle), asio::detached);
+  asio::co_spawn(ex_, try_close(peer, CloseReason::idle, false), asio::detached);
 }
 
 void Peers::arm_idle_timer() {

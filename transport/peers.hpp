@@ -133,6 +133,12 @@ class Peers {
 
   /// The connection to `peer` if it is open, else null.
   Connection* existing(int peer) const noexcept { return by_peer_[peer]; }
+  /// Whether an operation of this rank has used the open link to `peer` (false without one: a link
+  /// the peer made for its own operation is not used until this rank's operations take it).
+  bool used(int peer) const noexcept {
+    const PeerState* s = find(peer);
+    return by_peer_[peer] && s && s->held != 0;
+  }
   /// Asks `peer`, in the background, to close the link by agreement if it is open and unused (as
   /// an idle link is closed); it is made again on demand. For links made for a one-off exchange
   /// (a split's), whose receive rings would otherwise stay until COCCL_LINK_IDLE_S.
@@ -252,7 +258,11 @@ class Peers {
     return users_ > 0 && s && s->held == period_;
   }
   // Asks `peer` to close the link by agreement; true once it is closed (at both ends).
-  asio::awaitable<bool> try_close(int peer, CloseReason why);
+  // `settle_first`: this end must be settled to ask. let_go asks right after the link's last
+  // use, while the credits for what this end sent may still be on their way back: the peer agrees
+  // only when its end is settled (all it sent was released here, all it took it released), and
+  // then nothing but those credits is still on its way here, which the closed link drops.
+  asio::awaitable<bool> try_close(int peer, CloseReason why, bool settle_first = true);
   // A peer's request to close the link: agreed when this end is settled and not using it.
   asio::awaitable<void> serve_close(std::shared_ptr<Stream> s, std::shared_ptr<Channel> channel,
                                     Frame f);
