@@ -308,6 +308,22 @@ TEST(LauncherTable, FortyRanksAboveTheFullLimitFormWithoutARootAndFindEachOther)
   ranks_form_from_the_table(40, 8, 3);
 }
 
+// A launcher that fails while a rank reads its table: creation throws the launcher's error, and
+// the rank's half-made communicator is let go.
+TEST(LauncherTable, ALauncherThatFailsFailsTheCreationWithItsError) {
+  MadeUpBook book(2, 8, true);
+  book.fail_at = 1;
+  Secret secret{};
+  try {
+    detail::create_from_book(book, secret, 0, 2, true, std::make_shared<Traffic>());
+    ADD_FAILURE() << "formed without rank 1's entry";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::timed_out)) << e.what();
+  }
+  EXPECT_EQ(book.published, 1);
+  EXPECT_EQ(book.looked_up, std::vector<int>{1});
+}
+
 TEST(LauncherTable, AFullTableOfRanksOnOneHostForms) { ranks_form_from_the_table(6, 8, 4); }
 
 TEST(LauncherTable, AFullTableOfSeveralHostsForms) { ranks_form_from_the_table(12, 4, 2); }

@@ -221,9 +221,10 @@ TEST(MemoryVirtualTime, OnTwoThreadsEveryHopTakesOneRound) {
     auto cd_ends = transport::memory::make_pair(t1.executor(), t0.executor(), 1 << 16);
     Stream &a = ab_ends.first, &b = ab_ends.second, &c = cd_ends.first, &d = cd_ends.second;
     constexpr int hops = 40;
-    const std::uint64_t start = transport::memory::VirtualTime::now();
-    // Started while the time stands still, as coccl-sim starts its ranks.
+    // Started while the time stands still, as coccl-sim starts its ranks. The start is read under
+    // the hold: read before it, a round that passed while both threads were idle would count.
     time.hold();
+    const std::uint64_t start = transport::memory::VirtualTime::now();
     auto ab = asio::co_spawn(t0.executor(), ping_pong(&a, true, hops, start), asio::use_future);
     auto ba = asio::co_spawn(t1.executor(), ping_pong(&b, false, hops, start), asio::use_future);
     auto cd = asio::co_spawn(t1.executor(), ping_pong(&c, true, hops, start), asio::use_future);
