@@ -394,23 +394,8 @@ Communicator create_from_book(transport::AddressBook& book, const transport::Sec
     invalid("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(nranks) + ")");
   auto impl = std::make_shared<CommImpl>(engine(), secret, rank, nranks, CommunicatorOptions{},
                                          memory, std::move(traffic));
-  // The launcher's calls block: they run here, the communicator's own steps on its thread. A
-  // failure there is handed over once that thread's catch block has ended, as CommImpl's
-  // constructor does (see there why).
-  auto on_proxy = [&](auto fn) {
-    std::exception_ptr failure;
-    std::promise<void> done;
-    asio::post(impl->executor(), [&] {
-      try {
-        fn();
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      done.set_value();
-    });
-    done.get_future().get();
-    if (failure) std::rethrow_exception(failure);
-  };
+  // The launcher's calls block: they run here, the communicator's own steps on its thread.
+  auto on_proxy = [&](auto fn) { runtime::run_on(impl->executor(), fn); };
   try {
     transport::PeerInfo self{};
     on_proxy([&] { self = impl->peers().self_info(); });

@@ -95,12 +95,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
         "the transport (COCCL_TRANSPORT or Options::transport) must be auto, tcp, shm or ib, "
         "not '" +
             opts.transport + "'");
-  // Peers registers a poller on the proxy thread, so it is built there. Its failure is handed
-  // over only once the proxy thread holds no reference to the exception (its catch block has
-  // ended): promise::set_exception would leave the catch block's and the argument's references
-  // to be dropped after this thread has woken, so the exception could be freed there while this
-  // thread reads it, ordered only by reference counts inside libstdc++, which ThreadSanitizer
-  // does not instrument and so reports as a data race.
+  // Peers registers a poller on the proxy thread, so it is built there.
   auto build = [&] {
     peers_ = std::make_unique<transport::Peers>(
         thread_, secret, rank, nranks, opts,
@@ -109,22 +104,10 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
           fail(ec, why);
         });
   };
-  if (thread_.in_thread()) {
+  if (thread_.in_thread())
     build();
-    return;
-  }
-  std::exception_ptr failure;
-  std::promise<void> built;
-  asio::post(ex_, [&] {
-    try {
-      build();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    built.set_value();
-  });
-  built.get_future().get();
-  if (failure) std::rethrow_exception(failure);
+  else
+    runtime::run_on(ex_, build);
 }
 
 CommImpl::~CommImpl() {

@@ -16,6 +16,8 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <exception>
+#include <future>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -78,6 +80,27 @@ void complete_later(const Executor& ex, Handler handler, Args... args) {
   asio::post(ex, [box = std::move(box), ... args = std::move(args)]() mutable {
     complete(std::move(*box), std::move(args)...);
   });
+}
+
+/// Runs `fn` on `ex` and waits for it on the calling thread (not one of `ex`'s), rethrowing what
+/// it threw. The exception is handed over only once `fn`'s catch block has ended there: a
+/// promise's set_exception inside it would leave references to the exception on that thread
+/// while this one reads it, ordered only by libstdc++'s uninstrumented reference counts, which
+/// ThreadSanitizer reports as a data race.
+template <typename Executor, typename Fn>
+void run_on(const Executor& ex, Fn&& fn) {
+  std::exception_ptr failure;
+  std::promise<void> done;
+  boost::asio::post(ex, [&] {
+    try {
+      fn();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    done.set_value();
+  });
+  done.get_future().get();
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace coccl::runtime
