@@ -616,9 +616,12 @@ Communicator Communicator::from_env() {
     return create(id, rank, size);
   }
 
+  const std::string how = params::bootstrap.get();
+  if (how != "auto" && how != "root" && how != "launcher")
+    invalid("COCCL_BOOTSTRAP is auto, root or launcher, not '" + how + "'");
+
   if (master_addr && master_port) {
-    // torchrun: its TCPStore already listens on MASTER_PORT. Rank 0 publishes a fresh random id
-    // (root address and secret) there; the others read it.
+    // torchrun: its TCPStore already listens on MASTER_PORT.
     if (rank < 0 || size <= 0) invalid("MASTER_ADDR is set but RANK or WORLD_SIZE is not");
     const int port = env_int("MASTER_PORT", -1);
     if (port <= 0 || port > 65535)
@@ -626,6 +629,22 @@ Communicator Communicator::from_env() {
     transport::TcpStoreClient store(master_addr, static_cast<std::uint16_t>(port),
                                     launcher_timeout());
     const std::string key = launcher_key(call);
+    if (how != "root") {
+      // No root: rank 0's random secret, then every rank's listener, through the store, which
+      // also counts the hosts.
+      transport::Secret secret{};
+      if (rank == 0) {
+        secret = make_secret();
+        store.set(key + "/secret", secret_text(secret));
+      } else {
+        secret = secret_from_text(store.get(key + "/secret"));
+      }
+      const std::unique_ptr<transport::AddressBook> book =
+          transport::store_book(store, key, rank, size);
+      return detail::create_from_book(*book, secret, rank, size);
+    }
+    // Through a root: rank 0 publishes a fresh random id (root address and secret); the others
+    // read it.
     UniqueId id;
     if (rank == 0) {
       id = UniqueId::create();
@@ -646,9 +665,6 @@ Communicator Communicator::from_env() {
     rank = pmix->rank();
     size = pmix->size();
     const std::string key = launcher_key(call);
-    const std::string how = params::bootstrap.get();
-    if (how != "auto" && how != "root" && how != "launcher")
-      invalid("COCCL_BOOTSTRAP is auto, root or launcher, not '" + how + "'");
     const std::unique_ptr<transport::AddressBook> book = transport::pmix_book(*pmix, key);
     if (how != "root" && transport::can_form_from(*book, size)) {
       // No root: rank 0's secret, then every rank's listener, through the launcher's table.

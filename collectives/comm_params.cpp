@@ -37,9 +37,9 @@ config::Param<std::string> secret{
     "32 hex digits: bootstrap secret for communicators made from the environment"};
 config::Param<std::string> bootstrap{
     "COCCL_BOOTSTRAP", "auto",
-    "how communicators made from the environment under PMIx (mpirun, srun) form: launcher (from "
-    "the launcher's table of addresses, without a root), root (hellos to a root that rank 0 "
-    "starts) or auto (launcher where the launcher can count the hosts or the directory is full, "
-    "else root)"};
+    "how communicators made from the environment under torchrun or PMIx (mpirun, srun) form: "
+    "launcher (from the launcher's table of addresses, without a root), root (hellos to a root "
+    "that rank 0 starts) or auto (launcher where the launcher can count the hosts or the "
+    "directory is full, else root; torchrun's store always counts them)"};
 
 }  // namespace coccl::params

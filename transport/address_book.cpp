@@ -56,8 +56,15 @@ PeerInfo decode_book_entry(std::string_view text, int rank) {
   return info;
 }
 
+std::vector<PeerInfo> AddressBook::lookup_many(std::span<const int> ranks) {
+  std::vector<PeerInfo> out;
+  out.reserve(ranks.size());
+  for (int r : ranks) out.push_back(lookup(r));
+  return out;
+}
+
 bool can_form_from(AddressBook& book, int nranks) {
-  return full_directory(nranks) || book.hosts().has_value();
+  return full_directory(nranks) || book.counts_hosts();
 }
 
 DirectoryFrame frame_from_book(AddressBook& book, const PeerInfo& self, int rank, int nranks) {
@@ -66,13 +73,16 @@ DirectoryFrame frame_from_book(AddressBook& book, const PeerInfo& self, int rank
         make_error_code(errc::invalid_argument),
         "bootstrap: rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " ranks");
   const bool full = full_directory(nranks);
-  std::optional<HostCount> known;
-  if (!full && !(known = book.hosts()))
+  auto cannot_count = [&] {
     throw std::system_error(make_error_code(errc::unsupported),
                             "bootstrap: the launcher cannot count the hosts of " +
                                 std::to_string(nranks) +
                                 " ranks, and only a full directory (COCCL_DIRECTORY_FULL) could");
+  };
+  if (!full && !book.counts_hosts()) cannot_count();
   book.publish(self);
+  std::optional<HostCount> known;
+  if (!full && !(known = book.hosts())) cannot_count();
   DirectoryFrame frame;
   frame.header.nranks = static_cast<std::uint32_t>(nranks);
   frame.header.full = full ? 1 : 0;
@@ -83,8 +93,17 @@ DirectoryFrame frame_from_book(AddressBook& book, const PeerInfo& self, int rank
   } else {
     needs = needs_of(std::span<const int>(&rank, 1), nranks);
   }
+  std::vector<int> others;
+  others.reserve(needs.size());
+  for (int r : needs)
+    if (r != rank) others.push_back(r);
+  const std::vector<PeerInfo> found = book.lookup_many(others);
+  if (found.size() != others.size())
+    bad_message("the launcher gave " + std::to_string(found.size()) + " entries for " +
+                std::to_string(others.size()) + " ranks");
   frame.entries.reserve(needs.size());
-  for (int r : needs) frame.entries.push_back({r, r == rank ? self : book.lookup(r), 1});
+  std::size_t next = 0;
+  for (int r : needs) frame.entries.push_back({r, r == rank ? self : found[next++], 1});
   if (full) {
     // Every entry is here: count the hosts as a root would (same host_hash, same host).
     std::unordered_map<std::uint64_t, std::uint32_t> on_host;

@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "transport/bootstrap_messages.hpp"
 #include "transport/directory.hpp"
@@ -36,9 +38,16 @@ class AddressBook {
   virtual void publish(const PeerInfo& self) = 0;
   /// The entry `rank` published (after publish()).
   virtual PeerInfo lookup(int rank) = 0;
+  /// The entries of `ranks`, in order (after publish()); a book whose reads can overlap
+  /// overrides this one-at-a-time default.
+  virtual std::vector<PeerInfo> lookup_many(std::span<const int> ranks);
   /// The hosts and this rank's host's ranks where the launcher knows them as coccl counts hosts
   /// (COCCL_HOSTID included); nullopt where it does not, and only a full directory can count them.
+  /// Asked after publish(): a book may count them from what the ranks published.
   virtual std::optional<HostCount> hosts() = 0;
+  /// Whether hosts() will give a count, asked before publish() so that a book that cannot count
+  /// fails before any rank waits on it. The default asks hosts() itself.
+  virtual bool counts_hosts() { return hosts().has_value(); }
 };
 
 /// Whether a communicator of `nranks` can form from `book`: with a full directory the entries

@@ -14,8 +14,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "transport/address_book.hpp"
 
@@ -39,6 +41,10 @@ class TcpStoreClient {
   void set(std::string_view key, std::string_view value);
   /// Waits until `key` exists (up to the timeout given at construction), then returns its value.
   std::string get(std::string_view key);
+  /// Waits until every one of `keys` exists (up to the timeout given at construction), then
+  /// returns their values in order. One WAIT names them all and the GETs go out together, so the
+  /// answers take one round trip rather than one each.
+  std::vector<std::string> get_many(std::span<const std::string> keys);
   /// Adds `delta` to the integer stored at `key` (0 when absent) and returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta);
 
@@ -63,6 +69,16 @@ void read_wait_answer(const StoreRead& read, std::string_view key, const std::st
 std::string read_get_answer(const StoreRead& read, std::string_view key, const std::string& where);
 /// ADD's answer: the new value.
 std::int64_t read_add_answer(const StoreRead& read, const std::string& where);
+
+/// The launcher's TCPStore as an AddressBook (address_book.hpp) for `rank` of `nranks`: a rank
+/// sets its entry under `key` + "/addr/<rank>", counts itself on its host and its host among the
+/// hosts (ADD on `key` + "/host/<host hash>" and `key` + "/hosts", so that the count is coccl's,
+/// COCCL_HOSTID included), then arrives at a barrier of ADDs on `key` + "/arrived" that the last
+/// rank ends by setting `key` + "/ready". Each rank then reads only the entries it keeps. The
+/// store's server is the launcher's (torchrun's agent), not a rank of the communicator; it serves
+/// O(1) writes and O(log N) reads a rank. `store` outlives the book.
+std::unique_ptr<AddressBook> store_book(TcpStoreClient& store, std::string key, int rank,
+                                        int nranks);
 
 /// The PMIx client of the process, when the process was started by a PMIx server (mpirun, srun
 /// --mpi=pmix) and libpmix can be loaded. Its rank and size come from PMIx itself.

@@ -182,18 +182,23 @@ class PmixBook final : public AddressBook {
   }
   PeerInfo lookup(int rank) override { return decode_book_entry(pmix_.get(rank, key_), rank); }
   std::optional<HostCount> hosts() override {
+    // Asked before and after publishing: the launcher's answer is kept from the first time.
+    if (asked_) return hosts_;
+    asked_ = true;
     // The launcher's nodes are coccl's hosts unless COCCL_HOSTID gives ranks identities of
     // their own, which the launcher does not know.
-    if (!params::hostid.get().empty()) return std::nullopt;
+    if (!params::hostid.get().empty()) return hosts_;
     const auto nodes = pmix_.job_info("pmix.num.nodes");
     const auto local = pmix_.job_info("pmix.local.size");
-    if (!nodes || !local) return std::nullopt;
-    return HostCount{*nodes, *local};
+    if (nodes && local) hosts_ = HostCount{*nodes, *local};
+    return hosts_;
   }
 
  private:
   PmixClient& pmix_;
   std::string key_;
+  bool asked_ = false;
+  std::optional<HostCount> hosts_;
 };
 
 }  // namespace

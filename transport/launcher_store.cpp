@@ -55,6 +55,11 @@ class Request {
     bytes_.insert(bytes_.end(), p, p + sizeof v);
     return *this;
   }
+  // Starts another request in the same buffer.
+  Request& query(Query q) {
+    bytes_.push_back(static_cast<std::uint8_t>(q));
+    return *this;
+  }
   Request& text(std::string_view s) {
     value<std::uint64_t>(s.size());
     bytes_.insert(bytes_.end(), s.begin(), s.end());
@@ -178,6 +183,25 @@ std::string TcpStoreClient::get(std::string_view key) {
   return read_get_answer(s_->reader(until), key, s_->where);
 }
 
+std::vector<std::string> TcpStoreClient::get_many(std::span<const std::string> keys) {
+  std::vector<std::string> out;
+  if (keys.empty()) return out;
+  const auto until = s_->deadline();
+  Request wait(Query::wait);
+  wait.value<std::uint64_t>(keys.size());
+  for (const std::string& k : keys) wait.text(k);
+  s_->send(wait, until);
+  read_wait_answer(s_->reader(until), keys.front(), s_->where, s_->timeout);
+  // The server answers one connection's requests in order, so the GETs can go out as one write.
+  Request gets(Query::get);
+  gets.text(keys.front());
+  for (std::size_t i = 1; i < keys.size(); ++i) gets.query(Query::get).text(keys[i]);
+  s_->send(gets, until);
+  out.reserve(keys.size());
+  for (const std::string& k : keys) out.push_back(read_get_answer(s_->reader(until), k, s_->where));
+  return out;
+}
+
 std::int64_t TcpStoreClient::add(std::string_view key, std::int64_t delta) {
   const auto until = s_->deadline();
   s_->send(Request(Query::add).text(key).value(delta), until);
@@ -223,6 +247,75 @@ std::string read_get_answer(const StoreRead& read, std::string_view key, const s
 
 std::int64_t read_add_answer(const StoreRead& read, const std::string& where) {
   return read_value<std::int64_t>(read, where, "ADD");
+}
+
+namespace {
+
+class StoreBook final : public AddressBook {
+ public:
+  StoreBook(TcpStoreClient& store, std::string key, int rank, int nranks)
+      : store_(store), key_(std::move(key)), rank_(rank), nranks_(nranks) {}
+
+  void publish(const PeerInfo& self) override {
+    store_.set(entry_key(rank_), encode_book_entry(self));
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string hash(16, '0');
+    for (int i = 0; i < 16; ++i) hash[15 - i] = digits[(self.host_hash >> (4 * i)) & 15];
+    host_key_ = key_ + "/host/" + hash;
+    // Counted before arriving, so that once the last rank has arrived both counts are final.
+    if (store_.add(host_key_, 1) == 1) store_.add(key_ + "/hosts", 1);
+    const std::int64_t arrived = store_.add(key_ + "/arrived", 1);
+    if (arrived > nranks_)
+      bad_message("the launcher's store counts " + std::to_string(arrived) + " ranks under " +
+                  key_ + ", of " + std::to_string(nranks_) +
+                  " (two jobs, or two ranks of one number, share its keys)");
+    if (arrived == nranks_) store_.set(key_ + "/ready", "1");
+    store_.get(key_ + "/ready");
+  }
+
+  PeerInfo lookup(int rank) override {
+    return decode_book_entry(store_.get(entry_key(rank)), rank);
+  }
+
+  std::vector<PeerInfo> lookup_many(std::span<const int> ranks) override {
+    std::vector<std::string> keys;
+    keys.reserve(ranks.size());
+    for (int r : ranks) keys.push_back(entry_key(r));
+    const std::vector<std::string> values = store_.get_many(keys);
+    std::vector<PeerInfo> out;
+    out.reserve(ranks.size());
+    for (std::size_t i = 0; i < ranks.size(); ++i)
+      out.push_back(decode_book_entry(values[i], ranks[i]));
+    return out;
+  }
+
+  bool counts_hosts() override { return true; }
+
+  std::optional<HostCount> hosts() override {
+    if (host_key_.empty()) return std::nullopt;  // not published yet: nothing counted
+    // ADD of 0 reads a counter as the integer it is.
+    const std::int64_t hosts = store_.add(key_ + "/hosts", 0);
+    const std::int64_t here = store_.add(host_key_, 0);
+    if (hosts < 1 || hosts > nranks_ || here < 1 || here > nranks_)
+      bad_message("the launcher's store counts " + std::to_string(hosts) + " hosts and " +
+                  std::to_string(here) + " ranks on this one, of " + std::to_string(nranks_));
+    return HostCount{static_cast<std::uint32_t>(hosts), static_cast<std::uint32_t>(here)};
+  }
+
+ private:
+  std::string entry_key(int rank) const { return key_ + "/addr/" + std::to_string(rank); }
+
+  TcpStoreClient& store_;
+  std::string key_;
+  std::string host_key_;
+  int rank_, nranks_;
+};
+
+}  // namespace
+
+std::unique_ptr<AddressBook> store_book(TcpStoreClient& store, std::string key, int rank,
+                                        int nranks) {
+  return std::make_unique<StoreBook>(store, std::move(key), rank, nranks);
 }
 
 }  // namespace coccl::transport

@@ -375,14 +375,17 @@ class Communicator {
   }
 
   /// Creates a communicator of every process of a launched job, the rank and size coming from
-  /// the launcher. Rank 0 makes a fresh random UniqueId (root address and secret) and the others
-  /// receive it through the launcher, so no second port and no guessable secret is involved:
+  /// the launcher. Rank 0 makes a fresh random secret and the others receive it through the
+  /// launcher, so no second port and no guessable secret is involved. Every rank then puts its
+  /// listener in the launcher's key-value space and reads the entries it keeps (all of them up to
+  /// COCCL_DIRECTORY_FULL ranks, else O(log N)), so no rank acts as a root:
   /// - torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): through the TCPStore that torchrun
-  ///   already serves on MASTER_PORT, spoken to in its own protocol;
-  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time), and with no root
-  ///   at all: rank 0 puts a random secret, every rank puts its listener in the launcher's table
-  ///   and reads the O(log N) entries it keeps (COCCL_BOOTSTRAP=root keeps the root; COCCL_HOSTID
-  ///   with more than COCCL_DIRECTORY_FULL ranks takes the root, as PMIx cannot count its hosts);
+  ///   already serves on MASTER_PORT, spoken to in its own protocol; the store also counts the
+  ///   hosts;
+  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time); COCCL_HOSTID with
+  ///   more than COCCL_DIRECTORY_FULL ranks takes a root, as PMIx cannot count those hosts.
+  /// COCCL_BOOTSTRAP=root makes rank 0 start a root and pass its UniqueId (address and secret)
+  /// through the launcher instead.
   /// - COCCL_COMM_ID=host:port with COCCL_SECRET (32 hex digits) and RANK/WORLD_SIZE (or Open
   ///   MPI's / Slurm's variables): rank 0 runs the root on that port; without the secret the call
   ///   is refused.

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,11 +45,79 @@ bool is_hex(const std::string& s) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRank) {
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string all_output(const LaunchResult& r) {
+  std::string out;
+  for (const auto& rank : r.ranks) out += rank.output;
+  return out;
+}
+
+// The default under torchrun: no root. Rank 0 sets a random secret in the store, every rank sets
+// its listener's entry and counts its host there, and reads the entries it keeps. Ranks 0-1 and
+// 2-4 act as two hosts. With a full directory the entries give the hosts; above
+// COCCL_DIRECTORY_FULL (lowered to 2) a rank reads only its partners' and the store's count.
+TEST(FromEnv, TorchrunStoreFormsWithoutARootFromTheRanksEntries) {
+  std::vector<std::string> secrets;
+  for (const char* full : {"64", "2"}) {
+    FakeStore store;
+    LaunchOptions o = torchrun_like(store, 5);
+    o.env.push_back("COCCL_DEBUG=INFO");
+    o.env.push_back(std::string("COCCL_DIRECTORY_FULL=") + full);
+    for (int r = 0; r < 5; ++r)
+      o.rank_env[r].push_back(r < 2 ? "COCCL_HOSTID=a" : "COCCL_HOSTID=b");
+    const LaunchResult r = launch(o);
+    ASSERT_TRUE(r.all_passed()) << r.describe();
+    const std::string out = all_output(r);
+    EXPECT_EQ(count_of(out, "formed from the launcher's table, without a root: 5 ranks, 2 hosts"),
+              10u)
+        << out;
+    EXPECT_EQ(count_of(out, "bootstrap done"), 0u) << out;
+    // Every rank spoke the store's protocol, once per from_env() call.
+    EXPECT_EQ(store.validated_clients(), 10);
+    const auto kv = store.contents();
+    std::set<std::string> calls;
+    for (const auto& [key, value] : kv) {
+      ASSERT_TRUE(key.starts_with("coccl/from_env/")) << key;
+      calls.insert(key.substr(0, key.find('/', std::string("coccl/from_env/").size())));
+    }
+    ASSERT_EQ(calls.size(), 2u);
+    for (const std::string& call : calls) {
+      const std::string& secret = kv.at(call + "/secret");
+      EXPECT_EQ(secret.size(), 32u);
+      EXPECT_TRUE(is_hex(secret)) << secret;
+      secrets.push_back(secret);
+      for (int rank = 0; rank < 5; ++rank) {
+        const std::string& entry = kv.at(call + "/addr/" + std::to_string(rank));
+        EXPECT_TRUE(is_hex(entry)) << entry;
+      }
+      EXPECT_EQ(kv.at(call + "/arrived"), "5");
+      EXPECT_EQ(kv.at(call + "/hosts"), "2");
+      EXPECT_TRUE(kv.count(call + "/ready"));
+      // The secret, five entries, two hosts' counts, the host count, arrivals, the barrier.
+      std::size_t keys = 0;
+      for (const auto& [key, value] : kv) keys += key.starts_with(call + "/");
+      EXPECT_EQ(keys, 11u);
+    }
+  }
+  // Random secrets: the two communicators of a run and those of the next run all differ.
+  std::sort(secrets.begin(), secrets.end());
+  EXPECT_EQ(std::unique(secrets.begin(), secrets.end()), secrets.end());
+}
+
+// COCCL_BOOTSTRAP=root under torchrun: rank 0 publishes a fresh random id (root address and
+// secret) in the store and the others read it.
+TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRankWithARoot) {
   std::vector<std::string> ids;
   for (int run = 0; run < 2; ++run) {
     FakeStore store;
-    const LaunchResult r = launch(torchrun_like(store, 4));
+    LaunchOptions o = torchrun_like(store, 4);
+    o.env.push_back("COCCL_BOOTSTRAP=root");
+    const LaunchResult r = launch(o);
     ASSERT_TRUE(r.all_passed()) << r.describe();
     // Every rank spoke the store's protocol; rank 0 published one id per from_env() call.
     EXPECT_EQ(store.validated_clients(), 8);
@@ -65,6 +134,22 @@ TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRank) {
   // secret follows from the address or the job.
   std::sort(ids.begin(), ids.end());
   EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
+}
+
+// A bad COCCL_BOOTSTRAP is refused under torchrun too, before the store is touched.
+TEST(FromEnv, TorchrunRefusesAnUnknownBootstrap) {
+  FakeStore store;
+  LaunchOptions o = torchrun_like(store, 2);
+  o.env.push_back("COCCL_BOOTSTRAP=leader");
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  for (const auto& rank : r.ranks) {
+    EXPECT_NE(rank.exit_code, 0) << r.describe();
+    EXPECT_NE(rank.output.find("COCCL_BOOTSTRAP is auto, root or launcher, not 'leader'"),
+              std::string::npos)
+        << rank.output;
+  }
+  EXPECT_EQ(store.validated_clients(), 0);
 }
 
 TEST(FromEnv, CommIdWithoutASecretIsRefusedOnEveryRank) {
@@ -91,12 +176,6 @@ std::pair<int, std::string> shell(const std::string& command) {
   while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::size_t count_of(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
 }
 
 // `n` workers of the all_reduce scenario under mpirun, with `env` (NAME=value ...) passed to
@@ -202,17 +281,22 @@ int free_port() {
 
 // PyTorch's own launcher, where it is installed (the GPU machines' image has it; this machine
 // does not): its agent serves the TCPStore on MASTER_PORT, and every rank's from_env() meets
-// there. Standalone (one agent, three ranks), then two agents of two ranks each, as two hosts'
-// agents would run, rendezvousing on the first agent's store.
-TEST(FromEnv, RealTorchrunCarriesTheIdThroughItsStore) {
+// there, without a root. Standalone (one agent, three ranks), the same through a root, then two
+// agents of two ranks each, as two hosts' agents would run, rendezvousing on the first agent's
+// store.
+TEST(FromEnv, RealTorchrunFormsThroughItsStore) {
   if (shell("command -v torchrun").first != 0) GTEST_SKIP() << "no torchrun on PATH";
-  const std::string env = "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 timeout 120 ";
+  const std::string env =
+      "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 COCCL_DEBUG=INFO timeout 120 ";
   const std::string worker = COCCL_WORKER;
-  {
-    const auto [code, out] = shell(env + "torchrun --standalone --nproc-per-node=3 --no-python " +
-                                   worker + " all_reduce -1 3 env quick nolarge");
+  const std::string rootless = "formed from the launcher's table, without a root";
+  for (const char* how : {"auto", "root"}) {
+    const auto [code, out] =
+        shell(env + "COCCL_BOOTSTRAP=" + how + " torchrun --standalone --nproc-per-node=3 " +
+              "--no-python " + worker + " all_reduce -1 3 env quick nolarge");
     EXPECT_EQ(code, 0) << out;
     EXPECT_EQ(count_of(out, "all checks passed"), 3u) << out;
+    EXPECT_EQ(count_of(out, rootless), std::string(how) == "root" ? 0u : 6u) << out;
   }
   const int port = free_port();
   ASSERT_GT(port, 0);
@@ -225,6 +309,7 @@ TEST(FromEnv, RealTorchrunCarriesTheIdThroughItsStore) {
             worker + args + "; rc=$?; wait $! || rc=1; exit $rc");
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(count_of(out, "all checks passed"), 4u) << out;
+  EXPECT_EQ(count_of(out, rootless), 8u) << out;
 }
 
 }  // namespace

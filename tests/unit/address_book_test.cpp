@@ -57,7 +57,7 @@ class MadeUpBook final : public AddressBook {
     return info_of(rank, per_host_);
   }
   std::optional<HostCount> hosts() override {
-    if (!knows_hosts_) return std::nullopt;
+    if (!knows_hosts_ || (counts_from_entries && published == 0)) return std::nullopt;
     if (claimed) return *claimed;
     return HostCount{static_cast<std::uint32_t>((nranks_ + per_host_ - 1) / per_host_),
                      static_cast<std::uint32_t>(per_host_)};
@@ -68,6 +68,12 @@ class MadeUpBook final : public AddressBook {
   std::vector<int> looked_up;
   int fail_at = -1;
   std::optional<HostCount> claimed;
+  // Like torchrun's store: the hosts are counted from what the ranks published, so no count
+  // exists before publish(), though the book promises one.
+  bool counts_from_entries = false;
+  // What counts_hosts() answers where set; else whether hosts() gives a count now.
+  std::optional<bool> promised;
+  bool counts_hosts() override { return promised.value_or(hosts().has_value()); }
 
  private:
   int nranks_, per_host_;
@@ -181,6 +187,36 @@ TEST(FrameFromBook, WithoutTheLaunchersCountOfHostsOnlyAFullDirectoryForms) {
   const test::ParamOverride limit(params::directory_full, "100");
   EXPECT_TRUE(can_form_from(book, 100));
   EXPECT_EQ(frame_from_book(book, info_of(5, 8), 5, 100).header.hosts, 13u);
+}
+
+TEST(FrameFromBook, ABookThatCountsTheHostsOnlyOnceTheRanksPublishedFormsASparseFrame) {
+  const int n = 100, rank = 37;
+  MadeUpBook book(n, 8, true);
+  book.counts_from_entries = true;
+  book.promised = true;
+  EXPECT_FALSE(book.hosts().has_value());
+  EXPECT_TRUE(can_form_from(book, n));
+  const DirectoryFrame frame = frame_from_book(book, info_of(rank, 8), rank, n);
+  EXPECT_EQ(frame.header.hosts, 13u);
+  EXPECT_EQ(frame.header.full, 0);
+  // Every entry it keeps but its own was read, once, in the order the frame holds them.
+  std::vector<int> others;
+  for (int r : needs_one(rank, n))
+    if (r != rank) others.push_back(r);
+  EXPECT_EQ(book.looked_up, others);
+  for (const DirectoryEntry& e : frame.entries)
+    EXPECT_EQ(e.host_ranks, e.rank == rank ? 8u : 1u) << e.rank;
+  // A book that promised a count and has none after publishing is refused.
+  MadeUpBook liar(n, 8, false);
+  liar.promised = true;
+  try {
+    frame_from_book(liar, info_of(rank, 8), rank, n);
+    ADD_FAILURE() << "formed without a count of hosts";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::unsupported)) << e.what();
+  }
+  EXPECT_EQ(liar.published, 1);
+  EXPECT_TRUE(liar.looked_up.empty());
 }
 
 TEST(FrameFromBook, ImpossibleCountsBadRanksAndTheBooksFailuresAreErrors) {

@@ -10,7 +10,9 @@
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <coccl/error.hpp>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "tests/support/fake_store.hpp"
 
@@ -94,6 +96,101 @@ TEST(TcpStoreClient, AServerThatHangsUpIsAPeerLoss) {
   EXPECT_EQ(code_of([&] { TcpStoreClient("127.0.0.1", a.local_endpoint().port(), 2s); }),
             errc::peer_lost);
   server.join();
+}
+
+TEST(TcpStoreClient, GetManyWaitsForEveryKeyAndAnswersInOrder) {
+  FakeStore store;
+  TcpStoreClient reader("127.0.0.1", store.port(), 10s);
+  std::thread writer([&] {
+    TcpStoreClient w("127.0.0.1", store.port(), 10s);
+    w.set("b", "second");
+    std::this_thread::sleep_for(100ms);
+    w.set("a", "first");
+    w.set("c", std::string(3000, 'x'));
+  });
+  const std::vector<std::string> keys = {"c", "a", "b", "a"};
+  EXPECT_EQ(reader.get_many(keys),
+            (std::vector<std::string>{std::string(3000, 'x'), "first", "second", "first"}));
+  EXPECT_TRUE(reader.get_many({}).empty());
+  writer.join();
+  // One key that never appears fails the whole read.
+  TcpStoreClient short_lived("127.0.0.1", store.port(), 300ms);
+  const std::vector<std::string> with_missing = {"a", "never"};
+  EXPECT_EQ(code_of([&] { short_lived.get_many(with_missing); }), errc::timed_out);
+}
+
+transport::PeerInfo listener_of(int rank, int per_host) {
+  transport::PeerInfo p{};
+  p.family = 4;
+  p.addr[0] = 127;
+  p.addr[3] = 1;
+  p.port = static_cast<std::uint16_t>(2000 + rank);
+  p.host_hash = 0xfeed0000ull + static_cast<std::uint64_t>(rank / per_host);
+  p.pid = rank;
+  return p;
+}
+
+// Six ranks of three hosts, each with its own connection to the store, as torchrun's workers
+// have: the store carries every entry and counts the hosts as coccl does (by host hash).
+TEST(StoreBook, RanksPublishCountTheirHostsAndReadTheEntriesTheyAsk) {
+  FakeStore store;
+  constexpr int n = 6, per_host = 2;
+  std::vector<std::vector<transport::PeerInfo>> seen(n);
+  std::vector<std::optional<transport::HostCount>> before(n), after(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      TcpStoreClient c("127.0.0.1", store.port(), 10s);
+      auto book = transport::store_book(c, "job/0", r, n);
+      EXPECT_TRUE(book->counts_hosts());
+      before[r] = book->hosts();
+      book->publish(listener_of(r, per_host));
+      after[r] = book->hosts();
+      std::vector<int> others;
+      for (int o = n - 1; o >= 0; --o)
+        if (o != r) others.push_back(o);
+      seen[r] = book->lookup_many(others);
+      seen[r].push_back(book->lookup(r));
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(before[r].has_value()) << "counted before anyone published";
+    ASSERT_TRUE(after[r].has_value());
+    EXPECT_EQ(after[r]->hosts, 3u);
+    EXPECT_EQ(after[r]->host_ranks, 2u);
+    ASSERT_EQ(seen[r].size(), static_cast<std::size_t>(n));
+    std::size_t i = 0;
+    for (int o = n - 1; o >= 0; --o) {
+      if (o == r) continue;
+      EXPECT_EQ(seen[r][i].port, listener_of(o, per_host).port);
+      EXPECT_EQ(seen[r][i].host_hash, listener_of(o, per_host).host_hash);
+      ++i;
+    }
+    EXPECT_EQ(seen[r].back().pid, static_cast<std::uint32_t>(r));
+  }
+  const auto kv = store.contents();
+  EXPECT_EQ(kv.at("job/0/arrived"), "6");
+  EXPECT_EQ(kv.at("job/0/hosts"), "3");
+  EXPECT_EQ(kv.at("job/0/host/00000000feed0001"), "2");
+  EXPECT_TRUE(kv.count("job/0/ready"));
+}
+
+// More arrivals than ranks: two jobs, or two ranks of one number, write under one key. The rank
+// that sees it refuses rather than forming from a table it cannot trust; so does a rank whose
+// entry is not an address.
+TEST(StoreBook, MoreArrivalsThanRanksAndEntriesThatAreNotAddressesAreRefused) {
+  FakeStore store;
+  TcpStoreClient c("127.0.0.1", store.port(), 2s);
+  c.add("job/1/arrived", 2);
+  auto book = transport::store_book(c, "job/1", 1, 2);
+  EXPECT_EQ(code_of([&] { book->publish(listener_of(1, 1)); }), errc::bad_message);
+
+  TcpStoreClient d("127.0.0.1", store.port(), 2s);
+  d.set("job/2/addr/0", "not hex at all");
+  auto other = transport::store_book(d, "job/2", 1, 2);
+  d.add("job/2/arrived", 1);
+  other->publish(listener_of(1, 1));
+  EXPECT_EQ(code_of([&] { other->lookup(0); }), errc::bad_message);
 }
 
 }  // namespace
