@@ -286,27 +286,27 @@ int free_port() {
 // store.
 TEST(FromEnv, RealTorchrunFormsThroughItsStore) {
   if (shell("command -v torchrun").first != 0) GTEST_SKIP() << "no torchrun on PATH";
-  const std::string env =
-      "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 COCCL_DEBUG=INFO timeout 120 ";
+  const std::string env = "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 COCCL_DEBUG=INFO ";
   const std::string worker = COCCL_WORKER;
   const std::string rootless = "formed from the launcher's table, without a root";
   for (const char* how : {"auto", "root"}) {
     const auto [code, out] =
-        shell(env + "COCCL_BOOTSTRAP=" + how + " torchrun --standalone --nproc-per-node=3 " +
-              "--no-python " + worker + " all_reduce -1 3 env quick nolarge");
+        shell(env + "COCCL_BOOTSTRAP=" + how + " timeout 120 torchrun --standalone " +
+              "--nproc-per-node=3 --no-python " + worker + " all_reduce -1 3 env quick nolarge");
     EXPECT_EQ(code, 0) << out;
     EXPECT_EQ(count_of(out, "all checks passed"), 3u) << out;
     EXPECT_EQ(count_of(out, rootless), std::string(how) == "root" ? 0u : 6u) << out;
   }
   const int port = free_port();
   ASSERT_GT(port, 0);
-  const std::string agent =
-      env + "torchrun --nnodes=2 --master-addr=127.0.0.1 --master-port=" + std::to_string(port) +
-      " --nproc-per-node=2 --no-python ";
+  const std::string agent = env + "timeout 120 torchrun --nnodes=2 --master-addr=127.0.0.1 " +
+                            "--master-port=" + std::to_string(port) +
+                            " --nproc-per-node=2 --no-python ";
   const std::string args = " all_reduce -1 4 env quick nolarge";
+  // In a subshell, so that both agents' standard error joins the output.
   const auto [code, out] =
-      shell("(" + agent + "--node-rank=1 " + worker + args + ") & " + agent + "--node-rank=0 " +
-            worker + args + "; rc=$?; wait $! || rc=1; exit $rc");
+      shell("((" + agent + "--node-rank=1 " + worker + args + ") & " + agent + "--node-rank=0 " +
+            worker + args + "; rc=$?; wait $! || rc=1; exit $rc)");
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(count_of(out, "all checks passed"), 4u) << out;
   EXPECT_EQ(count_of(out, rootless), 8u) << out;
