@@ -47,6 +47,9 @@ class TcpStoreClient {
   std::vector<std::string> get_many(std::span<const std::string> keys);
   /// Adds `delta` to the integer stored at `key` (0 when absent) and returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta);
+  /// Queries sent to the server so far, VALIDATE and PING included: the load this client put on
+  /// it.
+  std::uint64_t requests() const noexcept;
 
  private:
   struct State;

@@ -49,6 +49,7 @@ constexpr std::uint64_t max_value_bytes = 1 << 20;
 class Request {
  public:
   explicit Request(Query q) { bytes_.push_back(static_cast<std::uint8_t>(q)); }
+  std::size_t queries() const { return queries_; }
   template <typename T>
   Request& value(T v) {
     const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
@@ -58,6 +59,7 @@ class Request {
   // Starts another request in the same buffer.
   Request& query(Query q) {
     bytes_.push_back(static_cast<std::uint8_t>(q));
+    ++queries_;
     return *this;
   }
   Request& text(std::string_view s) {
@@ -69,6 +71,7 @@ class Request {
 
  private:
   std::vector<std::uint8_t> bytes_;
+  std::size_t queries_ = 1;
 };
 
 }  // namespace
@@ -78,6 +81,7 @@ struct TcpStoreClient::State {
   tcp::socket sock{io};
   std::string where;
   std::chrono::milliseconds timeout;
+  std::uint64_t requests = 0;
 
   // Runs the io_context until `done` or the deadline; on the deadline the socket is closed, which
   // completes the pending operation with operation_aborted. Returns false on the deadline.
@@ -98,6 +102,7 @@ struct TcpStoreClient::State {
   }
 
   void send(const Request& r, std::chrono::steady_clock::time_point deadline) {
+    requests += r.queries();
     bool done = false;
     boost::system::error_code ec;
     asio::async_write(sock, asio::buffer(r.bytes()), [&](boost::system::error_code e, std::size_t) {
@@ -170,6 +175,8 @@ TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port,
 }
 
 TcpStoreClient::~TcpStoreClient() = default;
+
+std::uint64_t TcpStoreClient::requests() const noexcept { return s_->requests; }
 
 void TcpStoreClient::set(std::string_view key, std::string_view value) {
   s_->send(Request(Query::set).text(key).text(value), s_->deadline());

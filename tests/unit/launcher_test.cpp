@@ -1,20 +1,26 @@
 // The TCPStore client of Communicator::from_env() against a server speaking torch's protocol:
 // values round-trip, a get waits for a later set, and a missing key, a silent port or a port that
-// is not a store fail with coccl's errors within the deadline.
+// is not a store fail with coccl's errors within the deadline. The store as the launcher's table
+// (store_book): what the ranks publish, count and read, and the queries that costs the server.
 #include "transport/launcher.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <coccl/error.hpp>
 #include <optional>
+#include <span>
+#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "tests/support/fake_store.hpp"
+#include "transport/directory.hpp"
 
 namespace coccl::test {
 namespace {
@@ -137,6 +143,7 @@ TEST(StoreBook, RanksPublishCountTheirHostsAndReadTheEntriesTheyAsk) {
   constexpr int n = 6, per_host = 2;
   std::vector<std::vector<transport::PeerInfo>> seen(n);
   std::vector<std::optional<transport::HostCount>> before(n), after(n);
+  std::vector<std::uint64_t> publish_requests(n);
   std::vector<std::thread> ranks;
   for (int r = 0; r < n; ++r)
     ranks.emplace_back([&, r] {
@@ -144,12 +151,21 @@ TEST(StoreBook, RanksPublishCountTheirHostsAndReadTheEntriesTheyAsk) {
       auto book = transport::store_book(c, "job/0", r, n);
       EXPECT_TRUE(book->counts_hosts());
       before[r] = book->hosts();
+      // VALIDATE and PING at connect; then SET, ADD for the host (and one for the hosts), ADD
+      // to arrive (and the last rank's SET), WAIT and GET; two ADDs read the counts.
+      EXPECT_EQ(c.requests(), 2u);
       book->publish(listener_of(r, per_host));
       after[r] = book->hosts();
+      const std::uint64_t extra = c.requests() - 2 - 7;
+      EXPECT_LE(extra, 2u) << c.requests();
+      publish_requests[r] = c.requests() - 2;
       std::vector<int> others;
       for (int o = n - 1; o >= 0; --o)
         if (o != r) others.push_back(o);
+      const std::uint64_t before_reads = c.requests();
       seen[r] = book->lookup_many(others);
+      // One WAIT for every key, one GET each.
+      EXPECT_EQ(c.requests() - before_reads, 1 + others.size());
       seen[r].push_back(book->lookup(r));
     });
   for (auto& t : ranks) t.join();
@@ -168,6 +184,11 @@ TEST(StoreBook, RanksPublishCountTheirHostsAndReadTheEntriesTheyAsk) {
     }
     EXPECT_EQ(seen[r].back().pid, static_cast<std::uint32_t>(r));
   }
+  // In all: 7 a rank, one more for the first rank of each of the 3 hosts and for the last to
+  // arrive.
+  std::uint64_t total = 0;
+  for (std::uint64_t x : publish_requests) total += x;
+  EXPECT_EQ(total, 7u * n + 3 + 1);
   const auto kv = store.contents();
   EXPECT_EQ(kv.at("job/0/arrived"), "6");
   EXPECT_EQ(kv.at("job/0/hosts"), "3");
@@ -191,6 +212,60 @@ TEST(StoreBook, MoreArrivalsThanRanksAndEntriesThatAreNotAddressesAreRefused) {
   d.add("job/2/arrived", 1);
   other->publish(listener_of(1, 1));
   EXPECT_EQ(code_of([&] { other->lookup(0); }), errc::bad_message);
+}
+
+// coccl-store-load against a server of the store's protocol: every rank's frame is checked by
+// the tool, which exits 0 only when each entry read is the one published; its table gives the
+// queries of the busiest rank, a constant plus the entries it reads.
+TEST(StoreLoadTool, RanksFormTheirFramesThroughAStoreAndTheToolCountsTheirQueries) {
+#ifndef COCCL_STORE_LOAD
+  GTEST_SKIP() << "coccl-store-load is not built in this tree";
+#else
+  FakeStore store;
+  const std::string cmd = std::string(COCCL_STORE_LOAD) +
+                          " --store 127.0.0.1:" + std::to_string(store.port()) +
+                          " --ranks 8,100 --per-host 4 --repeat 1";
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  // ranks, queries in all, the busiest rank's, ms, us per query, #wrong.
+  auto row = [&](int n) {
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream cells(line);
+      long long ranks = 0, all = 0, max = 0, wrong = -1;
+      double ms = 0, us = 0;
+      if (cells >> ranks >> all >> max >> ms >> us >> wrong && ranks == n)
+        return std::vector<long long>{all, max, wrong};
+    }
+    return std::vector<long long>{};
+  };
+  // 8 ranks, a full directory: the secret (1 SET or WAIT + GET), 5 to publish and arrive, one
+  // WAIT and 7 GETs, one more for the first rank of each host and for the last to arrive.
+  const auto small = row(8);
+  ASSERT_EQ(small.size(), 3u) << out;
+  EXPECT_EQ(small[2], 0) << out;
+  EXPECT_EQ(small[0], 1 + 7 * 2 + 5 * 8 + 8 * 8 + 2 + 1) << out;
+  // 100 ranks, above COCCL_DIRECTORY_FULL: a rank reads only the O(log N) entries it keeps, and
+  // two ADDs read the host counts.
+  const auto large = row(100);
+  ASSERT_EQ(large.size(), 3u) << out;
+  EXPECT_EQ(large[2], 0) << out;
+  std::size_t most = 0;
+  for (int r = 0; r < 100; ++r)
+    most = std::max(most, transport::needs_of(std::span<const int>(&r, 1), 100).size());
+  ASSERT_LT(most, 50u);
+  // The busiest rank: its needs but itself as GETs, one WAIT, the secret (1 or 2), 5 to publish
+  // and arrive, up to 2 more (first of its host, last to arrive), 2 ADDs for the counts.
+  EXPECT_GE(large[1], static_cast<long long>(most) - 1 + 1 + 1 + 5 + 2) << out;
+  EXPECT_LE(large[1], static_cast<long long>(most) - 1 + 1 + 2 + 5 + 2 + 2) << out;
+#endif
 }
 
 }  // namespace
