@@ -629,9 +629,10 @@ Communicator Communicator::from_env() {
     transport::TcpStoreClient store(master_addr, static_cast<std::uint16_t>(port),
                                     launcher_timeout());
     const std::string key = launcher_key(call);
-    if (how != "root") {
+    if (how == "launcher") {
       // No root: rank 0's random secret, then every rank's listener, through the store, which
-      // also counts the hosts.
+      // also counts the hosts. Not the default: the store is one server, and it then serves
+      // O(log N) queries a rank where the root path asks two (docs/design.md, "Bootstrap").
       transport::Secret secret{};
       if (rank == 0) {
         secret = make_secret();
@@ -643,8 +644,8 @@ Communicator Communicator::from_env() {
           transport::store_book(store, key, rank, size);
       return detail::create_from_book(*book, secret, rank, size);
     }
-    // Through a root: rank 0 publishes a fresh random id (root address and secret); the others
-    // read it.
+    // Through a root (auto, root): rank 0 publishes a fresh random id (root address and
+    // secret); the others read it.
     UniqueId id;
     if (rank == 0) {
       id = UniqueId::create();

@@ -39,7 +39,7 @@ config::Param<std::string> bootstrap{
     "COCCL_BOOTSTRAP", "auto",
     "how communicators made from the environment under torchrun or PMIx (mpirun, srun) form: "
     "launcher (from the launcher's table of addresses, without a root), root (hellos to a root "
-    "that rank 0 starts) or auto (launcher where the launcher can count the hosts or the "
-    "directory is full, else root; torchrun's store always counts them)"};
+    "that rank 0 starts) or auto (under PMIx launcher where PMIx can count the hosts or the "
+    "directory is full, else root; under torchrun root, as its store is one server)"};
 
 }  // namespace coccl::params

@@ -39,6 +39,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int files_a_rank = 4;
 namespace tr = coccl::transport;
 
 struct Options {
@@ -134,7 +135,7 @@ Run run_once(const Options& o, int n, const std::string& key) {
       std::optional<tr::TcpStoreClient> store;
       try {
         store.emplace(o.host, o.port, std::chrono::milliseconds(300000));
-      } catch (const std::system_error& e) {
+      } catch (const std::exception& e) {
         failed = true;
         std::lock_guard lock(failure_mu);
         failure = e.what();
@@ -158,7 +159,7 @@ Run run_once(const Options& o, int n, const std::string& key) {
         if (frame.header.hosts != static_cast<std::uint32_t>((n + o.per_host - 1) / o.per_host))
           ++wrong;
         queries[r] = store->requests() - at_connect;
-      } catch (const std::system_error& e) {
+      } catch (const std::exception& e) {
         failed = true;
         std::lock_guard lock(failure_mu);
         failure = e.what();
@@ -181,11 +182,18 @@ Run run_once(const Options& o, int n, const std::string& key) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  // A connection a rank: raise the open-file limit as far as the hard limit allows.
+  // A rank holds a socket and its client's event loop (epoll, eventfd, timerfd): raise the
+  // open-file limit as far as the hard limit allows, and refuse what it cannot hold.
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
     lim.rlim_cur = lim.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &lim);
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    for (int n : o.ranks)
+      if (lim.rlim_cur != RLIM_INFINITY &&
+          static_cast<rlim_t>(n) * files_a_rank + 64 > lim.rlim_cur)
+        usage(std::to_string(n) + " ranks need about " + std::to_string(n * files_a_rank) +
+              " open files; the limit is " + std::to_string(lim.rlim_cur));
   }
   std::printf("coccl-store-load: TCPStore at %s:%u, %d ranks a host, median of %d runs\n",
               o.host.c_str(), o.port, o.per_host, o.repeat);

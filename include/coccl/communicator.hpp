@@ -376,16 +376,15 @@ class Communicator {
 
   /// Creates a communicator of every process of a launched job, the rank and size coming from
   /// the launcher. Rank 0 makes a fresh random secret and the others receive it through the
-  /// launcher, so no second port and no guessable secret is involved. Every rank then puts its
-  /// listener in the launcher's key-value space and reads the entries it keeps (all of them up to
-  /// COCCL_DIRECTORY_FULL ranks, else O(log N)), so no rank acts as a root:
+  /// launcher, so no second port and no guessable secret is involved:
   /// - torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): through the TCPStore that torchrun
-  ///   already serves on MASTER_PORT, spoken to in its own protocol; the store also counts the
-  ///   hosts;
-  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time); COCCL_HOSTID with
-  ///   more than COCCL_DIRECTORY_FULL ranks takes a root, as PMIx cannot count those hosts.
-  /// COCCL_BOOTSTRAP=root makes rank 0 start a root and pass its UniqueId (address and secret)
-  /// through the launcher instead.
+  ///   already serves on MASTER_PORT, spoken to in its own protocol. Rank 0 starts a root and
+  ///   puts its UniqueId there; with COCCL_BOOTSTRAP=launcher no root starts: every rank puts
+  ///   its listener in the store, which counts the hosts, and reads the entries it keeps (all up
+  ///   to COCCL_DIRECTORY_FULL ranks, else O(log N)), at the cost of more queries at the store;
+  /// - mpirun or srun with PMIx: through PMIx (libpmix is loaded at run time), without a root in
+  ///   the same way by default; COCCL_HOSTID with more than COCCL_DIRECTORY_FULL ranks takes a
+  ///   root, as PMIx cannot count those hosts, and COCCL_BOOTSTRAP=root always does.
   /// - COCCL_COMM_ID=host:port with COCCL_SECRET (32 hex digits) and RANK/WORLD_SIZE (or Open
   ///   MPI's / Slurm's variables): rank 0 runs the root on that port; without the secret the call
   ///   is refused.

@@ -57,9 +57,9 @@ std::string all_output(const LaunchResult& r) {
   return out;
 }
 
-// The default under torchrun: no root. Rank 0 sets a random secret in the store, every rank sets
-// its listener's entry and counts its host there, and reads the entries it keeps. Ranks 0-1 and
-// 2-4 act as two hosts. With a full directory the entries give the hosts; above
+// COCCL_BOOTSTRAP=launcher under torchrun: no root. Rank 0 sets a random secret in the store,
+// every rank sets its listener's entry and counts its host there, and reads the entries it keeps.
+// Ranks 0-1 and 2-4 act as two hosts. With a full directory the entries give the hosts; above
 // COCCL_DIRECTORY_FULL (lowered to 2) a rank reads only its partners' and the store's count.
 TEST(FromEnv, TorchrunStoreFormsWithoutARootFromTheRanksEntries) {
   std::vector<std::string> secrets;
@@ -67,6 +67,7 @@ TEST(FromEnv, TorchrunStoreFormsWithoutARootFromTheRanksEntries) {
     FakeStore store;
     LaunchOptions o = torchrun_like(store, 5);
     o.env.push_back("COCCL_DEBUG=INFO");
+    o.env.push_back("COCCL_BOOTSTRAP=launcher");
     o.env.push_back(std::string("COCCL_DIRECTORY_FULL=") + full);
     for (int r = 0; r < 5; ++r)
       o.rank_env[r].push_back(r < 2 ? "COCCL_HOSTID=a" : "COCCL_HOSTID=b");
@@ -109,14 +110,14 @@ TEST(FromEnv, TorchrunStoreFormsWithoutARootFromTheRanksEntries) {
   EXPECT_EQ(std::unique(secrets.begin(), secrets.end()), secrets.end());
 }
 
-// COCCL_BOOTSTRAP=root under torchrun: rank 0 publishes a fresh random id (root address and
-// secret) in the store and the others read it.
-TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRankWithARoot) {
+// The default under torchrun (and COCCL_BOOTSTRAP=root): rank 0 publishes a fresh random id
+// (root address and secret) in the store and the others read it.
+TEST(FromEnv, TorchrunStoreCarriesAFreshRandomIdToEveryRank) {
   std::vector<std::string> ids;
-  for (int run = 0; run < 2; ++run) {
+  for (const char* how : {"auto", "root"}) {
     FakeStore store;
     LaunchOptions o = torchrun_like(store, 4);
-    o.env.push_back("COCCL_BOOTSTRAP=root");
+    o.env.push_back(std::string("COCCL_BOOTSTRAP=") + how);
     const LaunchResult r = launch(o);
     ASSERT_TRUE(r.all_passed()) << r.describe();
     // Every rank spoke the store's protocol; rank 0 published one id per from_env() call.
@@ -281,25 +282,29 @@ int free_port() {
 
 // PyTorch's own launcher, where it is installed (the GPU machines' image has it; this machine
 // does not): its agent serves the TCPStore on MASTER_PORT, and every rank's from_env() meets
-// there, without a root. Standalone (one agent, three ranks), the same through a root, then two
-// agents of two ranks each, as two hosts' agents would run, rendezvousing on the first agent's
-// store.
+// there. Standalone (one agent, three ranks) through a root and without one, then two agents of
+// two ranks each without a root, as two hosts' agents would run, rendezvousing on the first
+// agent's store.
 TEST(FromEnv, RealTorchrunFormsThroughItsStore) {
   if (shell("command -v torchrun").first != 0) GTEST_SKIP() << "no torchrun on PATH";
   const std::string env = "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 COCCL_DEBUG=INFO ";
   const std::string worker = COCCL_WORKER;
   const std::string rootless = "formed from the launcher's table, without a root";
-  for (const char* how : {"auto", "root"}) {
+  for (const char* how : {"auto", "launcher"}) {
     const auto [code, out] =
         shell(env + "COCCL_BOOTSTRAP=" + how + " timeout 120 torchrun --standalone " +
               "--nproc-per-node=3 --no-python " + worker + " all_reduce -1 3 env quick nolarge");
     EXPECT_EQ(code, 0) << out;
     EXPECT_EQ(count_of(out, "all checks passed"), 3u) << out;
-    EXPECT_EQ(count_of(out, rootless), std::string(how) == "root" ? 0u : 6u) << out;
+    const bool root = std::string(how) == "auto";
+    EXPECT_EQ(count_of(out, rootless), root ? 0u : 6u) << out;
+    EXPECT_EQ(count_of(out, "bootstrap done: 3 ranks"), root ? 6u : 0u) << out;
   }
   const int port = free_port();
   ASSERT_GT(port, 0);
-  const std::string agent = env + "timeout 120 torchrun --nnodes=2 --master-addr=127.0.0.1 " +
+  const std::string agent = env +
+                            "COCCL_BOOTSTRAP=launcher timeout 120 torchrun --nnodes=2 "
+                            "--master-addr=127.0.0.1 " +
                             "--master-port=" + std::to_string(port) +
                             " --nproc-per-node=2 --no-python ";
   const std::string args = " all_reduce -1 4 env quick nolarge";
