@@ -5,9 +5,11 @@
 //   coccl-store-load --store HOST:PORT [--ranks N[,N...]] [--per-host H] [--repeat R]
 //
 // For each N it starts N threads, each a rank with its own connection to the store, as torchrun's
-// workers have, and runs what Communicator::from_env() runs there: rank 0 sets a secret and the
-// others read it, then every rank publishes a listener's entry and reads the frame it keeps
-// (transport::store_book and frame_from_book, the library's own code). Ranks r / H share a host.
+// workers have, and runs what Communicator::from_env() runs there. Path "table"
+// (COCCL_BOOTSTRAP=launcher): rank 0 sets a secret and the others read it, then every rank
+// publishes a listener's entry and reads the frame it keeps (transport::store_book and
+// frame_from_book, the library's own code); ranks r / H share a host. Path "id" (the default,
+// through a root): rank 0 sets a UniqueId's text and the others read it.
 // Time is taken from the moment every rank is connected to the moment the last has its frame;
 // no listener is opened and no communicator forms, so what is timed is the store's part alone.
 // Prints, per N, the queries sent in all and by the busiest rank, the median time of R runs, and
@@ -120,7 +122,7 @@ struct Run {
   std::string failure;
 };
 
-Run run_once(const Options& o, int n, const std::string& key) {
+Run run_once(const Options& o, int n, bool id_only, const std::string& key) {
   std::vector<std::uint64_t> queries(n);
   std::atomic<std::uint64_t> wrong{0};
   std::atomic<bool> failed{false};
@@ -144,6 +146,15 @@ Run run_once(const Options& o, int n, const std::string& key) {
       if (!store || failed) return;
       try {
         const std::uint64_t at_connect = store->requests();
+        if (id_only) {
+          // The root path: rank 0 sets a UniqueId's text, the others read it.
+          if (r == 0)
+            store->set(key, std::string(256, 'a'));
+          else if (store->get(key).size() != 256)
+            ++wrong;
+          queries[r] = store->requests() - at_connect;
+          return;
+        }
         if (r == 0)
           store->set(key + "/secret", std::string(32, 'a'));
         else if (store->get(key + "/secret").size() != 32)
@@ -197,32 +208,34 @@ int main(int argc, char** argv) {
   }
   std::printf("coccl-store-load: TCPStore at %s:%u, %d ranks a host, median of %d runs\n",
               o.host.c_str(), o.port, o.per_host, o.repeat);
-  std::printf("%8s %12s %12s %12s %14s %8s\n", "ranks", "queries", "max a rank", "median ms",
-              "us per query", "#wrong");
+  std::printf("%8s %6s %12s %12s %12s %14s %8s\n", "ranks", "path", "queries", "max a rank",
+              "median ms", "us per query", "#wrong");
   bool ok = true;
-  for (int n : o.ranks) {
-    std::vector<Run> runs;
-    for (int k = 0; k < o.repeat; ++k) {
-      const std::string key = "coccl-store-load/" + std::to_string(::getpid()) + "/" +
-                              std::to_string(n) + "/" + std::to_string(k);
-      runs.push_back(run_once(o, n, key));
-      if (!runs.back().failure.empty()) {
-        std::fprintf(stderr, "coccl-store-load: %d ranks: %s\n", n, runs.back().failure.c_str());
-        return 1;
+  for (int n : o.ranks)
+    for (const bool id_only : {false, true}) {
+      std::vector<Run> runs;
+      for (int k = 0; k < o.repeat; ++k) {
+        const std::string key = "coccl-store-load/" + std::to_string(::getpid()) + "/" +
+                                std::to_string(n) + (id_only ? "/id/" : "/table/") +
+                                std::to_string(k);
+        runs.push_back(run_once(o, n, id_only, key));
+        if (!runs.back().failure.empty()) {
+          std::fprintf(stderr, "coccl-store-load: %d ranks: %s\n", n, runs.back().failure.c_str());
+          return 1;
+        }
       }
+      std::sort(runs.begin(), runs.end(),
+                [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
+      const Run& mid = runs[runs.size() / 2];
+      std::uint64_t wrong = 0;
+      for (const Run& r : runs) wrong += r.wrong;
+      ok = ok && wrong == 0;
+      std::printf("%8d %6s %12llu %12llu %12.2f %14.3f %8llu\n", n, id_only ? "id" : "table",
+                  static_cast<unsigned long long>(mid.queries),
+                  static_cast<unsigned long long>(mid.max_queries), mid.seconds * 1e3,
+                  mid.seconds * 1e6 / static_cast<double>(mid.queries),
+                  static_cast<unsigned long long>(wrong));
+      std::fflush(stdout);
     }
-    std::sort(runs.begin(), runs.end(),
-              [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
-    const Run& mid = runs[runs.size() / 2];
-    std::uint64_t wrong = 0;
-    for (const Run& r : runs) wrong += r.wrong;
-    ok = ok && wrong == 0;
-    std::printf("%8d %12llu %12llu %12.2f %14.3f %8llu\n", n,
-                static_cast<unsigned long long>(mid.queries),
-                static_cast<unsigned long long>(mid.max_queries), mid.seconds * 1e3,
-                mid.seconds * 1e6 / static_cast<double>(mid.queries),
-                static_cast<unsigned long long>(wrong));
-    std::fflush(stdout);
-  }
   return ok ? 0 : 1;
 }

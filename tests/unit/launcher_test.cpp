@@ -233,15 +233,17 @@ TEST(StoreLoadTool, RanksFormTheirFramesThroughAStoreAndTheToolCountsTheirQuerie
   const int status = ::pclose(p);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  // ranks, queries in all, the busiest rank's, ms, us per query, #wrong.
-  auto row = [&](int n) {
+  // ranks, path, queries in all, the busiest rank's, ms, us per query, #wrong.
+  auto row = [&](int n, const std::string& want_path = "table") {
     std::istringstream lines(out);
     std::string line;
     while (std::getline(lines, line)) {
       std::istringstream cells(line);
       long long ranks = 0, all = 0, max = 0, wrong = -1;
+      std::string path;
       double ms = 0, us = 0;
-      if (cells >> ranks >> all >> max >> ms >> us >> wrong && ranks == n)
+      if (cells >> ranks >> path >> all >> max >> ms >> us >> wrong && ranks == n &&
+          path == want_path)
         return std::vector<long long>{all, max, wrong};
     }
     return std::vector<long long>{};
@@ -254,6 +256,12 @@ TEST(StoreLoadTool, RanksFormTheirFramesThroughAStoreAndTheToolCountsTheirQuerie
   EXPECT_EQ(small[0], 1 + 7 * 2 + 5 * 8 + 8 * 8 + 2 + 1) << out;
   // 100 ranks, above COCCL_DIRECTORY_FULL: a rank reads only the O(log N) entries it keeps, and
   // two ADDs read the host counts.
+  // Through a root the store serves one SET and a WAIT and a GET a rank.
+  const auto id = row(100, "id");
+  ASSERT_EQ(id.size(), 3u) << out;
+  EXPECT_EQ(id[0], 1 + 2 * 99) << out;
+  EXPECT_EQ(id[1], 2) << out;
+  EXPECT_EQ(id[2], 0) << out;
   const auto large = row(100);
   ASSERT_EQ(large.size(), 3u) << out;
   EXPECT_EQ(large[2], 0) << out;
