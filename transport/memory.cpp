@@ -792,21 +792,31 @@ VirtualTime::~VirtualTime() {
   serve(c.due, false);
 }
 
-void VirtualTime::report_afresh(bool settling) {
+void VirtualTime::report_afresh(bool settling, bool releasing) {
   Clock& c = clock();
   {
     std::lock_guard lock(c.mutex);
+    // The last hold ends under the same lock as the reports: a thread that reported idle while
+    // held, before work reached its queue, must not find the holds gone and its report still
+    // standing.
+    if (releasing && c.holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     for (Participant* p : c.members) p->reported = Participant::unreported;
+    // The nudges count as owed before the lock is let go: a thread that looked for work just
+    // before something reached its queue (a coroutine spawned there, which the network does not
+    // count) and reports now cannot pass for idle until its nudge, queued behind that work, ran.
+    for (const auto& p : participants_) p->posted.fetch_add(1, std::memory_order_acq_rel);
     if (settling) c.settling = true;
   }
   // Each thread's queue runs in order, so its nudge comes after what was handed to it before;
   // the nudge also wakes a thread that sleeps.
-  for (const auto& p : participants_) post_noted(p->thread.executor(), [] {});
+  for (const auto& p : participants_)
+    asio::post(p->thread.executor(),
+               [q = p.get()] { q->ran.fetch_add(1, std::memory_order_acq_rel); });
 }
 
 void VirtualTime::settle() {
   // Reports from before the call say nothing of what is in flight now.
-  report_afresh(true);
+  report_afresh(true, false);
   Clock& c = clock();
   std::unique_lock lock(c.mutex);
   c.settled.wait(lock, [&c] { return !c.settling; });
@@ -814,14 +824,20 @@ void VirtualTime::settle() {
 
 std::uint64_t VirtualTime::now() noexcept { return clock().now.load(std::memory_order_relaxed); }
 
-void VirtualTime::hold() noexcept { clock().holds.fetch_add(1, std::memory_order_acq_rel); }
+void VirtualTime::hold() noexcept {
+  // Under the lock a round's start takes: a thread that found every thread idle and no hold has
+  // advanced the time by the time this returns, and none advances it after, so now() read after
+  // hold() stays put until release(). Without it a round could start between a thread's check of
+  // the holds and its step of the time, after the caller read now().
+  Clock& c = clock();
+  std::lock_guard lock(c.mutex);
+  c.holds.fetch_add(1, std::memory_order_acq_rel);
+}
 
 void VirtualTime::release() {
-  Clock& c = clock();
-  if (c.holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // A report from before the hold's work was queued says nothing about it; threads that went to
   // sleep while held wake.
-  report_afresh(false);
+  report_afresh(false, true);
 }
 
 }  // namespace coccl::transport::memory

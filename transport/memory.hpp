@@ -98,8 +98,9 @@ class VirtualTime {
  private:
   void join(std::size_t i);
   // Every thread reports again once it has run what it was handed before now (a nudge queued
-  // behind it); `settling`: the first to find the network quiet then ends settle().
-  void report_afresh(bool settling);
+  // behind it); `settling`: the first to find the network quiet then ends settle(); `releasing`:
+  // ends a hold first, and does nothing more unless it was the last.
+  void report_afresh(bool settling, bool releasing);
   void leave(std::size_t i);
   std::vector<std::unique_ptr<Participant>> participants_;
 };
