@@ -277,7 +277,16 @@ class StoreBook final : public AddressBook {
                   key_ + ", of " + std::to_string(nranks_) +
                   " (two jobs, or two ranks of one number, share its keys)");
     if (arrived == nranks_) store_.set(key_ + "/ready", "1");
-    store_.get(key_ + "/ready");
+    try {
+      store_.get(key_ + "/ready");
+    } catch (const std::system_error& e) {
+      if (e.code() != make_error_code(errc::timed_out)) throw;
+      throw std::system_error(e.code(), "bootstrap: " + std::to_string(arrived) + " of " +
+                                            std::to_string(nranks_) +
+                                            " ranks had put their address in the launcher's "
+                                            "store when this rank did, and not all came (" +
+                                            e.what() + ")");
+    }
   }
 
   PeerInfo lookup(int rank) override {

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <coccl/error.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -55,6 +57,34 @@ std::string all_output(const LaunchResult& r) {
   std::string out;
   for (const auto& rank : r.ranks) out += rank.output;
   return out;
+}
+
+// A rank that never comes (WORLD_SIZE 3, two ranks started): those that came fail within
+// COCCL_TIMEOUT with timed_out, saying how many ranks had arrived in the store when they did.
+TEST(FromEnv, TorchrunStoreWithARankMissingFailsEveryRankThatCameWithinTheTimeout) {
+  FakeStore store;
+  LaunchOptions o = torchrun_like(store, 3);
+  o.nranks = 2;
+  o.rank_env.resize(2);
+  o.env.push_back("COCCL_BOOTSTRAP=launcher");
+  for (std::string& e : o.env)
+    if (e.starts_with("COCCL_TIMEOUT=")) e = "COCCL_TIMEOUT=3";
+  o.deadline = std::chrono::seconds(60);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LaunchResult r = launch(o);
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  std::size_t said = 0;
+  for (const auto& rank : r.ranks) {
+    EXPECT_NE(rank.exit_code, 0) << r.describe();
+    EXPECT_NE(rank.output.find("category=coccl value=" +
+                               std::to_string(static_cast<int>(errc::timed_out))),
+              std::string::npos)
+        << rank.output;
+    said += rank.output.find(" of 3 ranks had put their address in the launcher's store") !=
+            std::string::npos;
+  }
+  EXPECT_EQ(said, 2u) << r.describe();
 }
 
 // COCCL_BOOTSTRAP=launcher under torchrun: no root. Rank 0 sets a random secret in the store,
