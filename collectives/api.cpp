@@ -666,7 +666,8 @@ Communicator Communicator::from_env() {
     rank = pmix->rank();
     size = pmix->size();
     const std::string key = launcher_key(call);
-    const std::unique_ptr<transport::AddressBook> book = transport::pmix_book(*pmix, key);
+    const std::unique_ptr<transport::AddressBook> book =
+        transport::pmix_book(*pmix, key, launcher_timeout());
     if (how != "root" && transport::can_form_from(*book, size)) {
       // No root: rank 0's secret, then every rank's listener, through the launcher's table.
       transport::Secret secret{};
@@ -674,7 +675,7 @@ Communicator Communicator::from_env() {
         secret = make_secret();
         pmix->put(key + "/secret", secret_text(secret));
       }
-      pmix->fence();
+      pmix->fence(launcher_timeout());
       if (rank != 0) secret = secret_from_text(pmix->get(0, key + "/secret"));
       return detail::create_from_book(*book, secret, rank, size);
     }
@@ -688,7 +689,7 @@ Communicator Communicator::from_env() {
       id = UniqueId::create();
       pmix->put(key, id.to_string());
     }
-    pmix->fence();
+    pmix->fence(launcher_timeout());
     if (rank != 0) id = UniqueId::from_string(pmix->get(0, key));
     return create(id, rank, size);
   }

@@ -100,8 +100,11 @@ class PmixClient {
   int size() const noexcept;
   /// Publishes `value` under `key` for every process of the job (put + commit).
   void put(std::string_view key, std::string_view value);
-  /// Waits until every process of the job has called fence() (collecting what they put).
-  void fence();
+  /// Waits until every process of the job has called fence() (collecting what they put), for at
+  /// most `timeout` (PMIx's own timeout, in whole seconds, at least one; zero: no limit). Throws
+  /// std::system_error: errc::timed_out when a process did not come in time, errc::peer_lost
+  /// when PMIx fails the fence otherwise.
+  void fence(std::chrono::milliseconds timeout);
   /// Reads what process `rank` put under `key` (after a fence()).
   std::string get(int rank, std::string_view key);
   /// A 32-bit fact of the job that PMIx holds (`key`, for instance "pmix.num.nodes" or
@@ -116,7 +119,8 @@ class PmixClient {
 
 /// The job's modex as an AddressBook (address_book.hpp): entries go under `key` + "/addr", and
 /// the hosts are the launcher's nodes unless COCCL_HOSTID names them (then only a full directory
-/// can count them). `pmix` outlives the book.
-std::unique_ptr<AddressBook> pmix_book(PmixClient& pmix, std::string key);
+/// can count them). Its fence waits at most `timeout`. `pmix` outlives the book.
+std::unique_ptr<AddressBook> pmix_book(PmixClient& pmix, std::string key,
+                                       std::chrono::milliseconds timeout);
 
 }  // namespace coccl::transport

@@ -4,7 +4,9 @@
 // followed by an 8-byte aligned union whose first members are scalars and pointers.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <coccl/error.hpp>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -19,7 +21,9 @@ namespace {
 
 constexpr std::size_t nspace_len = 256;  // PMIX_MAX_NSLEN + 1
 constexpr std::size_t key_len = 512;     // PMIX_MAX_KEYLEN + 1
+constexpr std::uint16_t type_int = 6;
 constexpr std::uint16_t type_string = 3;
+constexpr int err_timeout = -24;  // PMIX_ERR_TIMEOUT
 constexpr std::uint16_t type_uint32 = 14;
 constexpr std::uint8_t scope_global = 3;
 constexpr std::uint32_t rank_wildcard = UINT32_MAX - 1;
@@ -36,9 +40,20 @@ struct Value {
   union {
     char* string;
     std::uint32_t uint32;
+    int integer;
     unsigned char pad[64];
   } data;
 };
+
+// An attribute passed to a call (pmix_info_t): the key, the directives, the value.
+struct Info {
+  char key[key_len];
+  std::uint32_t flags;
+  Value value;
+};
+
+static_assert(offsetof(Info, flags) == key_len && offsetof(Info, value) == key_len + 8,
+              "pmix_info_t: a key of PMIX_MAX_KEYLEN + 1, 32-bit directives, an aligned value");
 
 [[noreturn]] void fail(errc e, const std::string& what) {
   throw std::system_error(make_error_code(e), what);
@@ -133,9 +148,20 @@ void PmixClient::put(std::string_view key, std::string_view value) {
   if (int rc = api_->commit(); rc != 0) fail(errc::internal, "PMIx_Commit: " + api_->why(rc));
 }
 
-void PmixClient::fence() {
-  if (int rc = api_->fence(nullptr, 0, nullptr, 0); rc != 0)
-    fail(errc::peer_lost, "PMIx_Fence: " + api_->why(rc));
+void PmixClient::fence(std::chrono::milliseconds timeout) {
+  // PMIX_TIMEOUT: a process that never comes (it failed before its from_env(), or it does not
+  // call it) fails the fence instead of holding every other one forever.
+  Info info{};
+  std::memcpy(info.key, "pmix.timeout", sizeof "pmix.timeout");
+  info.value.type = type_int;
+  const auto seconds = (timeout.count() + 999) / 1000;
+  info.value.data.integer = static_cast<int>(std::min<std::int64_t>(seconds, INT32_MAX));
+  const bool limited = timeout.count() > 0;
+  const int rc = api_->fence(nullptr, 0, limited ? &info : nullptr, limited ? 1 : 0);
+  if (rc == err_timeout)
+    fail(errc::timed_out, "PMIx_Fence: not every process of the job came within " +
+                              std::to_string(seconds) + " s: " + api_->why(rc));
+  if (rc != 0) fail(errc::peer_lost, "PMIx_Fence: " + api_->why(rc));
 }
 
 std::string PmixClient::get(int rank, std::string_view key) {
@@ -174,11 +200,12 @@ namespace {
 
 class PmixBook final : public AddressBook {
  public:
-  PmixBook(PmixClient& pmix, std::string key) : pmix_(pmix), key_(std::move(key) + "/addr") {}
+  PmixBook(PmixClient& pmix, std::string key, std::chrono::milliseconds timeout)
+      : pmix_(pmix), key_(std::move(key) + "/addr"), timeout_(timeout) {}
 
   void publish(const PeerInfo& self) override {
     pmix_.put(key_, encode_book_entry(self));
-    pmix_.fence();
+    pmix_.fence(timeout_);
   }
   PeerInfo lookup(int rank) override { return decode_book_entry(pmix_.get(rank, key_), rank); }
   std::optional<HostCount> hosts() override {
@@ -197,14 +224,16 @@ class PmixBook final : public AddressBook {
  private:
   PmixClient& pmix_;
   std::string key_;
+  std::chrono::milliseconds timeout_;
   bool asked_ = false;
   std::optional<HostCount> hosts_;
 };
 
 }  // namespace
 
-std::unique_ptr<AddressBook> pmix_book(PmixClient& pmix, std::string key) {
-  return std::make_unique<PmixBook>(pmix, std::move(key));
+std::unique_ptr<AddressBook> pmix_book(PmixClient& pmix, std::string key,
+                                       std::chrono::milliseconds timeout) {
+  return std::make_unique<PmixBook>(pmix, std::move(key), timeout);
 }
 
 }  // namespace coccl::transport

@@ -214,7 +214,10 @@ std::pair<int, std::string> shell(const std::string& command) {
 // from the launcher. MASTER_ADDR and COCCL_COMM_ID are cleared so that PMIx is the only way the
 // ranks can meet. libpmix keeps a few bytes of its own initialisation until exit, which the
 // sanitizer build's leak check would count.
-std::pair<int, std::string> under_mpirun(int n, const std::vector<std::string>& env) {
+std::pair<int, std::string> under_mpirun(int n, const std::vector<std::string>& env,
+                                         std::string program = {}) {
+  if (program.empty())
+    program = COCCL_WORKER " all_reduce -1 " + std::to_string(n) + " env quick nolarge";
   const std::string supp = ::testing::TempDir() + "coccl_lsan_pmix.supp";
   if (FILE* f = std::fopen(supp.c_str(), "w")) {
     std::fputs("leak:libpmix.so\n", f);
@@ -232,8 +235,7 @@ std::pair<int, std::string> under_mpirun(int n, const std::vector<std::string>& 
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 "
       "timeout 120 /usr/bin/mpirun " +
-      exported + "-n " + std::to_string(n) + " " COCCL_WORKER " all_reduce -1 " +
-      std::to_string(n) + " env quick nolarge 2>&1";
+      exported + "-n " + std::to_string(n) + " " + program + " 2>&1";
   return shell(cmd);
 }
 
@@ -264,6 +266,25 @@ TEST(FromEnv, MpirunFormsFromTheLaunchersTableWithoutARoot) {
     EXPECT_EQ(count_of(out, formed), 2u * n) << out;
     EXPECT_EQ(count_of(out, "bootstrap done"), 0u) << out;
   }
+}
+
+// A process of the job that never calls from_env() (it sleeps): the others' fence fails within
+// COCCL_TIMEOUT (PMIx's own timeout) with timed_out, and mpirun then ends the job.
+TEST(FromEnv, UnderMpirunAProcessThatNeverComesFailsTheOthersWithinTheTimeout) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/mpirun";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [code, out] = under_mpirun(
+      3, {"COCCL_TIMEOUT=3"},
+      "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then sleep 60; else exec " COCCL_WORKER
+      " all_reduce -1 3 env quick nolarge; fi'");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(50)) << out;
+  EXPECT_EQ(count_of(out, "all checks passed"), 0u) << out;
+  EXPECT_GE(count_of(out, "PMIx_Fence: not every process of the job came within 3 s"), 1u) << out;
+  EXPECT_GE(
+      count_of(out, "category=coccl value=" + std::to_string(static_cast<int>(errc::timed_out))),
+      1u)
+      << out;
 }
 
 // COCCL_HOSTID gives ranks hosts the launcher does not know: above the full directory's limit
