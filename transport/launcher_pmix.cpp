@@ -1,7 +1,8 @@
 // PmixClient: the few PMIx client calls a UniqueId exchange needs, resolved with dlopen so that
 // coccl neither links nor builds against libpmix. The declarations below follow the PMIx standard's
-// ABI (v3 and later): fixed-size name arrays, and a value that starts with a 16-bit type tag
-// followed by an 8-byte aligned union whose first members are scalars and pointers.
+// ABI (v3 and later): fixed-size name arrays, a value that starts with a 16-bit type tag
+// followed by an 8-byte aligned union whose first members are scalars and pointers, and an
+// attribute that is a key, 32-bit directives and such a value.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -21,10 +22,10 @@ namespace {
 
 constexpr std::size_t nspace_len = 256;  // PMIX_MAX_NSLEN + 1
 constexpr std::size_t key_len = 512;     // PMIX_MAX_KEYLEN + 1
-constexpr std::uint16_t type_int = 6;
 constexpr std::uint16_t type_string = 3;
-constexpr int err_timeout = -24;  // PMIX_ERR_TIMEOUT
+constexpr std::uint16_t type_int = 6;
 constexpr std::uint16_t type_uint32 = 14;
+constexpr int err_timeout = -24;  // PMIX_ERR_TIMEOUT
 constexpr std::uint8_t scope_global = 3;
 constexpr std::uint32_t rank_wildcard = UINT32_MAX - 1;
 
