@@ -18,6 +18,7 @@
 #include "runtime/log.hpp"
 #include "transport/hmac.hpp"
 #include "transport/launcher.hpp"
+#include "transport/wire.hpp"
 
 namespace coccl {
 
@@ -47,11 +48,7 @@ transport::Secret make_secret() {
 }
 
 // A secret as 32 hex digits (a launcher value), and back.
-std::string secret_text(const transport::Secret& secret) {
-  UniqueId id{};
-  std::memcpy(id.bytes.data(), secret.data(), secret.size());
-  return id.to_string().substr(0, 2 * secret.size());
-}
+std::string secret_text(const transport::Secret& secret) { return transport::to_hex(secret); }
 
 transport::Secret secret_from_text(const std::string& text) {
   transport::Secret secret{};
@@ -59,8 +56,7 @@ transport::Secret secret_from_text(const std::string& text) {
     throw std::system_error(make_error_code(errc::bad_message),
                             "the launcher's secret is " + std::to_string(text.size()) +
                                 " characters, not " + std::to_string(2 * secret.size()));
-  const UniqueId id = UniqueId::from_string(text + std::string(256 - text.size(), '0'));
-  std::memcpy(secret.data(), id.bytes.data(), secret.size());
+  if (!transport::from_hex(text, secret, true)) invalid("the launcher's secret must be hex digits");
   return secret;
 }
 
@@ -77,16 +73,7 @@ int env_int(const char* name, int fallback) {
 
 UniqueId UniqueId::create() { return detail::unique_id_on(*engine()); }
 
-std::string UniqueId::to_string() const {
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (auto b : bytes) {
-    s += hex[b >> 4];
-    s += hex[b & 15];
-  }
-  return s;
-}
+std::string UniqueId::to_string() const { return transport::to_hex(bytes); }
 
 UniqueId UniqueId::from_address(std::string_view host_port, std::string_view secret_hex) {
   if (secret_hex.size() != 32)
@@ -103,14 +90,7 @@ UniqueId UniqueId::from_address(std::string_view host_port, std::string_view sec
 UniqueId UniqueId::from_string(std::string_view text) {
   UniqueId id;
   if (text.size() != id.bytes.size() * 2) invalid("UniqueId text must be 256 hex digits");
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    invalid("UniqueId text must be hex digits");
-  };
-  for (std::size_t i = 0; i < id.bytes.size(); ++i)
-    id.bytes[i] = static_cast<std::uint8_t>(digit(text[2 * i]) * 16 + digit(text[2 * i + 1]));
+  if (!transport::from_hex(text, id.bytes, true)) invalid("UniqueId text must be hex digits");
   return id;
 }
 

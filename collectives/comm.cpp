@@ -12,7 +12,6 @@
 #include <cctype>
 #include <cstdio>
 #include <exception>
-#include <future>
 
 #include "collectives/algorithms.hpp"
 #include "collectives/comm_params.hpp"
@@ -39,6 +38,16 @@ runtime::ProxyThread& thread_for(runtime::Engine& engine) {
   runtime::ProxyThread* here = runtime::current_proxy_thread();
   return here && engine.owns(*here) ? *here : engine.next_thread();
 }
+
+// Runs `fn` on `thread` and waits for it: at once when called there.
+template <typename Fn>
+void run_there(runtime::ProxyThread& thread, Fn&& fn) {
+  if (thread.in_thread())
+    fn();
+  else
+    runtime::run_on(thread.executor(), fn);
+}
+
 // What a peer's status answer says, for error texts.
 std::string status_text(std::span<const std::uint8_t> bytes) {
   try {
@@ -104,10 +113,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
           fail(ec, why);
         });
   };
-  if (thread_.in_thread())
-    build();
-  else
-    runtime::run_on(ex_, build);
+  run_there(thread_, build);
 }
 
 CommImpl::~CommImpl() {
@@ -121,16 +127,7 @@ CommImpl::~CommImpl() {
     net_poller_.reset();
     peers_.reset();
   };
-  if (thread_.in_thread()) {
-    release();
-    return;
-  }
-  std::promise<void> done;
-  asio::post(ex_, [&] {
-    release();
-    done.set_value();
-  });
-  done.get_future().wait();
+  run_there(thread_, release);
 }
 
 void CommImpl::serve_status() {
@@ -710,16 +707,7 @@ void CommImpl::abort() {
     closed_ = true;
     fail(make_error_code(errc::aborted), "aborted by the application");
   };
-  if (thread_.in_thread()) {
-    work();
-    return;
-  }
-  std::promise<void> done;
-  asio::post(ex_, [&] {
-    work();
-    done.set_value();
-  });
-  done.get_future().wait();
+  run_there(thread_, work);
 }
 
 void CommImpl::destroy() {

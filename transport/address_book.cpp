@@ -15,25 +15,12 @@ namespace {
 
 bool full_directory(int nranks) { return nranks <= params::directory_full.get(); }
 
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
 }  // namespace
 
 std::string encode_book_entry(const PeerInfo& info) {
   Writer w;
   w.put(info);
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string text;
-  text.reserve(2 * w.bytes().size());
-  for (std::uint8_t b : w.bytes()) {
-    text += digits[b >> 4];
-    text += digits[b & 15];
-  }
-  return text;
+  return to_hex(w.bytes());
 }
 
 PeerInfo decode_book_entry(std::string_view text, int rank) {
@@ -42,11 +29,7 @@ PeerInfo decode_book_entry(std::string_view text, int rank) {
     bad_message(whose + " is " + std::to_string(text.size()) + " characters, not an address (" +
                 std::to_string(2 * sizeof(PeerInfo)) + ")");
   std::vector<std::uint8_t> bytes(sizeof(PeerInfo));
-  for (std::size_t i = 0; i < bytes.size(); ++i) {
-    const int hi = hex_digit(text[2 * i]), lo = hex_digit(text[2 * i + 1]);
-    if (hi < 0 || lo < 0) bad_message(whose + " is not lower-case hex");
-    bytes[i] = static_cast<std::uint8_t>(hi << 4 | lo);
-  }
+  if (!from_hex(text, bytes, false)) bad_message(whose + " is not lower-case hex");
   Reader r(bytes);
   const PeerInfo info = r.get<PeerInfo>();
   const bool ip = info.family == 4 || info.family == 6;

@@ -6,6 +6,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cstring>
+#include <span>
 
 #include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
@@ -29,13 +30,7 @@ std::string host_meeting_name(const RootAddress& root, std::uint64_t host) {
   const char tag[] = "coccl host leader";
   w.put_bytes({reinterpret_cast<const std::uint8_t*>(tag), sizeof tag - 1});
   const auto d = detail::sha256(w.bytes().data(), w.bytes().size());
-  static const char hex[] = "0123456789abcdef";
-  std::string name = "coccl-";
-  for (std::size_t i = 0; i < 16; ++i) {
-    name += hex[d[i] >> 4];
-    name += hex[d[i] & 15];
-  }
-  return name;
+  return "coccl-" + to_hex(std::span<const std::uint8_t>(d.data(), 16));
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <coccl/error.hpp>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -265,9 +266,8 @@ class StoreBook final : public AddressBook {
 
   void publish(const PeerInfo& self) override {
     store_.set(entry_key(rank_), encode_book_entry(self));
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string hash(16, '0');
-    for (int i = 0; i < 16; ++i) hash[15 - i] = digits[(self.host_hash >> (4 * i)) & 15];
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(self.host_hash));
     host_key_ = key_ + "/host/" + hash;
     // Counted before arriving, so that once the last rank has arrived both counts are final.
     if (store_.add(host_key_, 1) == 1) store_.add(key_ + "/hosts", 1);

@@ -6,13 +6,14 @@
 #include <boost/asio/post.hpp>
 #include <condition_variable>
 #include <cstring>
-#include <future>
 #include <new>
 #include <stdexcept>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
+
+#include "runtime/handoff.hpp"
 
 namespace coccl::params {
 
@@ -684,17 +685,6 @@ void serve(std::vector<Due>& due, bool together) {
     });
 }
 
-// Runs `fn` on `thread` and waits for it.
-template <typename Fn>
-void run_on(runtime::ProxyThread& thread, Fn fn) {
-  std::promise<void> done;
-  asio::post(thread.executor(), [&] {
-    fn();
-    done.set_value();
-  });
-  done.get_future().get();
-}
-
 }  // namespace
 
 bool VirtualTime::Participant::poll() {
@@ -738,7 +728,7 @@ VirtualTime::VirtualTime(const std::vector<runtime::ProxyThread*>& threads) {
     participants_.push_back(std::make_unique<Participant>(*t));
   }
   for (std::size_t i = 0; i < participants_.size(); ++i)
-    run_on(participants_[i]->thread, [this, i] { join(i); });
+    runtime::run_on(participants_[i]->thread.executor(), [this, i] { join(i); });
   clock().on.store(true, std::memory_order_relaxed);
 }
 
@@ -776,11 +766,11 @@ VirtualTime::~VirtualTime() {
     leave(0);
   } else {
     for (std::size_t i = 0; i < participants_.size(); ++i)
-      run_on(participants_[i]->thread, [this, i] { leave(i); });
+      runtime::run_on(participants_[i]->thread.executor(), [this, i] { leave(i); });
     // A completion counted just before the count went to 0 was posted by a handler then under
     // way, which ended before its own thread's leave: this second round on every thread comes
     // after it in its queue, and once it has run nothing refers to the participants.
-    for (const auto& p : participants_) run_on(p->thread, [] {});
+    for (const auto& p : participants_) runtime::run_on(p->thread.executor(), [] {});
   }
   // From here on every byte is readable once written; the readers parked on bytes held back
   // until now take them.

@@ -238,6 +238,33 @@ void Reader::need(std::size_t n) const {
     throw std::system_error(make_error_code(errc::bad_message), "truncated message");
 }
 
+std::string to_hex(std::span<const std::uint8_t> bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string text;
+  text.reserve(2 * bytes.size());
+  for (std::uint8_t b : bytes) {
+    text += digits[b >> 4];
+    text += digits[b & 15];
+  }
+  return text;
+}
+
+bool from_hex(std::string_view text, std::span<std::uint8_t> out, bool any_case) {
+  if (text.size() != 2 * out.size()) return false;
+  auto digit = [any_case](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (any_case && c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int hi = digit(text[2 * i]), lo = digit(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
 std::vector<asio::ip::address> local_addresses() {
   std::string spec = params::socket_ifname.get();
   std::vector<asio::ip::address> chosen, loopback;

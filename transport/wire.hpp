@@ -21,6 +21,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/config.hpp"
@@ -185,6 +186,12 @@ class Reader {
   std::span<const std::uint8_t> b_;
   std::size_t pos_ = 0;
 };
+
+/// `bytes` as lower-case hex, two digits a byte in order.
+std::string to_hex(std::span<const std::uint8_t> bytes);
+/// Reads `text`, two hex digits a byte, into `out`; false when `text` is not 2 * out.size()
+/// digits (lower-case only unless `any_case`).
+bool from_hex(std::string_view text, std::span<std::uint8_t> out, bool any_case);
 
 /// Addresses of this host's interfaces chosen by COCCL_SOCKET_IFNAME (NCCL syntax: a list of
 /// prefixes, ^ to exclude, = for exact names). Without it: interfaces other than loopback and
