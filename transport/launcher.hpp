@@ -45,6 +45,9 @@ class TcpStoreClient {
   /// returns their values in order. One WAIT names them all and the GETs go out together, so the
   /// answers take one round trip rather than one each.
   std::vector<std::string> get_many(std::span<const std::string> keys);
+  /// Waits until every one of `keys` exists (up to the timeout given at construction) without
+  /// reading them: one WAIT, for a key whose presence is all that matters (a barrier's flag).
+  void wait(std::span<const std::string> keys);
   /// Adds `delta` to the integer stored at `key` (0 when absent) and returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta);
   /// Queries sent to the server so far, VALIDATE and PING included: the load this client put on

@@ -191,15 +191,21 @@ std::string TcpStoreClient::get(std::string_view key) {
   return read_get_answer(s_->reader(until), key, s_->where);
 }
 
-std::vector<std::string> TcpStoreClient::get_many(std::span<const std::string> keys) {
-  std::vector<std::string> out;
-  if (keys.empty()) return out;
+void TcpStoreClient::wait(std::span<const std::string> keys) {
+  if (keys.empty()) return;
   const auto until = s_->deadline();
   Request wait(Query::wait);
   wait.value<std::uint64_t>(keys.size());
   for (const std::string& k : keys) wait.text(k);
   s_->send(wait, until);
   read_wait_answer(s_->reader(until), keys.front(), s_->where, s_->timeout);
+}
+
+std::vector<std::string> TcpStoreClient::get_many(std::span<const std::string> keys) {
+  std::vector<std::string> out;
+  if (keys.empty()) return out;
+  wait(keys);
+  const auto until = s_->deadline();
   // The server answers one connection's requests in order, so the GETs can go out as one write.
   Request gets(Query::get);
   gets.text(keys.front());
@@ -276,9 +282,14 @@ class StoreBook final : public AddressBook {
       bad_message("the launcher's store counts " + std::to_string(arrived) + " ranks under " +
                   key_ + ", of " + std::to_string(nranks_) +
                   " (two jobs, or two ranks of one number, share its keys)");
-    if (arrived == nranks_) store_.set(key_ + "/ready", "1");
+    const std::string ready = key_ + "/ready";
+    // The last rank to arrive ends the barrier; the others only need the flag to exist.
+    if (arrived == nranks_) {
+      store_.set(ready, "1");
+      return;
+    }
     try {
-      store_.get(key_ + "/ready");
+      store_.wait(std::span<const std::string>(&ready, 1));
     } catch (const std::system_error& e) {
       if (e.code() != make_error_code(errc::timed_out)) throw;
       throw std::system_error(e.code(), "bootstrap: " + std::to_string(arrived) + " of " +
