@@ -80,13 +80,12 @@ asio::awaitable<Chunk> TcpConnection::wait() {
 }
 
 void TcpConnection::release() {
+  // Chunks are released in the order they were taken. A chunk being read stays, in its slot.
+  if (parts_) {
+    parts_[released_ % slots_].reset();
+    if (released_ + 1 == filled_ && !reading_) parts_.reset();
+  }
   ++released_;
-  // A small ring comes from the heap again at no cost, so an idle link gives it back: a rank of a
-  // large job holds dozens of links, most of them idle (coccl-sim). A large one stays, since
-  // faulting its pages in again would cost every operation, and so does the ring of a link whose
-  // puts also land from other sockets (put_index_), whenever they come.
-  if (released_ == filled_ && !reading_ && !put_index_ && slots_ * slot_bytes_ <= kept_ring_max)
-    ring_.reset();
   if (closed_ || bye_seen_) return;
   // A fast operation's credits leave with its frames.
   if (fast_active()) {
@@ -130,9 +129,15 @@ std::size_t TcpConnection::slot_for(const LinkHeader& h) {
   return filled_ % slots_;
 }
 
-std::byte* TcpConnection::slot_data(std::size_t slot) {
-  if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
-  return ring_.get() + slot * slot_bytes_;
+std::byte* TcpConnection::slot_data(std::size_t slot, std::size_t bytes) {
+  if (!parted()) {
+    if (!ring_) ring_.reset(new std::byte[slots_ * slot_bytes_]);
+    return ring_.get() + slot * slot_bytes_;
+  }
+  if (!parts_) parts_.reset(new std::unique_ptr<std::byte[]>[slots_]);
+  std::unique_ptr<std::byte[]>& part = parts_[slot];
+  if (!part) part.reset(new std::byte[bytes]);
+  return part.get();
 }
 
 void TcpConnection::land(std::size_t slot, std::uint32_t size, std::uint32_t fingerprint) {
@@ -144,7 +149,7 @@ void TcpConnection::land(std::size_t slot, std::uint32_t size, std::uint32_t fin
 void TcpConnection::on_put_buffered(const LinkHeader& h, const std::byte* payload) {
   const std::size_t slot = slot_for(h);
   const auto n = static_cast<std::uint32_t>(put_bytes(h));
-  std::memcpy(slot_data(slot), payload, n);
+  std::memcpy(slot_data(slot, n), payload, n);
   land(slot, n, h.fingerprint);
 }
 
@@ -154,7 +159,11 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::
   const auto n = static_cast<std::uint32_t>(put_bytes(h));
   // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
   reading_ = true;
-  auto ec = co_await read_body(pass, slot_data(slot), n, slot_bytes_ - n);
+  // A chunk read straight from the socket may take the next frames' first bytes after it, into
+  // the rest of its slot; a smaller one is copied from the reader's buffer and needs only its own
+  // room.
+  const std::size_t room = n < data_read_buffer ? n : slot_bytes_;
+  auto ec = co_await read_body(pass, slot_data(slot, room), n, room - n);
   if (!pass.open()) co_return;
   reading_ = false;
   if (ec) throw boost::system::system_error(ec);

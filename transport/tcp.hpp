@@ -59,8 +59,9 @@ class TcpConnection : public SocketConnection {
   }
   virtual std::size_t slot_for(const LinkHeader& h);
   virtual void land(std::size_t slot, std::uint32_t size, std::uint32_t fingerprint);
-  // Where the chunk of `slot` goes; the ring is made if it has none.
-  std::byte* slot_data(std::size_t slot);
+  // Where the chunk of `slot` goes, with room for `bytes` (at most slot_bytes_); its memory is
+  // made if the slot has none.
+  std::byte* slot_data(std::size_t slot, std::size_t bytes);
   void on_credit(std::uint64_t n) override;
 
   std::size_t slots_;
@@ -82,16 +83,24 @@ class TcpConnection : public SocketConnection {
   // The chunk in slot `slot`.
   Chunk chunk(std::size_t slot) const {
     const SlotInfo info = filled_info_[slot];
-    return Chunk{ring_.get() + slot * slot_bytes_, info.size, info.fingerprint};
+    return Chunk{parts_ ? parts_[slot].get() : ring_.get() + slot * slot_bytes_, info.size,
+                 info.fingerprint};
   }
   bool can_put() const noexcept override { return sent_ - acked_ < slots_; }
   bool can_recv() const noexcept override { return filled_ != consumed_; }
 
-  // Rings up to this size are allocated when a chunk arrives and freed when every chunk is
-  // released; larger ones live as long as the link.
+  // A ring up to this size is never made: each chunk gets memory of its own size when it arrives,
+  // freed at its release, so that a rank of a large job, holding dozens of links with a chunk or
+  // two in flight on a few, pays for those chunks and not for whole rings (coccl-sim). A larger
+  // ring lives as long as the link, since faulting its pages in again would cost every
+  // operation, and so does the ring of a link whose puts also land from other sockets
+  // (put_index_), out of order.
   static constexpr std::size_t kept_ring_max = 64 << 10;
-  std::unique_ptr<std::byte[]> ring_;  // null while no chunk is held (small rings only)
-  bool reading_ = false;               // a chunk is being read into ring_
+  bool parted() const noexcept { return !put_index_ && slots_ * slot_bytes_ <= kept_ring_max; }
+  std::unique_ptr<std::byte[]> ring_;
+  // The slots' own memory when parted(): null while no chunk is held.
+  std::unique_ptr<std::unique_ptr<std::byte[]>[]> parts_;
+  bool reading_ = false;  // a chunk is being read from the socket into its slot
 };
 
 }  // namespace coccl::transport

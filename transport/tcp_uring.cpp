@@ -611,7 +611,7 @@ void UringTcpConnection::consume(std::size_t j, const std::byte* p, std::size_t 
       continue;
     }
     const std::size_t take = std::min<std::size_t>(n, l.frame.length - l.body_got);
-    std::memcpy(slot_data(l.slot) + l.body_got, p, take);
+    std::memcpy(slot_data(l.slot, l.frame.length) + l.body_got, p, take);
     l.body_got += take;
     p += take;
     n -= take;
