@@ -20,6 +20,7 @@
 #include <coccl/error.hpp>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -180,6 +181,68 @@ TEST(TcpLink, FramesArrivingTogetherOrAByteAtATimeComeOutWholeAndInOrder) {
   expect_three_chunks(1 << 20);
   expect_three_chunks(1);
   expect_three_chunks(5);
+}
+
+// Chunks held while others arrive into the slots already released, the ring wrapping twice:
+// each keeps its bytes until its release, whether the link gives each chunk memory of its own
+// (a ring of at most 64 KiB) or keeps one whole ring (a larger one).
+void expect_held_chunks_intact(std::size_t ring_slots) {
+  SCOPED_TRACE(std::to_string(ring_slots) + " slots");
+  Link link(ring_slots);
+  std::vector<std::vector<std::uint8_t>> sent;
+  for (std::size_t k = 0; k < 3 * ring_slots; ++k)
+    sent.push_back(
+        payload(k % 3 == 0 ? slot_bytes : 40 + 97 * k % 4000, static_cast<std::uint8_t>(k)));
+  std::vector<transport::Chunk> held;
+  std::size_t next = 0, checked = 0;
+  // Link::send writes from the vector it is given, later: each stays until the end.
+  std::deque<std::vector<std::uint8_t>> wires;
+  auto put_frames = [&](std::size_t count) {
+    std::vector<std::uint8_t>& wire = wires.emplace_back();
+    for (; count > 0; --count, ++next)
+      append_frame(wire,
+                   LinkHeader{LinkHeader::put, static_cast<std::uint32_t>(next), sent[next].size()},
+                   sent[next]);
+    link.send(wire, 1000);
+  };
+  auto take = [&](std::size_t count) {
+    bool done = false;
+    asio::co_spawn(
+        link.io,
+        [&, count]() -> asio::awaitable<void> {
+          for (std::size_t k = 0; k < count; ++k) held.push_back(co_await link.conn->wait());
+          done = true;
+        },
+        asio::detached);
+    ASSERT_TRUE(link.run_until([&] { return done; })) << link.failure.why;
+  };
+  // Checks and releases the oldest `count` chunks held.
+  auto give_back = [&](std::size_t count) {
+    for (std::size_t k = 0; k < count; ++k, ++checked) {
+      const transport::Chunk c = held.front();
+      held.erase(held.begin());
+      const auto* p = reinterpret_cast<const std::uint8_t*>(c.data);
+      EXPECT_EQ(std::vector<std::uint8_t>(p, p + c.size), sent[checked]) << "chunk " << checked;
+      EXPECT_EQ(c.fingerprint, checked);
+      link.conn->release();
+    }
+  };
+  put_frames(ring_slots);
+  take(ring_slots);
+  while (next < sent.size()) {
+    const std::size_t half = ring_slots / 2;
+    give_back(half);
+    put_frames(half);
+    take(half);
+  }
+  give_back(held.size());
+  EXPECT_EQ(checked, sent.size());
+  EXPECT_FALSE(link.failure.ec) << link.failure.why;
+}
+
+TEST(TcpLink, ChunksHeldKeepTheirBytesWhileLaterOnesFillTheReleasedSlots) {
+  expect_held_chunks_intact(slots);
+  expect_held_chunks_intact(32);
 }
 
 TEST(TcpLink, SmallPutsCompleteAtOnceAndTheirFramesPrecedeAGoodbyeGivenRightAfter) {
