@@ -2,7 +2,8 @@
 // in-memory stream: frames that arrive together, or a byte at a time, come out whole and in
 // order; releases return credits; small puts complete at once and their frames still reach the
 // peer in order, before a goodbye given in the same breath; a queue longer than one write goes out
-// whole; a credit for slots never filled fails the link as a protocol error. Over a real socket,
+// whole; a credit for slots never filled fails the link as a protocol error; chunks held while
+// later ones fill the released slots keep their bytes. Over a real socket,
 // the fast path's calls (TcpLinkPolled) take whole frames without the loop and leave the rest to
 // the reader.
 #include <gtest/gtest.h>
