@@ -157,7 +157,8 @@ asio::awaitable<void> TcpConnection::on_put(const LinkHeader& h, const runtime::
   // The sender holds a credit for this slot, so it is free.
   const std::size_t slot = slot_for(h);
   const auto n = static_cast<std::uint32_t>(put_bytes(h));
-  // The ring stays while a chunk is read into it, though every earlier chunk is released meanwhile.
+  // The slot's memory stays while the chunk is read into it, though every earlier chunk is
+  // released meanwhile.
   reading_ = true;
   // A chunk read straight from the socket may take the next frames' first bytes after it, into
   // the rest of its slot; a smaller one is copied from the reader's buffer and needs only its own
