@@ -717,10 +717,9 @@ CommStatus Communicator::status() const {
   if (!impl_)
     throw std::system_error(make_error_code(errc::invalid_argument),
                             "status() of an empty communicator");
-  if (impl_->thread().in_thread()) return impl_->status();
-  std::promise<CommStatus> answer;
-  asio::post(impl_->executor(), [&answer, impl = impl_] { answer.set_value(impl->status()); });
-  return answer.get_future().get();
+  CommStatus status;
+  runtime::run_on(impl_->thread(), [&] { status = impl_->status(); });
+  return status;
 }
 std::error_code Communicator::error() const {
   return impl_ ? impl_->error() : make_error_code(errc::aborted);

@@ -39,15 +39,6 @@ runtime::ProxyThread& thread_for(runtime::Engine& engine) {
   return here && engine.owns(*here) ? *here : engine.next_thread();
 }
 
-// Runs `fn` on `thread` and waits for it: at once when called there.
-template <typename Fn>
-void run_there(runtime::ProxyThread& thread, Fn&& fn) {
-  if (thread.in_thread())
-    fn();
-  else
-    runtime::run_on(thread.executor(), fn);
-}
-
 // What a peer's status answer says, for error texts.
 std::string status_text(std::span<const std::uint8_t> bytes) {
   try {
@@ -113,7 +104,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
           fail(ec, why);
         });
   };
-  run_there(thread_, build);
+  runtime::run_on(thread_, build);
 }
 
 CommImpl::~CommImpl() {
@@ -127,7 +118,7 @@ CommImpl::~CommImpl() {
     net_poller_.reset();
     peers_.reset();
   };
-  run_there(thread_, release);
+  runtime::run_on(thread_, release);
 }
 
 void CommImpl::serve_status() {
@@ -707,7 +698,7 @@ void CommImpl::abort() {
     closed_ = true;
     fail(make_error_code(errc::aborted), "aborted by the application");
   };
-  run_there(thread_, work);
+  runtime::run_on(thread_, work);
 }
 
 void CommImpl::destroy() {

@@ -22,6 +22,8 @@
 #include <thread>
 #include <utility>
 
+#include "runtime/engine.hpp"
+
 namespace coccl::runtime {
 
 namespace asio = boost::asio;
@@ -101,6 +103,16 @@ void run_on(const Executor& ex, Fn&& fn) {
   });
   done.get_future().get();
   if (failure) std::rethrow_exception(failure);
+}
+
+/// run_on() a proxy thread: at once when called on that thread (a post would wait for itself),
+/// else posted there and waited for.
+template <typename Fn>
+void run_on(ProxyThread& thread, Fn&& fn) {
+  if (thread.in_thread())
+    fn();
+  else
+    run_on(thread.executor(), fn);
 }
 
 }  // namespace coccl::runtime

@@ -20,7 +20,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,6 +37,7 @@
 
 #include "init_bench_device.hpp"
 #include "init_gate.hpp"
+#include "open_files.hpp"
 #include "perf_plot.hpp"
 
 extern char** environ;
@@ -256,11 +256,7 @@ int main(int argc, char** argv) {
   }
   // Every rank holds sockets to its peers (Gloo: one to each); let them have what the system
   // allows.
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
-    lim.rlim_cur = lim.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &lim);
-  }
+  raise_open_file_limit();
   std::vector<std::string> libs{"coccl"};
   for (const std::string& b : o.baselines) libs.push_back(b);
   if (o.device) {

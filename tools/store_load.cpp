@@ -19,7 +19,6 @@
 //
 // Like coccl-sim this tool reaches coccl's internals (the launcher's client and book), which no
 // public API offers: they are what it measures.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "open_files.hpp"
 #include "transport/address_book.hpp"
 #include "transport/launcher.hpp"
 
@@ -134,13 +134,16 @@ Run run_once(const Options& o, int n, bool id_only, const std::string& key) {
   threads.reserve(n);
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
+      auto note = [&](const std::exception& e) {
+        failed = true;
+        std::lock_guard lock(failure_mu);
+        failure = e.what();
+      };
       std::optional<tr::TcpStoreClient> store;
       try {
         store.emplace(o.host, o.port, std::chrono::milliseconds(300000));
       } catch (const std::exception& e) {
-        failed = true;
-        std::lock_guard lock(failure_mu);
-        failure = e.what();
+        note(e);
       }
       connected.arrive_and_wait();
       if (!store || failed) return;
@@ -171,9 +174,7 @@ Run run_once(const Options& o, int n, bool id_only, const std::string& key) {
           ++wrong;
         queries[r] = store->requests() - at_connect;
       } catch (const std::exception& e) {
-        failed = true;
-        std::lock_guard lock(failure_mu);
-        failure = e.what();
+        note(e);
       }
     });
   for (auto& t : threads) t.join();
@@ -195,17 +196,11 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   // A rank holds a socket and its client's event loop (epoll, eventfd, timerfd): raise the
   // open-file limit as far as the hard limit allows, and refuse what it cannot hold.
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
-    lim.rlim_cur = lim.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &lim);
-    ::getrlimit(RLIMIT_NOFILE, &lim);
+  if (const rlim_t limit = raise_open_file_limit(); limit != 0)
     for (int n : o.ranks)
-      if (lim.rlim_cur != RLIM_INFINITY &&
-          static_cast<rlim_t>(n) * files_a_rank + 64 > lim.rlim_cur)
+      if (limit != RLIM_INFINITY && static_cast<rlim_t>(n) * files_a_rank + 64 > limit)
         usage(std::to_string(n) + " ranks need about " + std::to_string(n * files_a_rank) +
-              " open files; the limit is " + std::to_string(lim.rlim_cur));
-  }
+              " open files; the limit is " + std::to_string(limit));
   std::printf("coccl-store-load: TCPStore at %s:%u, %d ranks a host, median of %d runs\n",
               o.host.c_str(), o.port, o.per_host, o.repeat);
   std::printf("%8s %6s %12s %12s %12s %14s %8s\n", "ranks", "path", "queries", "max a rank",

@@ -135,6 +135,15 @@ struct TcpStoreClient::State {
     return [this, deadline](void* p, std::size_t n) { return recv(p, n, deadline); };
   }
 
+  // One WAIT naming every one of `keys` (not empty), answered once they all exist.
+  void wait(std::span<const std::string> keys, std::chrono::steady_clock::time_point until) {
+    Request w(Query::wait);
+    w.value<std::uint64_t>(keys.size());
+    for (const std::string& k : keys) w.text(k);
+    send(w, until);
+    read_wait_answer(reader(until), keys.front(), where, timeout);
+  }
+
   std::chrono::steady_clock::time_point deadline() const {
     return std::chrono::steady_clock::now() + timeout;
   }
@@ -184,28 +193,19 @@ void TcpStoreClient::set(std::string_view key, std::string_view value) {
 }
 
 std::string TcpStoreClient::get(std::string_view key) {
-  const auto until = s_->deadline();
-  s_->send(Request(Query::wait).value<std::uint64_t>(1).text(key), until);
-  read_wait_answer(s_->reader(until), key, s_->where, s_->timeout);
-  s_->send(Request(Query::get).text(key), until);
-  return read_get_answer(s_->reader(until), key, s_->where);
+  const std::string k(key);
+  return get_many(std::span<const std::string>(&k, 1)).front();
 }
 
 void TcpStoreClient::wait(std::span<const std::string> keys) {
-  if (keys.empty()) return;
-  const auto until = s_->deadline();
-  Request wait(Query::wait);
-  wait.value<std::uint64_t>(keys.size());
-  for (const std::string& k : keys) wait.text(k);
-  s_->send(wait, until);
-  read_wait_answer(s_->reader(until), keys.front(), s_->where, s_->timeout);
+  if (!keys.empty()) s_->wait(keys, s_->deadline());
 }
 
 std::vector<std::string> TcpStoreClient::get_many(std::span<const std::string> keys) {
   std::vector<std::string> out;
   if (keys.empty()) return out;
-  wait(keys);
   const auto until = s_->deadline();
+  s_->wait(keys, until);
   // The server answers one connection's requests in order, so the GETs can go out as one write.
   Request gets(Query::get);
   gets.text(keys.front());

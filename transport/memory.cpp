@@ -728,7 +728,7 @@ VirtualTime::VirtualTime(const std::vector<runtime::ProxyThread*>& threads) {
     participants_.push_back(std::make_unique<Participant>(*t));
   }
   for (std::size_t i = 0; i < participants_.size(); ++i)
-    runtime::run_on(participants_[i]->thread.executor(), [this, i] { join(i); });
+    runtime::run_on(participants_[i]->thread, [this, i] { join(i); });
   clock().on.store(true, std::memory_order_relaxed);
 }
 
@@ -766,11 +766,11 @@ VirtualTime::~VirtualTime() {
     leave(0);
   } else {
     for (std::size_t i = 0; i < participants_.size(); ++i)
-      runtime::run_on(participants_[i]->thread.executor(), [this, i] { leave(i); });
+      runtime::run_on(participants_[i]->thread, [this, i] { leave(i); });
     // A completion counted just before the count went to 0 was posted by a handler then under
     // way, which ended before its own thread's leave: this second round on every thread comes
     // after it in its queue, and once it has run nothing refers to the participants.
-    for (const auto& p : participants_) runtime::run_on(p->thread.executor(), [] {});
+    for (const auto& p : participants_) runtime::run_on(p->thread, [] {});
   }
   // From here on every byte is readable once written; the readers parked on bytes held back
   // until now take them.

@@ -209,6 +209,11 @@ std::pair<int, std::string> shell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// The worker's all_reduce scenario for `n` ranks, each taking its rank from the launcher (-1).
+std::string launched_worker(int n) {
+  return std::string(COCCL_WORKER) + " all_reduce -1 " + std::to_string(n) + " env quick nolarge";
+}
+
 // `n` workers of the all_reduce scenario under mpirun, with `env` (NAME=value ...) passed to
 // them; each forms two communicators from the environment. Rank -1: the worker takes its rank
 // from the launcher. MASTER_ADDR and COCCL_COMM_ID are cleared so that PMIx is the only way the
@@ -216,8 +221,7 @@ std::pair<int, std::string> shell(const std::string& command) {
 // sanitizer build's leak check would count.
 std::pair<int, std::string> under_mpirun(int n, const std::vector<std::string>& env,
                                          std::string program = {}) {
-  if (program.empty())
-    program = COCCL_WORKER " all_reduce -1 " + std::to_string(n) + " env quick nolarge";
+  if (program.empty()) program = launched_worker(n);
   const std::string supp = ::testing::TempDir() + "coccl_lsan_pmix.supp";
   if (FILE* f = std::fopen(supp.c_str(), "w")) {
     std::fputs("leak:libpmix.so\n", f);
@@ -278,8 +282,8 @@ TEST(FromEnv, UnderMpirunAProcessThatNeverComesFailsTheOthersWithinTheTimeout) {
   // mpirun's own status is not checked: it says only that rank 2 never initialised.
   const std::string out =
       under_mpirun(3, {"COCCL_TIMEOUT=3"},
-                   "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then sleep 10; else " COCCL_WORKER
-                   " all_reduce -1 3 env quick nolarge; echo \"worker exited $?\"; fi'")
+                   "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then sleep 10; else " +
+                       launched_worker(3) + "; echo \"worker exited $?\"; fi'")
           .second;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(50)) << out;
   EXPECT_EQ(count_of(out, "all checks passed"), 0u) << out;
@@ -346,12 +350,11 @@ int free_port() {
 TEST(FromEnv, RealTorchrunFormsThroughItsStore) {
   if (shell("command -v torchrun").first != 0) GTEST_SKIP() << "no torchrun on PATH";
   const std::string env = "env -u COCCL_COMM_ID -u COCCL_SECRET COCCL_TIMEOUT=60 COCCL_DEBUG=INFO ";
-  const std::string worker = COCCL_WORKER;
   const std::string rootless = "formed from the launcher's table, without a root";
   for (const char* how : {"auto", "launcher"}) {
     const auto [code, out] =
         shell(env + "COCCL_BOOTSTRAP=" + how + " timeout 120 torchrun --standalone " +
-              "--nproc-per-node=3 --no-python " + worker + " all_reduce -1 3 env quick nolarge");
+              "--nproc-per-node=3 --no-python " + launched_worker(3));
     EXPECT_EQ(code, 0) << out;
     EXPECT_EQ(count_of(out, "all checks passed"), 3u) << out;
     const bool root = std::string(how) == "auto";
@@ -365,11 +368,10 @@ TEST(FromEnv, RealTorchrunFormsThroughItsStore) {
                             "--master-addr=127.0.0.1 " +
                             "--master-port=" + std::to_string(port) +
                             " --nproc-per-node=2 --no-python ";
-  const std::string args = " all_reduce -1 4 env quick nolarge";
   // In a subshell, so that both agents' standard error joins the output.
   const auto [code, out] =
-      shell("((" + agent + "--node-rank=1 " + worker + args + ") & " + agent + "--node-rank=0 " +
-            worker + args + "; rc=$?; wait $! || rc=1; exit $rc)");
+      shell("((" + agent + "--node-rank=1 " + launched_worker(4) + ") & " + agent +
+            "--node-rank=0 " + launched_worker(4) + "; rc=$?; wait $! || rc=1; exit $rc)");
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(count_of(out, "all checks passed"), 4u) << out;
   EXPECT_EQ(count_of(out, rootless), 8u) << out;
