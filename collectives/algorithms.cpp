@@ -41,6 +41,11 @@ const char* choose_reduce_scatter(CommImpl& c, std::size_t total_bytes) {
   return total_bytes <= c.oneshot_max() ? "rd" : "ring";
 }
 
+const char* choose_all_to_all(CommImpl& c, std::size_t total_bytes) {
+  if (const char* f = forced_among(c, {"direct", "bruck"})) return f;
+  return !few_ranks(c) && total_bytes <= c.oneshot_max() ? "bruck" : "direct";
+}
+
 const char* choose_rooted(CommImpl& c) {
   if (const char* f = forced_among(c, {"chain", "tree"})) return f;
   return few_ranks(c) ? "chain" : "tree";
@@ -117,6 +122,10 @@ Task run_algorithm(CommImpl& c, const OpArgs& a) {
     }
     case OpKind::all_to_all: {
       Op op(c, a);
+      if (n > 1 && std::string_view(choose_all_to_all(c, n * a.count * op.elt())) == "bruck") {
+        co_await all_to_all_bruck(op);
+        co_return;
+      }
       std::vector<std::size_t> counts(n, a.count), displs(n);
       for (int i = 0; i < n; ++i) displs[i] = i * a.count;
       co_await all_to_all_direct(op, counts, displs, counts, displs);

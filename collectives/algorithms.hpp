@@ -24,6 +24,11 @@ const char* choose_all_reduce(CommImpl& comm, std::size_t bytes);
 const char* choose_all_gather(CommImpl& comm, std::size_t total_bytes);
 const char* choose_reduce_scatter(CommImpl& comm, std::size_t total_bytes);
 
+/// all_to_all ("direct" or "bruck") for `total_bytes` (all ranks' blocks of one rank): direct
+/// with at most COCCL_DIRECT_MAX_RANKS ranks or a large total, else Bruck (O(log n) peers and
+/// rounds). COCCL_ALGO overrides it.
+const char* choose_all_to_all(CommImpl& comm, std::size_t total_bytes);
+
 /// broadcast and reduce: "chain" with at most COCCL_DIRECT_MAX_RANKS ranks, else "tree".
 const char* choose_rooted(CommImpl& comm);
 

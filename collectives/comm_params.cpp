@@ -6,8 +6,8 @@ config::Param<std::string> algo{
     "COCCL_ALGO", "",
     "force an algorithm by name (each collective takes the names it has; empty: choose by size "
     "and ranks): host all_reduce oneshot, direct, ring or rd (recursive doubling); all_gather "
-    "direct, ring or bruck; reduce_scatter direct, ring or rd; broadcast and reduce chain or "
-    "tree; device collectives across hosts flat or hierarchical",
+    "direct, ring or bruck; reduce_scatter direct, ring or rd; all_to_all direct or bruck; "
+    "broadcast and reduce chain or tree; device collectives across hosts flat or hierarchical",
     "NCCL_ALGO"};
 config::Param<std::string> transport{
     "COCCL_TRANSPORT", "auto",

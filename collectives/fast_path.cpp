@@ -61,6 +61,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
       if (n > 1 && std::string_view(choose_all_gather(c_, total)) != "direct") return false;
       break;
     case OpKind::all_to_all:
+      if (n > 1 && std::string_view(choose_all_to_all(c_, total)) != "direct") return false;
       break;
     default:
       return false;

@@ -290,6 +290,8 @@ Task scatter_direct(Op& op);
 Task all_to_all_direct(Op& op, const std::vector<std::size_t>& sc,
                        const std::vector<std::size_t>& sd, const std::vector<std::size_t>& rc,
                        const std::vector<std::size_t>& rd);
+// Bruck's all_to_all of equal blocks: ceil(log2 n) rounds with ranks r + 2^k and r - 2^k.
+Task all_to_all_bruck(Op& op);
 
 // p2p.cpp: grouped send/recv (an Op over p2p_as_bytes(args)) and the barrier
 OpArgs p2p_as_bytes(const OpArgs& a);

@@ -211,23 +211,24 @@ void run_reduce_scatter(Worker& w) {
   }
 }
 
+void check_all_to_all(Worker& w, DataType t, std::size_t count) {
+  const std::uint64_t salt = next_salt();
+  const std::size_t bytes = count * size_of(t);
+  const Bytes send = copy_data(w.rank, salt, 0, bytes * w.n);
+  Bytes recv = buffer(bytes * w.n);
+  w.comm.all_to_all(send.data(), recv.data(), count, t);
+  for (int p = 0; p < w.n; ++p) {
+    const Bytes want = copy_data(p, salt, w.rank * bytes, bytes);
+    w.expect_equal(
+        describe("all_to_all", t, ReduceOp::sum, count, "from_rank=" + std::to_string(p)), t,
+        recv.data() + p * bytes, want.data(), count);
+  }
+}
+
 void run_all_to_all(Worker& w) {
-  auto one = [&w](DataType t, std::size_t count) {
-    const std::uint64_t salt = next_salt();
-    const std::size_t bytes = count * size_of(t);
-    const Bytes send = copy_data(w.rank, salt, 0, bytes * w.n);
-    Bytes recv = buffer(bytes * w.n);
-    w.comm.all_to_all(send.data(), recv.data(), count, t);
-    for (int p = 0; p < w.n; ++p) {
-      const Bytes want = copy_data(p, salt, w.rank * bytes, bytes);
-      w.expect_equal(
-          describe("all_to_all", t, ReduceOp::sum, count, "from_rank=" + std::to_string(p)), t,
-          recv.data() + p * bytes, want.data(), count);
-    }
-  };
   for (DataType t : copy_types(w))
-    for (std::size_t count : small_counts) one(t, count);
-  if (large(w)) one(DataType::int32, large_per_peer);
+    for (std::size_t count : small_counts) check_all_to_all(w, t, count);
+  if (large(w)) check_all_to_all(w, DataType::int32, large_per_peer);
 }
 
 void run_all_to_allv(Worker& w) {

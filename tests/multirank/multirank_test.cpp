@@ -134,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // COCCL_DIRECT_MAX_RANKS=1 makes even a few ranks take the algorithms of large communicators:
 // recursive doubling, Bruck and rings for all_reduce, all_gather and reduce_scatter (small and
-// large sizes), binary trees for broadcast and reduce.
+// large sizes), Bruck for all_to_all's small blocks, binary trees for broadcast and reduce.
 struct ScaleCase {
   const char* scenario;
   int nranks;
@@ -150,17 +150,17 @@ TEST_P(ManyRankAlgorithms, MatchReference) {
   EXPECT_TRUE(r.all_passed()) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(DirectMaxOne, ManyRankAlgorithms,
-                         ::testing::Values(ScaleCase{"all_reduce", 3}, ScaleCase{"all_reduce", 6},
-                                           ScaleCase{"all_gather", 3}, ScaleCase{"all_gather", 5},
-                                           ScaleCase{"reduce_scatter", 3},
-                                           ScaleCase{"reduce_scatter", 5},
-                                           ScaleCase{"broadcast", 3}, ScaleCase{"broadcast", 6},
-                                           ScaleCase{"reduce", 3}, ScaleCase{"reduce", 6}),
-                         [](const auto& info) {
-                           return std::string(info.param.scenario) + "_" +
-                                  std::to_string(info.param.nranks) + "ranks";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    DirectMaxOne, ManyRankAlgorithms,
+    ::testing::Values(ScaleCase{"all_reduce", 3}, ScaleCase{"all_reduce", 6},
+                      ScaleCase{"all_gather", 3}, ScaleCase{"all_gather", 5},
+                      ScaleCase{"reduce_scatter", 3}, ScaleCase{"reduce_scatter", 5},
+                      ScaleCase{"all_to_all", 2}, ScaleCase{"all_to_all", 5},
+                      ScaleCase{"all_to_all", 6}, ScaleCase{"broadcast", 3},
+                      ScaleCase{"broadcast", 6}, ScaleCase{"reduce", 3}, ScaleCase{"reduce", 6}),
+    [](const auto& info) {
+      return std::string(info.param.scenario) + "_" + std::to_string(info.param.nranks) + "ranks";
+    });
 
 // Distinct peers each rank reports linking to ("connected to rank P over ...").
 std::vector<int> peers_linked(const LaunchResult& r) {
@@ -176,8 +176,8 @@ std::vector<int> peers_linked(const LaunchResult& r) {
   return counts;
 }
 
-// 16 ranks, above COCCL_DIRECT_MAX_RANKS (8): small all_reduce, all_gather, reduce_scatter and
-// barrier link each rank with ranks r +- 2^k and r ^ 2^k only, 7 of its 15 peers.
+// 16 ranks, above COCCL_DIRECT_MAX_RANKS (8): small all_reduce, all_gather, reduce_scatter,
+// all_to_all and barrier link each rank with ranks r +- 2^k and r ^ 2^k only, 7 of its 15 peers.
 TEST(ManyRanks, SmallCollectivesOfSixteenRanksLinkEachRankWithAtMostSevenPeers) {
   LaunchOptions o;
   o.scenario = "log_peers";

@@ -132,12 +132,15 @@ int main(int argc, char** argv) {
       {"barrier", run_barrier},
       {"registered", run_registered},
   };
-  // The collectives whose small forms need only O(log n) peers, small sizes only.
+  // The collectives whose small forms need only O(log n) peers, small sizes only; all_to_all
+  // with blocks small enough for Bruck's algorithm (a large one links every peer).
   auto log_peers = [&](Worker& wk) {
     wk.args.push_back("quick");
     wk.args.push_back("nolarge");
     for (const char* name : {"all_reduce", "all_gather", "reduce_scatter", "barrier"})
       checks.at(name)(wk);
+    for (const std::size_t count : std::initializer_list<std::size_t>{0, 1, 7, 100})
+      check_all_to_all(wk, coccl::DataType::int32, count);
     return exit_ok;
   };
   const std::map<std::string, std::function<int(Worker&)>> others{

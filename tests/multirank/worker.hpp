@@ -52,6 +52,8 @@ void run_reduce(Worker& w);
 void run_all_gather(Worker& w);
 void run_reduce_scatter(Worker& w);
 void run_all_to_all(Worker& w);
+// One all_to_all of `count` elements of `t` a peer, every block checked against the reference.
+void check_all_to_all(Worker& w, DataType t, std::size_t count);
 void run_all_to_allv(Worker& w);
 void run_gather(Worker& w);
 void run_scatter(Worker& w);
