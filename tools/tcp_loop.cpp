@@ -9,9 +9,21 @@
 //
 // Prints one line per size: GB/s moved from sender to receiver (median of 5 timed batches), and
 // the ping-pong's one-way latency in microseconds.
+//
+//   coccl-tcp-loop --exchange N [--sizes 1M,16M,256M] [--seconds S]
+//
+// The floor of an all_reduce over tcp: N processes in a ring, each sending to the next and
+// receiving from the one before at once, as many bytes per operation as a bandwidth-optimal
+// all_reduce of `size` bytes must send and receive per rank, 2(N-1)/N * size. One thread a
+// process, non-blocking sends and receives of as much as the kernel takes, poll(2) when neither
+// moves. Prints per size the time of an exchange and the busbw (nccl-tests' definition) that an
+// all_reduce taking exactly that time would have: no all_reduce over these sockets can beat it,
+// since it moves the least data an all_reduce must move and reduces nothing. The first batch's
+// data is checked.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -206,6 +218,121 @@ void run_batch(const std::vector<int>& fds, bool sender, std::size_t size, std::
   for (auto& t : threads) t.join();
 }
 
+// One exchange: `bytes` from `out` to the next process while as many arrive from the previous
+// into `in`.
+void exchange_once(int next, int prev, const char* out, char* in, std::size_t bytes) {
+  std::size_t sent = 0;
+  std::size_t got = 0;
+  while (sent < bytes || got < bytes) {
+    bool moved = false;
+    if (sent < bytes) {
+      ssize_t k = ::send(next, out + sent, bytes - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k > 0) {
+        sent += static_cast<std::size_t>(k);
+        moved = true;
+      } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        die("send");
+      }
+    }
+    if (got < bytes) {
+      ssize_t k = ::recv(prev, in + got, bytes - got, MSG_DONTWAIT);
+      if (k > 0) {
+        got += static_cast<std::size_t>(k);
+        moved = true;
+      } else if (k == 0) {
+        std::fprintf(stderr, "coccl-tcp-loop: the previous process closed its socket\n");
+        std::exit(1);
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        die("recv");
+      }
+    }
+    if (!moved) {
+      pollfd p[2] = {{next, static_cast<short>(sent < bytes ? POLLOUT : 0), 0},
+                     {prev, static_cast<short>(got < bytes ? POLLIN : 0), 0}};
+      if (::poll(p, 2, -1) < 0 && errno != EINTR) die("poll");
+    }
+  }
+}
+
+// The byte at offset i of what process `from` sends in operation `op`.
+char pattern(int from, std::size_t op, std::size_t i) {
+  return static_cast<char>((static_cast<std::size_t>(from) * 131 + op * 7 + i * 13) & 0xff);
+}
+
+int run_exchange(int n, const std::vector<std::size_t>& sizes, double seconds) {
+  std::vector<int> listeners(static_cast<std::size_t>(n));
+  std::vector<int> ports(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    listeners[static_cast<std::size_t>(r)] = listen_any(ports[static_cast<std::size_t>(r)]);
+  int rank = 0;
+  std::vector<pid_t> children;
+  for (int r = 1; r < n; ++r) {
+    pid_t c = ::fork();
+    if (c < 0) die("fork");
+    if (c == 0) {
+      rank = r;
+      children.clear();
+      break;
+    }
+    children.push_back(c);
+  }
+  const int next = dial(ports[static_cast<std::size_t>((rank + 1) % n)]);
+  const int prev = ::accept(listeners[static_cast<std::size_t>(rank)], nullptr, nullptr);
+  if (prev < 0) die("accept");
+  for (int l : listeners) ::close(l);
+  const int prev_from = (rank + n - 1) % n;
+  std::size_t max_bytes = 0;
+  for (std::size_t size : sizes)
+    max_bytes = std::max(max_bytes,
+                         size * 2 * static_cast<std::size_t>(n - 1) / static_cast<std::size_t>(n));
+  std::vector<char> out(max_bytes);
+  std::vector<char> in(max_bytes);
+  int status = 0;
+  for (std::size_t size : sizes) {
+    const std::size_t bytes =
+        size * 2 * static_cast<std::size_t>(n - 1) / static_cast<std::size_t>(n);
+    // Every process computes the same count, so the ring stays in step.
+    const std::size_t ops = std::max<std::size_t>(
+        1, static_cast<std::size_t>(seconds / 5 * 1e9) / std::max<std::size_t>(bytes, 1));
+    std::vector<double> times;
+    for (int batch = 0; batch < 6; ++batch) {
+      const bool check = batch == 0;
+      auto t0 = Clock::now();
+      for (std::size_t op = 0; op < ops; ++op) {
+        if (check)
+          for (std::size_t i = 0; i < bytes; ++i) out[i] = pattern(rank, op, i);
+        exchange_once(next, prev, out.data(), in.data(), bytes);
+        if (check)
+          for (std::size_t i = 0; i < bytes; ++i)
+            if (in[i] != pattern(prev_from, op, i)) {
+              std::fprintf(
+                  stderr, "coccl-tcp-loop: rank %d received a wrong byte at %zu of operation %zu\n",
+                  rank, i, op);
+              status = 1;
+              break;
+            }
+      }
+      if (!check)
+        times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                        static_cast<double>(ops));
+    }
+    std::sort(times.begin(), times.end());
+    const double us = times[times.size() / 2];
+    if (rank == 0)
+      std::printf(
+          "exchange %d ranks, all_reduce of %zu B: %zu B each way per rank in %.2f us, busbw floor "
+          "%.3f GB/s (median of %zu batches)\n",
+          n, size, bytes, us, static_cast<double>(bytes) / us / 1e3, times.size());
+  }
+  ::close(next);
+  ::close(prev);
+  for (pid_t c : children) {
+    int s = 0;
+    if (::waitpid(c, &s, 0) < 0 || !WIFEXITED(s) || WEXITSTATUS(s) != 0) status = 1;
+  }
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,6 +340,7 @@ int main(int argc, char** argv) {
   int streams = 1;
   double seconds = 0.5;
   SendMode mode = SendMode::copy;
+  int exchange = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--sizes" && i + 1 < argc) {
@@ -225,6 +353,13 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--streams" && i + 1 < argc) {
       streams = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--exchange" && i + 1 < argc) {
+      exchange = std::atoi(argv[++i]);
+      if (exchange < 2) {
+        std::fprintf(stderr, "coccl-tcp-loop: --exchange needs 2 or more processes, not %s\n",
+                     argv[i]);
+        return 2;
+      }
     } else if (a == "--seconds" && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
     } else if (a == "--send" && i + 1 < argc) {
@@ -246,10 +381,12 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: coccl-tcp-loop [--sizes 1M,16M] [--streams N] [--seconds S] "
-                   "[--send copy|zc|zc-fixed]\n");
+                   "[--send copy|zc|zc-fixed]\n"
+                   "       coccl-tcp-loop --exchange N [--sizes 1M,16M] [--seconds S]\n");
       return 2;
     }
   }
+  if (exchange > 0) return run_exchange(exchange, sizes, seconds);
   int port = 0;
   int l = listen_any(port);
   pid_t child = ::fork();
