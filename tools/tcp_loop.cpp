@@ -17,9 +17,9 @@
 // all_reduce of `size` bytes must send and receive per rank, 2(N-1)/N * size. One thread a
 // process, non-blocking sends and receives of as much as the kernel takes, poll(2) when neither
 // moves. Prints per size the time of an exchange and the busbw (nccl-tests' definition) that an
-// all_reduce taking exactly that time would have: no all_reduce over these sockets can beat it,
-// since it moves the least data an all_reduce must move and reduces nothing. The first batch's
-// data is checked.
+// all_reduce taking exactly that time would have. An all_reduce over the same sockets should not
+// beat it by more than the noise: it moves the least data an all_reduce must move, in one round,
+// and reduces nothing. The first batch's data is checked.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
