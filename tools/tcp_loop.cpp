@@ -386,7 +386,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (exchange > 0) return run_exchange(exchange, sizes, seconds);
+  if (exchange > 0) {
+    if (streams != 1 || mode != SendMode::copy) {
+      std::fprintf(stderr, "coccl-tcp-loop: --exchange takes --sizes and --seconds only\n");
+      return 2;
+    }
+    for (std::size_t size : sizes)
+      if (size * 2 * static_cast<std::size_t>(exchange - 1) / static_cast<std::size_t>(exchange) ==
+          0) {
+        std::fprintf(stderr, "coccl-tcp-loop: --exchange %d moves nothing of a %zu-byte size\n",
+                     exchange, size);
+        return 2;
+      }
+    return run_exchange(exchange, sizes, seconds);
+  }
   int port = 0;
   int l = listen_any(port);
   pid_t child = ::fork();
