@@ -254,6 +254,17 @@ void exchange_once(int next, int prev, const char* out, char* in, std::size_t by
   }
 }
 
+// What each of n ranks sends and receives in a bandwidth-optimal all_reduce of `size` bytes.
+std::size_t exchange_bytes(std::size_t size, int n) {
+  return size * 2 * static_cast<std::size_t>(n - 1) / static_cast<std::size_t>(n);
+}
+
+// The middle of a batch's figures.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // The byte at offset i of what process `from` sends in operation `op`.
 char pattern(int from, std::size_t op, std::size_t i) {
   return static_cast<char>((static_cast<std::size_t>(from) * 131 + op * 7 + i * 13) & 0xff);
@@ -282,18 +293,16 @@ int run_exchange(int n, const std::vector<std::size_t>& sizes, double seconds) {
   for (int l : listeners) ::close(l);
   const int prev_from = (rank + n - 1) % n;
   std::size_t max_bytes = 0;
-  for (std::size_t size : sizes)
-    max_bytes = std::max(max_bytes,
-                         size * 2 * static_cast<std::size_t>(n - 1) / static_cast<std::size_t>(n));
+  for (std::size_t size : sizes) max_bytes = std::max(max_bytes, exchange_bytes(size, n));
   std::vector<char> out(max_bytes);
   std::vector<char> in(max_bytes);
   int status = 0;
   for (std::size_t size : sizes) {
-    const std::size_t bytes =
-        size * 2 * static_cast<std::size_t>(n - 1) / static_cast<std::size_t>(n);
+    // Not 0: main() refuses a size that moves nothing.
+    const std::size_t bytes = exchange_bytes(size, n);
     // Every process computes the same count, so the ring stays in step.
-    const std::size_t ops = std::max<std::size_t>(
-        1, static_cast<std::size_t>(seconds / 5 * 1e9) / std::max<std::size_t>(bytes, 1));
+    const std::size_t ops =
+        std::max<std::size_t>(1, static_cast<std::size_t>(seconds / 5 * 1e9) / bytes);
     std::vector<double> times;
     for (int batch = 0; batch < 6; ++batch) {
       const bool check = batch == 0;
@@ -316,8 +325,7 @@ int run_exchange(int n, const std::vector<std::size_t>& sizes, double seconds) {
         times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
                         static_cast<double>(ops));
     }
-    std::sort(times.begin(), times.end());
-    const double us = times[times.size() / 2];
+    const double us = median(times);
     if (rank == 0)
       std::printf(
           "exchange %d ranks, all_reduce of %zu B: %zu B each way per rank in %.2f us, busbw floor "
@@ -392,8 +400,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     for (std::size_t size : sizes)
-      if (size * 2 * static_cast<std::size_t>(exchange - 1) / static_cast<std::size_t>(exchange) ==
-          0) {
+      if (exchange_bytes(size, exchange) == 0) {
         std::fprintf(stderr, "coccl-tcp-loop: --exchange %d moves nothing of a %zu-byte size\n",
                      exchange, size);
         return 2;
@@ -440,13 +447,12 @@ int main(int argc, char** argv) {
       double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (batch > 0) rates.push_back(static_cast<double>(per_stream) * streams / dt / 1e9);
     }
-    std::sort(rates.begin(), rates.end());
     if (sender)
       std::printf("size %zu streams %d send %s: %.2f GB/s (median of %zu batches)\n", size, streams,
                   mode == SendMode::copy ? "copy"
                   : mode == SendMode::zc ? "zc"
                                          : "zc-fixed",
-                  rates[rates.size() / 2], rates.size());
+                  median(rates), rates.size());
   }
   // Ping-pong: one-way latency of an 8-byte message.
   char msg[8] = {};
@@ -466,9 +472,8 @@ int main(int argc, char** argv) {
     lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
                   (rounds / 5) / 2);
   }
-  std::sort(lat.begin(), lat.end());
   if (sender) {
-    std::printf("8 B ping-pong: %.2f us one way (median of %zu batches)\n", lat[lat.size() / 2],
+    std::printf("8 B ping-pong: %.2f us one way (median of %zu batches)\n", median(lat),
                 lat.size());
     int status = 0;
     ::waitpid(child, &status, 0);

@@ -35,8 +35,9 @@ Task all_to_all_bruck(Op& op) {
     peers.push_back((r - d + n) % n);
   }
   co_await op.connect(peers);
-  const std::size_t all = static_cast<std::size_t>(n) * block;
-  std::vector<std::byte> held(all), out(all), in(all);
+  // A round moves the places in [1, n) with one bit set: at most n/2 of them.
+  const std::size_t round = static_cast<std::size_t>(n / 2) * block;
+  std::vector<std::byte> held(static_cast<std::size_t>(n) * block), out(round), in(round);
   // Zero-count operations may pass null buffers, which memcpy must never see.
   auto copy = [block](std::byte* to, const std::byte* from) {
     if (block) std::memcpy(to, from, block);
