@@ -111,6 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"ring_3ranks", {"COCCL_ALGO=ring"}, 3},
         Variant{"ring_2ranks", {"COCCL_ALGO=ring"}, 2},
         Variant{"ring_8ranks", {"COCCL_ALGO=ring"}, 8},
+        Variant{"ring_small_slots_5ranks", {"COCCL_ALGO=ring", small_slots, two_slots}, 5},
         Variant{"oneshot_8ranks", {"COCCL_ALGO=oneshot"}, 8},
         Variant{"direct_8ranks", {"COCCL_ALGO=direct"}, 8},
         Variant{"tcp_8ranks", {"COCCL_TRANSPORT=tcp"}, 8},
