@@ -15,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <coccl/coccl.hpp>
@@ -561,46 +562,74 @@ struct PeerRow {
   std::string algo;
 };
 
-// Runs one peer library over the same sweep; returns (coll, bytes) -> result.
+// Runs one peer library over the same sweep; returns (coll, bytes) -> result. Clears `ok`, and
+// says why on stderr, when the peer could not run: its program is missing beside coccl-perf, or a
+// rank of it exited non-zero (its own message comes first), so that a comparison never goes
+// quietly empty.
 std::map<std::pair<std::string, std::size_t>, PeerRow> run_baseline(const Options& o,
-                                                                    const std::string& peer) {
+                                                                    const std::string& peer,
+                                                                    bool& ok) {
   std::map<std::pair<std::string, std::size_t>, PeerRow> out;
   std::string dir = self_exe();
   dir = dir.substr(0, dir.rfind('/') + 1);
+  const std::string program = dir + "coccl-perf-" + peer;
+  if (::access(program.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "coccl-perf: the %s baseline needs %s, which is not there or not executable "
+                 "(%s): keep coccl-perf beside the baselines it was built with\n",
+                 peer.c_str(), program.c_str(), std::strerror(errno));
+    ok = false;
+    return out;
+  }
   for (const std::string& coll : o.colls) {
     std::string text;
     perf::progress(coll + ", the " + peer + " baseline's sweep");
     if (peer == "mpi") {
-      std::vector<std::string> args{
-          COCCL_MPIEXEC, "--allow-run-as-root",   "--oversubscribe",     "--bind-to", "none",
-          "-np",         std::to_string(o.ranks), dir + "coccl-perf-mpi"};
+      std::vector<std::string> args{COCCL_MPIEXEC,
+                                    "--allow-run-as-root",
+                                    "--oversubscribe",
+                                    "--bind-to",
+                                    "none",
+                                    "-np",
+                                    std::to_string(o.ranks),
+                                    program};
       for (auto& a : common_args(o, coll)) args.push_back(a);
-      int rc = spawn_and_wait(
+      const int rc = spawn_and_wait(
           args, {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}, &text);
-      if (rc != 0) std::fprintf(stderr, "coccl-perf: mpi baseline exited with %d\n", rc);
+      if (rc != 0) {
+        std::fprintf(stderr, "coccl-perf: the mpi baseline's %s exited with %d\n", coll.c_str(),
+                     rc);
+        ok = false;
+      }
     } else {
-      char tmpl[] = "/tmp/coccl-perf-gloo-XXXXXX";
-      if (!::mkdtemp(tmpl)) continue;
-      std::vector<pid_t> pids;
-      std::string outfile = std::string(tmpl) + "/out";
-      std::vector<int> rcs;
+      char store[] = "/tmp/coccl-perf-gloo-XXXXXX";
+      if (!::mkdtemp(store)) {
+        std::fprintf(stderr, "coccl-perf: cannot make the gloo baseline's store under /tmp: %s\n",
+                     std::strerror(errno));
+        ok = false;
+        break;
+      }
+      std::vector<int> rcs(o.ranks);
       std::vector<std::thread> threads;
       std::vector<std::string> outputs(o.ranks);
       for (int r = 0; r < o.ranks; ++r) {
-        std::vector<std::string> args{dir + "coccl-perf-gloo",
-                                      "--rank",
-                                      std::to_string(r),
-                                      "--nranks",
-                                      std::to_string(o.ranks),
-                                      "--store",
-                                      tmpl};
+        std::vector<std::string> args{
+            program,   "--rank", std::to_string(r), "--nranks", std::to_string(o.ranks),
+            "--store", store};
         for (auto& a : common_args(o, coll)) args.push_back(a);
-        threads.emplace_back([args, r, &outputs] { spawn_and_wait(args, {}, &outputs[r]); });
+        threads.emplace_back(
+            [args, r, &outputs, &rcs] { rcs[r] = spawn_and_wait(args, {}, &outputs[r]); });
       }
       for (auto& t : threads) t.join();
+      for (int r = 0; r < o.ranks; ++r)
+        if (rcs[r] != 0) {
+          std::fprintf(stderr, "coccl-perf: the gloo baseline's %s, rank %d, exited with %d\n",
+                       coll.c_str(), r, rcs[r]);
+          ok = false;
+        }
       text = outputs[0];
-      std::string cleanup = std::string("rm -rf ") + tmpl;
-      if (std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", tmpl);
+      std::string cleanup = std::string("rm -rf ") + store;
+      if (std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", store);
     }
     std::istringstream in(text);
     std::string line;
@@ -829,7 +858,10 @@ int main(int argc, char** argv) {
       status = 1;
       continue;
     }
-    peers[b] = run_baseline(o, b);
+    bool ok = true;
+    peers[b] = run_baseline(o, b, ok);
+    if (!ok) status = 1;
+    if (peers[b].empty() && !ok) continue;  // nothing to compare: the reason is on stderr
     print_comparison(o, rows, b, peers[b]);
     for (auto& [k, v] : peers[b])
       if (v.wrong) status = 1;
