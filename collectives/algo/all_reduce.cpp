@@ -1,10 +1,5 @@
 // all_reduce: one-shot, direct (reduce-scatter + all-gather among all ranks), ring and recursive
 // doubling.
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include "collectives/algo/common.hpp"
 
 namespace coccl::detail::algo {
@@ -55,154 +50,7 @@ Task direct_all_gather(Op& op, Range mine) {
   co_await exchange(op, std::move(sends), std::move(recvs));
 }
 
-// Segments a ring step moves: both phases of the ring shift by one segment a step, the
-// reduce-scatter's last step ending where the all-gather's first begins.
-int ring_send_segment(int r, int step, int n) { return ((r - step) % n + n) % n; }
-int ring_recv_segment(int r, int step, int n) { return ((r - step - 1) % n + n) % n; }
-
-// The ring step by step, for links that move whole blocks (zero-copy where buffers are
-// registered): every step ends before the next begins, and the all-gather steps move each segment
-// as one block.
-Task ring_by_steps(Op& op, int left, int right) {
-  const auto& a = op.args();
-  const int n = op.n(), r = op.rank();
-  const std::size_t e = op.elt();
-  // Nothing is copied in place first: the first step sends our own segment from the input, each
-  // reduction reads our contribution from the input and writes the receive buffer, and the
-  // all-gather fills the rest, so every segment of the result is written once.
-  for (int step = 0; step < 2 * (n - 1); ++step) {
-    const bool reducing = step < n - 1;
-    const Range out = segment(a.count, n, ring_send_segment(r, step, n));
-    const Range in = segment(a.count, n, ring_recv_segment(r, step, n));
-    if (!reducing) {
-      // All-gather steps move segments between receive buffers: blocks where they are large.
-      std::vector<Block> sends, recvs;
-      sends.push_back({right, bytes(a.recv) + out.begin * e, out.size()});
-      recvs.push_back({left, bytes(a.recv) + in.begin * e, in.size()});
-      co_await exchange(op, std::move(sends), std::move(recvs));
-      continue;
-    }
-    std::vector<Task> tasks;
-    const std::byte* from = step == 0 ? cbytes(a.send) : cbytes(a.recv);
-    tasks.push_back(op.send(right, from + out.begin * e, out.size()));
-    tasks.push_back(ring_reduce_recv(op, left, bytes(a.recv) + in.begin * e,
-                                     cbytes(a.send) + in.begin * e, in.size()));
-    co_await all_of(std::move(tasks));
-    if (step == n - 2) {
-      // This rank now holds the full reduction of segment `in`.
-      finish_avg(op, bytes(a.recv) + in.begin * e, in.size());
-    }
-  }
-}
-
-// A ring rank's receiver tells its sender how far it has come: step s + 1 sends what step s
-// received, chunk by chunk, so a chunk goes on as soon as it is reduced and no step waits for the
-// whole of the one before.
-struct RingProgress {
-  explicit RingProgress(const asio::any_io_executor& ex)
-      : wake(ex, asio::steady_timer::time_point::max()) {}
-  std::size_t done = 0;     // chunks received and reduced or placed, in step order
-  bool ended = false;       // the receiver has returned or thrown
-  asio::steady_timer wake;  // an event: every chunk done, and the receiver's end, cancel it
-};
-
-Task ring_pipe_send(Op& op, RingProgress& pr, const std::vector<std::size_t>& done_before,
-                    int right) {
-  const auto& a = op.args();
-  const int n = op.n(), r = op.rank();
-  const std::size_t k = op.per_chunk(), e = op.elt();
-  for (int step = 0; step < 2 * (n - 1); ++step) {
-    const Range out = segment(a.count, n, ring_send_segment(r, step, n));
-    // Step 0 sends this rank's input; every later step sends what the step before received.
-    const std::byte* from = step == 0 ? cbytes(a.send) : cbytes(a.recv);
-    std::size_t c = 0;
-    for (std::size_t off = 0; off < out.size(); off += k, ++c) {
-      const std::size_t need = step == 0 ? 0 : done_before[step - 1] + c + 1;
-      while (pr.done < need) {
-        // The receiver threw, and failed the communicator: raise() reports that failure.
-        if (pr.ended)
-          op.raise(make_error_code(errc::internal), "the ring's receiver stopped early");
-        pr.wake.expires_at(asio::steady_timer::time_point::max());
-        boost::system::error_code ignored;
-        co_await pr.wake.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-      }
-      co_await op.put(right, from + (out.begin + off) * e, std::min(k, out.size() - off) * e);
-    }
-  }
-}
-
-Task ring_pipe_recv(Op& op, RingProgress& pr, int left) {
-  struct Ended {
-    RingProgress& p;
-    ~Ended() {
-      p.ended = true;
-      p.wake.cancel();
-    }
-  } ended{pr};
-  const auto& a = op.args();
-  const int n = op.n(), r = op.rank();
-  const std::size_t k = op.per_chunk(), e = op.elt();
-  for (int step = 0; step < 2 * (n - 1); ++step) {
-    const bool reducing = step < n - 1;
-    const Range in = segment(a.count, n, ring_recv_segment(r, step, n));
-    for (std::size_t off = 0; off < in.size(); off += k) {
-      const std::size_t elems = std::min(k, in.size() - off), len = elems * e;
-      Chunk ch = co_await op.take(left, len);
-      std::byte* dst = bytes(a.recv) + (in.begin + off) * e;
-      if (reducing) {
-        // Our contribution comes from the input: the result is written once, never copied in
-        // place first.
-        reduce2(dst, cbytes(a.send) + (in.begin + off) * e, ch.data, elems, a.type, base_op(a.op));
-        // The reduce-scatter's last step holds the full reduction of this chunk.
-        if (step == n - 2) finish_avg(op, dst, elems);
-      } else {
-        std::memcpy(dst, ch.data, len);
-      }
-      op.release(left);
-      ++pr.done;
-      pr.wake.cancel();
-    }
-  }
-}
-
 }  // namespace
-
-// Ring reduce-scatter + all-gather: each rank talks only to its neighbours; bandwidth-optimal
-// over a network. Over links that move chunks the two phases are one pipeline: a sending and a
-// receiving coroutine, the sender's chunk c of step s + 1 waiting only for the receiver's chunk c
-// of step s. That is safe in place too: the receiver writes chunk c of a segment only after the
-// ring has carried chunk c of the step n - 1 before, so this rank's earlier read of that segment
-// for sending has finished.
-Task all_reduce_ring(Op& op) {
-  const auto& a = op.args();
-  const int n = op.n(), r = op.rank();
-  const int right = (r + 1) % n, left = (r + n - 1) % n;
-  std::vector<int> neighbours(2);
-  neighbours[0] = right;
-  neighbours[1] = left;
-  co_await op.connect(neighbours);
-  const std::size_t e = op.elt();
-  auto& peers = op.comm().peers();
-  // Segment 0 is the largest, n - 1 the smallest.
-  for (int i : {0, n - 1})
-    for (int p : {left, right})
-      if (peers.existing(p)->uses_blocks(segment(a.count, n, i).size() * e)) {
-        co_await ring_by_steps(op, left, right);
-        co_return;
-      }
-  // The receiver's chunks before each step.
-  std::vector<std::size_t> done_before(2 * (n - 1));
-  std::size_t total = 0;
-  for (int step = 0; step < 2 * (n - 1); ++step) {
-    done_before[step] = total;
-    total += chunks_of(segment(a.count, n, ring_recv_segment(r, step, n)).size(), op.per_chunk());
-  }
-  RingProgress progress(co_await asio::this_coro::executor);
-  std::vector<Task> tasks;
-  tasks.push_back(ring_pipe_send(op, progress, done_before, right));
-  tasks.push_back(ring_pipe_recv(op, progress, left));
-  co_await all_of(std::move(tasks));
-}
 
 // Every rank sends its whole buffer to every other and reduces all of them: one round, for small
 // sizes.
@@ -238,6 +86,47 @@ Task all_reduce_direct(Op& op) {
     co_await all_of(std::move(tasks));
   }
   co_await direct_all_gather(op, mine);
+}
+
+// Ring reduce-scatter + all-gather: each rank talks only to its neighbours; bandwidth-optimal
+// over a network.
+Task all_reduce_ring(Op& op) {
+  const auto& a = op.args();
+  const int n = op.n(), r = op.rank();
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<int> neighbours(2);
+  neighbours[0] = right;
+  neighbours[1] = left;
+  co_await op.connect(neighbours);
+  const std::size_t e = op.elt();
+  // Nothing is copied in place first: the first step sends our own segment from the input, each
+  // reduction reads our contribution from the input and writes the receive buffer, and the
+  // all-gather fills the rest, so every segment of the result is written once.
+  for (int step = 0; step < 2 * (n - 1); ++step) {
+    bool reducing = step < n - 1;
+    int s = reducing ? step : step - (n - 1);
+    int send_seg = reducing ? (r - s + n) % n : (r + 1 - s + n) % n;
+    int recv_seg = reducing ? (r - s - 1 + 2 * n) % n : (r - s + n) % n;
+    Range out = segment(a.count, n, send_seg), in = segment(a.count, n, recv_seg);
+    if (!reducing) {
+      // All-gather steps move segments between receive buffers: blocks where they are large.
+      std::vector<Block> sends, recvs;
+      sends.push_back({right, bytes(a.recv) + out.begin * e, out.size()});
+      recvs.push_back({left, bytes(a.recv) + in.begin * e, in.size()});
+      co_await exchange(op, std::move(sends), std::move(recvs));
+      continue;
+    }
+    std::vector<Task> tasks;
+    const std::byte* from = step == 0 ? cbytes(a.send) : cbytes(a.recv);
+    tasks.push_back(op.send(right, from + out.begin * e, out.size()));
+    tasks.push_back(ring_reduce_recv(op, left, bytes(a.recv) + in.begin * e,
+                                     cbytes(a.send) + in.begin * e, in.size()));
+    co_await all_of(std::move(tasks));
+    if (step == n - 2) {
+      // This rank now holds the full reduction of segment recv_seg.
+      finish_avg(op, bytes(a.recv) + in.begin * e, in.size());
+    }
+  }
 }
 
 // Recursive doubling: log2(n) rounds, each with one peer (rank XOR 2^k). Ranks past the largest
