@@ -926,7 +926,7 @@ void Peers::form(const DirectoryFrame& frame) {
     bad_message("a table of " + std::to_string(frame.header.nranks) +
                 " ranks for a communicator of " + std::to_string(nranks_));
   directory_.assign(frame, rank_);
-  table_ready_.cancel();
+  table_formed();
   COCCL_INFO(boot, rank_, "formed from the launcher's table, without a root: %d ranks, %u hosts",
              nranks_, frame.header.hosts);
 }
@@ -1103,7 +1103,7 @@ asio::awaitable<void> Peers::join(std::vector<RootAddress> roots) {
   DirectoryFrame frame = decode_directory(payload, nranks_);
   payload = {};
   directory_.assign(frame, rank_);
-  table_ready_.cancel();
+  table_formed();
   if (leader_) {
     auto leader = std::exchange(leader_, nullptr);
     co_await leader->pass_tables(frame, nranks_);

@@ -667,9 +667,13 @@ asio::awaitable<void> Peers::answer(int peer, std::shared_ptr<Stream> sock,
     const LinkKind kind = kind_for(peer);
     // The dialler sizes the ring (fewer slots for a small operation), up to this rank's
     // COCCL_SLOTS.
+    if (request.slot_bytes != options_.slot_bytes)
+      bad_message("rank " + std::to_string(peer) + " uses different link settings: slots of " +
+                  std::to_string(request.slot_bytes) + " bytes there, " +
+                  std::to_string(options_.slot_bytes) +
+                  " here (set COCCL_SLOT_BYTES alike on every rank)");
     if (request.kind != static_cast<std::uint8_t>(kind) || request.slots < 2 ||
-        request.slots > options_.slots || request.slot_bytes != options_.slot_bytes ||
-        request.sockets < 1 || request.sockets > 16)
+        request.slots > options_.slots || request.sockets < 1 || request.sockets > 16)
       bad_message("rank " + std::to_string(peer) + " uses different link settings");
     slots = static_cast<std::size_t>(request.slots);
     Reservation room;
@@ -753,6 +757,18 @@ Peers::LinkStats Peers::link_stats() const noexcept {
   s.open = static_cast<int>(by_peer_.size());
   s.ring_bytes = ring_bytes_;
   return s;
+}
+
+void Peers::table_formed() {
+  // Every rank learns the same table, so all agree on the size before any link is requested; the
+  // requests waiting for the table are answered only after this.
+  if (options_.network_slot_bytes && !options_.memory && nranks_ > 1 && hosts() == nranks_) {
+    options_.slot_bytes = options_.network_slot_bytes;
+    env_.slot_bytes = options_.slot_bytes;
+    COCCL_INFO(net, rank_, "every rank a host of its own: links of %zu-byte slots",
+               options_.slot_bytes);
+  }
+  table_ready_.cancel();
 }
 
 std::size_t Peers::slots_for(std::size_t bytes) const noexcept {

@@ -44,6 +44,10 @@ struct LinkOptions {
   // On the in-memory network: the party whose Traffic counts this rank's streams, shared by the
   // communicators one rank makes (split); null: a Traffic of its own.
   std::shared_ptr<Traffic> traffic;
+  // Slot bytes instead of slot_bytes where every rank turns out to be a host of its own (every
+  // link crosses the network); 0: slot_bytes throughout. Applied when the address table forms,
+  // before any link, and not on the in-memory network.
+  std::size_t network_slot_bytes = 0;
 };
 
 /// One communicator's view of its peers: its listener, the address table and the connections,
@@ -88,6 +92,8 @@ class Peers {
   /// Throws std::system_error (errc::bad_message) when the frame is not this communicator's or
   /// lacks an entry this rank keeps.
   void form(const DirectoryFrame& frame);
+  /// Bytes per slot of this communicator's links (LinkOptions: fixed once the table has formed).
+  std::size_t slot_bytes() const noexcept { return options_.slot_bytes; }
 
   /// The connection to `peer`, made now if needed. `bytes` (0: unknown) is the size of the
   /// operation that asks: a link made for a small one gets a ring of fewer slots. A new link that
@@ -272,6 +278,9 @@ class Peers {
   asio::awaitable<void> await_close(int peer);
   // COCCL_LINK_IDLE_S: closes links unused that long, checked periodically.
   void arm_idle_timer();
+  // The address table is in: settles the slot size (LinkOptions::network_slot_bytes), then wakes
+  // the link requests and address queries that waited for the table.
+  void table_formed();
   // Wakes everyone waiting for the link to `peer` (made or failed).
   void announce(int peer);
   // How this rank links to `peer`; both sides decide alike from the table and the settings.
