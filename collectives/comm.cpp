@@ -90,10 +90,10 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
       memory, std::move(traffic)};
   // Left at its default, the slot size grows where every link turns out to cross the network
   // (Peers decides once the address table says so): a tcp chunk costs a frame, a credit and
-  // wake-ups whatever its size, and 512 KiB chunks moved the same bytes 10-15% faster than 256 KiB
-  // ones over tcp (docs/performance.md). Shared memory keeps 256 KiB: its 2-rank all_reduce of
-  // 1 MiB pipelines two chunks a segment and slowed by a quarter with one.
-  // A budget set for the rings (COCCL_MEM_BUDGET) keeps the slots it was set for.
+  // wake-ups whatever its size, and 512 KiB chunks moved the same bytes up to 15% faster than
+  // 256 KiB ones over tcp from 4 MiB up (docs/performance.md). Shared memory keeps 256 KiB: its
+  // 2-rank all_reduce of 1 MiB pipelines two chunks a segment and slowed by a quarter with one. A
+  // budget set for the rings (COCCL_MEM_BUDGET) keeps the slots it was set for.
   if (params::slot_bytes.text().second == "default" &&
       params::mem_budget.text().second == "default")
     opts.network_slot_bytes = 512 << 10;
