@@ -92,8 +92,6 @@ class Peers {
   /// Throws std::system_error (errc::bad_message) when the frame is not this communicator's or
   /// lacks an entry this rank keeps.
   void form(const DirectoryFrame& frame);
-  /// Bytes per slot of this communicator's links (LinkOptions: fixed once the table has formed).
-  std::size_t slot_bytes() const noexcept { return options_.slot_bytes; }
 
   /// The connection to `peer`, made now if needed. `bytes` (0: unknown) is the size of the
   /// operation that asks: a link made for a small one gets a ring of fewer slots. A new link that
