@@ -202,73 +202,68 @@ TEST(TcpStriping, RanksWithDifferentZeroCopySizesGetEveryResultRight) {
 
 // ---- Slot size where every rank is a host of its own -----------------------------------------
 
-// Each rank its own host (COCCL_HOSTID), COCCL_SLOT_BYTES left unset: every link crosses the
-// network and takes 512 KiB slots, on each rank alike.
+// Each rank its own host (COCCL_HOSTID): every link crosses the network.
 std::vector<std::vector<std::string>> own_hosts(int nranks) {
   std::vector<std::vector<std::string>> env;
   for (int r = 0; r < nranks; ++r) env.push_back({"COCCL_HOSTID=slot-host-" + std::to_string(r)});
   return env;
 }
 
-TEST(LinkSlots, RanksEachAHostOfTheirOwnTakeLargerSlots) {
+// The quick all_reduce scenario, one rank per entry of `rank_env`.
+LaunchResult quick_all_reduce(std::vector<std::string> env,
+                              std::vector<std::vector<std::string>> rank_env) {
   LaunchOptions o;
   o.scenario = "all_reduce";
-  o.nranks = 3;
+  o.nranks = static_cast<int>(rank_env.size());
   o.args = {"quick"};
-  o.env = tcp_env("auto");
-  o.rank_env = own_hosts(3);
-  const LaunchResult r = launch(o);
+  o.env = std::move(env);
+  o.rank_env = std::move(rank_env);
+  return launch(o);
+}
+
+bool any_rank_says(const LaunchResult& r, const std::string& text) {
+  for (const RankResult& rank : r.ranks)
+    if (rank.output.find(text) != std::string::npos) return true;
+  return false;
+}
+
+const std::string widened = "every rank a host of its own: links of 524288-byte slots";
+
+// COCCL_SLOT_BYTES left unset: 512 KiB slots on each rank alike, and every result right.
+TEST(LinkSlots, RanksEachAHostOfTheirOwnTakeLargerSlots) {
+  const LaunchResult r = quick_all_reduce(tcp_env("auto"), own_hosts(3));
   ASSERT_TRUE(r.all_passed()) << r.describe();
-  EXPECT_TRUE(every_rank_says(r, "every rank a host of its own: links of 524288-byte slots"))
-      << r.describe();
+  EXPECT_TRUE(every_rank_says(r, widened)) << r.describe();
 }
 
 // Two ranks share a host: shared memory keeps the default slots, and so do the tcp links of the
 // same communicator (every rank chunks alike).
 TEST(LinkSlots, RanksSharingAHostKeepTheDefault) {
-  LaunchOptions o;
-  o.scenario = "all_reduce";
-  o.nranks = 3;
-  o.args = {"quick"};
-  o.env = {"COCCL_TIMEOUT=60", "COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=net"};
-  o.rank_env = {{"COCCL_HOSTID=a"}, {"COCCL_HOSTID=a"}, {"COCCL_HOSTID=b"}};
-  const LaunchResult r = launch(o);
+  const LaunchResult r =
+      quick_all_reduce({"COCCL_TIMEOUT=60", "COCCL_DEBUG=INFO", "COCCL_DEBUG_SUBSYS=net"},
+                       {{"COCCL_HOSTID=a"}, {"COCCL_HOSTID=a"}, {"COCCL_HOSTID=b"}});
   ASSERT_TRUE(r.all_passed()) << r.describe();
-  for (const RankResult& rank : r.ranks)
-    EXPECT_EQ(rank.output.find("every rank a host of its own"), std::string::npos) << r.describe();
+  EXPECT_FALSE(any_rank_says(r, "every rank a host of its own")) << r.describe();
 }
 
 // A size set explicitly wins over the network default.
 TEST(LinkSlots, AnExplicitSlotSizeWins) {
-  LaunchOptions o;
-  o.scenario = "all_reduce";
-  o.nranks = 2;
-  o.args = {"quick"};
-  o.env = tcp_env("auto", {"COCCL_SLOT_BYTES=262144"});
-  o.rank_env = own_hosts(2);
-  const LaunchResult r = launch(o);
+  const LaunchResult r =
+      quick_all_reduce(tcp_env("auto", {"COCCL_SLOT_BYTES=262144"}), own_hosts(2));
   ASSERT_TRUE(r.all_passed()) << r.describe();
-  for (const RankResult& rank : r.ranks)
-    EXPECT_EQ(rank.output.find("every rank a host of its own"), std::string::npos) << r.describe();
+  EXPECT_FALSE(any_rank_says(r, "every rank a host of its own")) << r.describe();
 }
 
 // One rank sets the size its peers take by default, the others leave it: no link forms, and the
 // error names the two sizes instead of a bare "different settings".
 TEST(LinkSlots, RanksOfDifferentSlotSizesFailNamingBoth) {
-  LaunchOptions o;
-  o.scenario = "all_reduce";
-  o.nranks = 2;
-  o.args = {"quick"};
-  o.env = tcp_env("auto", {"COCCL_TIMEOUT=20"});
-  o.rank_env = own_hosts(2);
-  o.rank_env[1].push_back("COCCL_SLOT_BYTES=262144");
-  const LaunchResult r = launch(o);
+  std::vector<std::vector<std::string>> hosts = own_hosts(2);
+  hosts[1].push_back("COCCL_SLOT_BYTES=262144");
+  const LaunchResult r = quick_all_reduce(tcp_env("auto", {"COCCL_TIMEOUT=20"}), hosts);
   EXPECT_FALSE(r.ranks[0].exit_code == 0 && r.ranks[1].exit_code == 0) << r.describe();
-  bool named = false;
-  for (const RankResult& rank : r.ranks)
-    named |= rank.output.find("slots of 524288 bytes there, 262144 here") != std::string::npos ||
-             rank.output.find("slots of 262144 bytes there, 524288 here") != std::string::npos;
-  EXPECT_TRUE(named) << r.describe();
+  EXPECT_TRUE(any_rank_says(r, "slots of 524288 bytes there, 262144 here") ||
+              any_rank_says(r, "slots of 262144 bytes there, 524288 here"))
+      << r.describe();
 }
 
 // ---- Fallback where io_uring is refused --------------------------------------------------------
