@@ -94,8 +94,7 @@ CommImpl::CommImpl(std::shared_ptr<runtime::Engine> engine, const transport::Sec
   // 256 KiB ones over tcp from 4 MiB up (docs/performance.md). Shared memory keeps 256 KiB: its
   // 2-rank all_reduce of 1 MiB pipelines two chunks a segment and slowed by a quarter with one. A
   // budget set for the rings (COCCL_MEM_BUDGET) keeps the slots it was set for.
-  if (params::slot_bytes.text().second == "default" &&
-      params::mem_budget.text().second == "default")
+  if (!params::slot_bytes.is_set() && !params::mem_budget.is_set())
     opts.network_slot_bytes = 512 << 10;
   if (opts.transport != "auto" && opts.transport != "tcp" && opts.transport != "shm" &&
       opts.transport != "ib")

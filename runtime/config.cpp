@@ -107,6 +107,12 @@ std::pair<std::string, std::string> ParamBase::text() const {
   return {value_, source_};
 }
 
+bool ParamBase::is_set() const {
+  std::lock_guard lock(mutex_);
+  resolve_locked();
+  return source_ != "default";
+}
+
 void ParamBase::set_override(std::optional<std::string> text) {
   std::lock_guard lock(mutex_);
   override_ = std::move(text);

@@ -29,6 +29,9 @@ class ParamBase {
   /// Raw text of the value in force and where it came from ("default", "env", "env NCCL_X",
   /// "override").
   std::pair<std::string, std::string> text() const;
+  /// True when the environment (the name or its NCCL alias) or an override gives the value, false
+  /// when it is the default: for settings whose default depends on more than the parameter.
+  bool is_set() const;
   /// Forces a value for this process (tests, tools); an empty optional returns to the environment.
   void set_override(std::optional<std::string> text);
 

@@ -52,7 +52,24 @@ Param<std::int64_t> override_back{"COCCL_TEST_OVERRIDE_BACK", 1, "test"};
 Param<std::string> override_text{"COCCL_TEST_OVERRIDE_TEXT", "d", "test"};
 Param<std::int64_t> cached{"COCCL_TEST_CACHED", 1, "test"};
 
+Param<std::int64_t> is_set_default{"COCCL_TEST_IS_SET_DEFAULT", 1, "test"};
+Param<std::int64_t> is_set_env{"COCCL_TEST_IS_SET_ENV", 1, "test"};
+Param<std::int64_t> is_set_alias{"COCCL_TEST_IS_SET_ALIAS", 1, "test", "NCCL_TEST_IS_SET_ALIAS"};
+Param<std::int64_t> is_set_override{"COCCL_TEST_IS_SET_OVERRIDE", 1, "test"};
+
 void set_env(const char* name, const char* value) { ASSERT_EQ(::setenv(name, value, 1), 0); }
+
+TEST(Param, IsSetByTheEnvironmentItsAliasOrAnOverrideOnly) {
+  EXPECT_FALSE(is_set_default.is_set());
+  set_env("COCCL_TEST_IS_SET_ENV", "3");
+  EXPECT_TRUE(is_set_env.is_set());
+  set_env("NCCL_TEST_IS_SET_ALIAS", "4");
+  EXPECT_TRUE(is_set_alias.is_set());
+  is_set_override.set_override("5");
+  EXPECT_TRUE(is_set_override.is_set());
+  is_set_override.set_override(std::nullopt);
+  EXPECT_FALSE(is_set_override.is_set());
+}
 
 TEST(Param, ReadsItsDefaultWhenTheEnvironmentIsUnset) {
   EXPECT_EQ(int_default.get(), 42);
