@@ -25,9 +25,20 @@ bool few_ranks(CommImpl& c) { return c.size() <= c.direct_max_ranks(); }
 
 const char* choose_all_reduce(CommImpl& c, std::size_t bytes) {
   if (const char* f = forced_among(c, {"oneshot", "direct", "ring", "rd"})) return f;
-  if (bytes <= c.oneshot_max()) return few_ranks(c) ? "oneshot" : "rd";
+  // Small: one round with every peer, except over the network between a power of two ranks (4
+  // and more), where recursive doubling's log2(n) messages a rank spare the kernel its work per
+  // message, most of a small operation's time over tcp (4 ranks: 3 sends and receives a rank
+  // with one round, 2 with recursive doubling). Its pairs then include the ring neighbours (Gray
+  // order, algo::rd_partner), which other rank counts would have to message besides.
+  if (bytes <= c.oneshot_max()) {
+    const int n = c.size();
+    if (!few_ranks(c)) return "rd";
+    return !c.one_host() && n >= 4 && (n & (n - 1)) == 0 ? "rd" : "oneshot";
+  }
   return c.one_host() && few_ranks(c) ? "direct" : "ring";
 }
+
+bool rd_in_gray_order(CommImpl& c) { return few_ranks(c); }
 
 const char* choose_all_gather(CommImpl& c, std::size_t total_bytes) {
   if (const char* f = forced_among(c, {"direct", "ring", "bruck"})) return f;

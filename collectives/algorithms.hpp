@@ -18,6 +18,11 @@ boost::asio::awaitable<void> run_op(CommImpl& comm, const OpArgs& args);
 /// COCCL_ALGO overrides it.
 const char* choose_all_reduce(CommImpl& comm, std::size_t bytes);
 
+/// Whether all_reduce's recursive doubling pairs ranks in Gray-code order (algo::rd_partner):
+/// with at most COCCL_DIRECT_MAX_RANKS ranks. Many ranks pair r with r XOR 2^k, whose addresses a
+/// large communicator's directory keeps.
+bool rd_in_gray_order(CommImpl& comm);
+
 /// all_gather ("direct", "ring" or "bruck") and reduce_scatter ("direct", "ring" or "rd") for
 /// `total_bytes` (all ranks' blocks): direct with at most COCCL_DIRECT_MAX_RANKS ranks, else
 /// Bruck or recursive doubling for small totals and ring for large ones.

@@ -44,15 +44,25 @@ constexpr unsigned costly_spin_polls = 4;
 FastOp::FastOp(CommImpl& comm) : c_(comm) {}
 
 bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now) {
-  const int n = c_.size(), r = c_.rank();
+  const int n = c_.size();
   const std::size_t e = size_of(a.type), block = a.count * e;
   // A zero-count all_to_all sends its headers to the ring neighbours only; the fast path, which
   // sends one to every peer, leaves empty operations to the slow path.
   if (a.count == 0 || block > c_.fast_max_bytes()) return false;
   const std::size_t total = static_cast<std::size_t>(n) * block;
+  staged_ = false;
   switch (a.kind) {
     case OpKind::all_reduce:
-      if (n > 1 && std::string_view(choose_all_reduce(c_, block)) != "oneshot") return false;
+      if (n > 1) {
+        // Recursive doubling between a power of two ranks in Gray-code order only: its rounds
+        // then include the check of ring neighbours the slow path makes (run_op), which the
+        // rounds that fold in ranks past a power of two, or pairs r XOR 2^k, would miss.
+        const std::string_view algo = choose_all_reduce(c_, block);
+        if (algo == "rd" && (n & (n - 1)) == 0 && rd_in_gray_order(c_))
+          staged_ = true;
+        else if (algo != "oneshot")
+          return false;
+      }
       break;
     case OpKind::reduce_scatter:
       if (n > 1 && std::string_view(choose_reduce_scatter(c_, total)) != "direct") return false;
@@ -67,26 +77,43 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
       return false;
   }
   spin_limit_ = spin_polls;
-  if (n == 1) return true;
+  if (n == 1) {
+    run_ = &peers_;
+    return true;
+  }
   // As run_op's Use: the links resolved here stay open until end().
   use_.emplace(c_.peers());
-  for (int i = 1; i < n; ++i) {
-    // (r + i) mod n without a division (a tenth of this call).
-    const int p = r + i < n ? r + i : r + i - n;
-    Connection* l = c_.peers().ready(p, now);
-    if (!l || !l->pollable() || block > l->poll_bytes()) {
-      use_.reset();
-      return false;
-    }
+  if (staged_) {
+    if (rd_.empty()) plan_rd();
+    run_ = &rd_;
+  } else {
     // An entry is made only for a link that is ready, as far as the links go: a large
     // communicator whose links are made lazily never holds one per rank here. Entry i - 1 is
-    // always peer p (the rank and size do not change), so its rank and checks are set once.
-    if (peers_.size() < static_cast<std::size_t>(i)) {
+    // always peer (r + i) mod n (the rank and size do not change), so its rank and checks are
+    // set once.
+    const int r = c_.rank();
+    for (int i = static_cast<int>(peers_.size()) + 1; i < n; ++i) {
+      if (!c_.peers().ready(r + i < n ? r + i : r + i - n, now)) break;
       Peer& made = peers_.emplace_back();
-      made.rank = p;
-      made.pair = &c_.checks().pair(p);
+      // (r + i) mod n without a division (a tenth of this call).
+      made.rank = r + i < n ? r + i : r + i - n;
+      made.pair = &c_.checks().pair(made.rank);
     }
-    Peer& peer = peers_[static_cast<std::size_t>(i - 1)];
+    run_ = &peers_;
+  }
+  if ((!staged_ && peers_.size() + 1 < static_cast<std::size_t>(n)) ||
+      !resolve(*run_, block, now)) {
+    use_.reset();
+    return false;
+  }
+  return true;
+}
+
+bool FastOp::resolve(std::vector<Peer>& entries, std::size_t block,
+                     std::chrono::steady_clock::time_point now) {
+  for (Peer& peer : entries) {
+    Connection* l = c_.peers().ready(peer.rank, now);
+    if (!l || !l->pollable() || block > l->poll_bytes()) return false;
     peer.link = l;
     peer.send_bytes = block;
     peer.recv_bytes = block;
@@ -99,6 +126,15 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     if (!l->polls_cheaply()) spin_limit_ = costly_spin_polls;
   }
   return true;
+}
+
+void FastOp::plan_rd() {
+  const int n = c_.size(), r = c_.rank();
+  for (int m = 1; m < n; m <<= 1) {
+    Peer& p = rd_.emplace_back();
+    p.rank = algo::rd_partner(r, m, true);
+    p.pair = &c_.checks().pair(p.rank);
+  }
 }
 
 OpArgs& FastOp::adopt(OpArgs&& a) noexcept {
@@ -114,8 +150,9 @@ void FastOp::start(const OpArgs& a) {
   const std::size_t block = a.count * elt_;
   fp_ = c_.fingerprint();
   stuck_ = false;
+  at_ = 0;
   reduces_ = a.kind == OpKind::all_reduce || a.kind == OpKind::reduce_scatter;
-  for (Peer& p : peers_) {
+  for (Peer& p : *run_) {
     // Recorded as sent now, as the slow path's link() would; put by step() or finish().
     p.header = c_.checks().to_send(*p.pair, p.rank);
     p.sent = p.got = 0;
@@ -123,6 +160,13 @@ void FastOp::start(const OpArgs& a) {
     // apart from its data.
     p.joined = p.joined && compactable(*p.header);
     if (p.joined) write_compact_header(*p.header, fp_, p.compact);
+    if (staged_) {
+      // Recursive doubling works in the receive buffer (the input copied there first): each
+      // round sends what it holds and reduces the peer's chunk into it.
+      p.src = bytes(a.recv);
+      p.dst = nullptr;
+      continue;
+    }
     switch (a.kind) {
       case OpKind::all_reduce:
         p.src = cbytes(a.send);
@@ -142,7 +186,7 @@ void FastOp::start(const OpArgs& a) {
         break;
     }
   }
-  if (reduces_) srcs_.resize(static_cast<std::size_t>(n));
+  if (reduces_ && !staged_) srcs_.resize(static_cast<std::size_t>(n));
   copy_own();
 }
 
@@ -169,77 +213,108 @@ void FastOp::copy_own() {
       if (from != mine) std::memmove(mine, from, block);
       break;
     }
+    case OpKind::all_reduce:
+      if (staged_ && a.send != a.recv) std::memcpy(a.recv, a.send, block);
+      break;
     default:
       break;
   }
 }
 
-bool FastOp::step() {
-  bool complete = true;
-  for (Peer& p : peers_) {
-    // A link that failed, or that only its reader can serve now (tcp), hands the operation over.
-    if (!p.link->pollable()) {
-      stuck_ = true;
-      return false;
+bool FastOp::poll(Peer& p) {
+  // A link that failed, or that only its reader can serve now (tcp), hands the operation over.
+  if (!p.link->pollable()) {
+    stuck_ = true;
+    return false;
+  }
+  if (p.sent == 0) {
+    if (p.joined) {
+      if (p.link->try_put_gathered(p.compact, sizeof p.compact, p.src, p.send_bytes,
+                                   op_compact_fingerprint))
+        p.sent = 2;
+    } else if (p.link->try_put(p.header, sizeof *p.header, op_header_fingerprint)) {
+      p.sent = 1;
     }
-    if (p.sent == 0) {
-      if (p.joined) {
-        if (p.link->try_put_gathered(p.compact, sizeof p.compact, p.src, p.send_bytes,
-                                     op_compact_fingerprint))
-          p.sent = 2;
-      } else if (p.link->try_put(p.header, sizeof *p.header, op_header_fingerprint)) {
-        p.sent = 1;
-      }
-    }
-    if (p.sent == 1 && p.link->try_put(p.src, p.send_bytes, fp_)) p.sent = 2;
-    if (p.got == 0) {
-      if (std::optional<Chunk> ch = p.link->peek()) {
-        // The peer's header, alone or joined with its data (whichever path it took). One that
-        // disagrees, or data of another operation, stays in the ring: finish() takes it and fails
-        // the operation with the full description. The common case, the compact header this
-        // rank sent the peer come back but for its op_seq, is compared as bytes.
-        bool joined = false;
-        std::size_t header_bytes = 0;
-        if (p.joined && ch->fingerprint == op_compact_fingerprint &&
-            ch->size == compact_header_bytes + p.recv_bytes &&
-            compact_header_agrees(p.compact, ch->data)) {
-          joined = true;
-          header_bytes = compact_header_bytes;
-        } else {
-          const std::optional<OpHeader> theirs =
-              header_of(ch->data, ch->size, ch->fingerprint, joined, header_bytes);
-          if (!theirs || !op_headers_agree(*p.header, *theirs) ||
-              (joined &&
-               (ch->size != header_bytes + p.recv_bytes || theirs->joined_fingerprint != fp_))) {
-            stuck_ = true;
-            return false;
-          }
-        }
-        OpChecks::to_take(*p.pair);
-        p.link->take_peeked();
-        if (joined) {
-          deliver(p, ch->data + header_bytes);
-        } else {
-          p.link->release();
-          p.got = 1;
-        }
-      }
-    }
-    if (p.got == 1) {
-      if (std::optional<Chunk> ch = p.link->peek()) {
-        if (ch->fingerprint != fp_ || ch->size != p.recv_bytes) {
+  }
+  if (p.sent == 1 && p.link->try_put(p.src, p.send_bytes, fp_)) p.sent = 2;
+  if (p.got == 0) {
+    if (std::optional<Chunk> ch = p.link->peek()) {
+      // The peer's header, alone or joined with its data (whichever path it took). One that
+      // disagrees, or data of another operation, stays in the ring: finish() takes it and fails
+      // the operation with the full description. The common case, the compact header this
+      // rank sent the peer come back but for its op_seq, is compared as bytes.
+      bool joined = false;
+      std::size_t header_bytes = 0;
+      if (p.joined && ch->fingerprint == op_compact_fingerprint &&
+          ch->size == compact_header_bytes + p.recv_bytes &&
+          compact_header_agrees(p.compact, ch->data)) {
+        joined = true;
+        header_bytes = compact_header_bytes;
+      } else {
+        const std::optional<OpHeader> theirs =
+            header_of(ch->data, ch->size, ch->fingerprint, joined, header_bytes);
+        if (!theirs || !op_headers_agree(*p.header, *theirs) ||
+            (joined &&
+             (ch->size != header_bytes + p.recv_bytes || theirs->joined_fingerprint != fp_))) {
           stuck_ = true;
           return false;
         }
-        p.link->take_peeked();
-        deliver(p, ch->data);
+      }
+      OpChecks::to_take(*p.pair);
+      p.link->take_peeked();
+      if (joined) {
+        deliver(p, ch->data + header_bytes);
+      } else {
+        p.link->release();
+        p.got = 1;
       }
     }
+  }
+  if (p.got == 1) {
+    if (std::optional<Chunk> ch = p.link->peek()) {
+      if (ch->fingerprint != fp_ || ch->size != p.recv_bytes) {
+        stuck_ = true;
+        return false;
+      }
+      p.link->take_peeked();
+      deliver(p, ch->data);
+    }
+  }
+  return true;
+}
+
+bool FastOp::step() {
+  if (staged_) {
+    // One round at a time: a round sends what the last one left in the buffer.
+    for (; at_ < rd_.size(); ++at_) {
+      Peer& p = rd_[at_];
+      if (!poll(p) || p.sent != 2 || p.got != 2) return false;
+      reduce_round(p);
+    }
+    if (a_->op == ReduceOp::avg) divide_by(a_->recv, a_->count, a_->type, c_.size());
+    return true;
+  }
+  bool complete = true;
+  for (Peer& p : peers_) {
+    if (!poll(p)) return false;
     complete = complete && p.sent == 2 && p.got == 2;
   }
   if (!complete) return false;
   combine();
   return true;
+}
+
+void FastOp::reduce_round(Peer& p) {
+  const OpArgs& a = *a_;
+  std::byte* buf = bytes(a.recv);
+  // Both partners combine the same two operands in the same order (the lower rank's first), so
+  // every rank ends with the same bits, as on the slow path.
+  const ReduceOp op = a.op == ReduceOp::avg ? ReduceOp::sum : a.op;
+  if (c_.rank() < p.rank)
+    reduce2(buf, buf, p.chunk.data, a.count, a.type, op);
+  else
+    reduce2(buf, p.chunk.data, buf, a.count, a.type, op);
+  p.link->release();
 }
 
 void FastOp::combine() {
@@ -271,7 +346,7 @@ bool FastOp::run_for(std::chrono::nanoseconds budget, const runtime::ProxyThread
   const bool done = spin(budget, thread, yield);
   // What the links held back (tcp: the last credits, or frames of an operation handed over)
   // leaves now.
-  for (Peer& p : peers_) p.link->flush();
+  for (Peer& p : *run_) p.link->flush();
   return done;
 }
 
@@ -281,7 +356,7 @@ bool FastOp::spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& t
   if (stuck_) return false;
   // Waiting for the peers: the read of their rings' tails, a cache miss (they write them on
   // every release), is taken here rather than by a later try_put on the critical path.
-  for (Peer& p : peers_) p.link->learn_credit();
+  for (Peer& p : *run_) p.link->learn_credit();
   // The clock is read first once the wait has lasted some polls (its start in the trace, and the
   // spin's budget), and then only now and then: a read costs as much as a few polls (read at the
   // start of every wait, it was 5% of a 2-rank 8-byte all_reduce, most of whose waits end within
@@ -314,25 +389,38 @@ bool FastOp::spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& t
 
 boost::asio::awaitable<void> FastOp::finish() {
   algo::Op op(c_, *a_);
-  for (Peer& p : peers_) {
-    // The header was recorded as sent by start(): link() sends nothing more.
-    Connection* l = co_await op.link(p.rank);
-    if (p.sent == 0) {
-      co_await l->put(p.header, sizeof *p.header, op_header_fingerprint);
-      p.sent = 1;
+  // One round with every peer (every send, then every take), or recursive doubling's rounds from
+  // the one under way.
+  std::vector<Peer>& entries = *run_;
+  const std::size_t rounds = staged_ ? entries.size() : 1;
+  for (; at_ < rounds; ++at_) {
+    const std::size_t first = staged_ ? at_ : 0, last = staged_ ? at_ + 1 : entries.size();
+    for (std::size_t i = first; i < last; ++i) {
+      Peer& p = entries[i];
+      // The header was recorded as sent by start(): link() sends nothing more.
+      Connection* l = co_await op.link(p.rank);
+      if (p.sent == 0) {
+        co_await l->put(p.header, sizeof *p.header, op_header_fingerprint);
+        p.sent = 1;
+      }
+      if (p.sent == 1) {
+        co_await l->put(p.src, p.send_bytes, fp_);
+        p.sent = 2;
+      }
     }
-    if (p.sent == 1) {
-      co_await l->put(p.src, p.send_bytes, fp_);
-      p.sent = 2;
+    for (std::size_t i = first; i < last; ++i) {
+      Peer& p = entries[i];
+      if (p.got == 2) continue;
+      // Takes the header first if step() has not.
+      Chunk ch = co_await op.take(p.rank, p.recv_bytes);
+      deliver(p, ch.data);
     }
+    if (staged_) reduce_round(entries[at_]);
   }
-  for (Peer& p : peers_) {
-    if (p.got == 2) continue;
-    // Takes the header first if step() has not.
-    Chunk ch = co_await op.take(p.rank, p.recv_bytes);
-    deliver(p, ch.data);
-  }
-  combine();
+  if (!staged_)
+    combine();
+  else if (a_->op == ReduceOp::avg)
+    divide_by(a_->recv, a_->count, a_->type, c_.size());
   co_await op.settle();
 }
 

@@ -9,9 +9,11 @@
 //
 // The fast path sends exactly what the algorithm the slow path would choose sends on each link
 // (the header of op_check.hpp, then one data chunk), so a peer may run the same operation on either
-// path. When its peers are late, or anything is out of the ordinary (a chunk that does not match,
-// a link that failed), it stops where it is and the rest of the operation runs on the proxy thread
-// through the ordinary coroutine waits (finish()), which also report the errors.
+// path: one round with every peer, or, for an all_reduce between a power of two ranks over the
+// network, the rounds of recursive doubling one after the other. When its peers are late, or
+// anything is out of the ordinary (a chunk that does not match, a link that failed), it stops where
+// it is and the rest of the operation runs on the proxy thread through the ordinary coroutine waits
+// (finish()), which also report the errors.
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
@@ -69,21 +71,33 @@ class FastOp {
   void end() noexcept;
 
  private:
+  // What one peer is sent and sends: every peer of a one-round operation, or one round of
+  // recursive doubling.
   struct Peer {
     int rank = 0;
     transport::Connection* link = nullptr;
     OpChecks::Pair* pair = nullptr;    // the communicator's checks of this peer (kept across ops)
     const OpHeader* header = nullptr;  // this operation's header to the peer, in *pair
     const std::byte* src = nullptr;    // this rank's chunk for the peer
-    std::size_t send_bytes = 0;        // 0: the header only
-    std::byte* dst = nullptr;          // where the peer's chunk is copied; null: reduced later
-    std::size_t recv_bytes = 0;        // 0: the header only
-    bool joined = false;               // the header (compact) and the data go in one chunk
+    std::size_t send_bytes = 0;
+    std::byte* dst = nullptr;  // where the peer's chunk is copied; null: reduced
+    std::size_t recv_bytes = 0;
+    bool joined = false;                      // the header (compact) and the data go in one chunk
     std::byte compact[compact_header_bytes];  // the compact header, when joined
     std::uint8_t sent = 0;                    // 0 nothing, 1 the header, 2 everything
     std::uint8_t got = 0;                     // 0 nothing, 1 the header, 2 everything
     transport::Chunk chunk{};                 // a chunk held for the reduction
   };
+  // Fills rd_ once: the rounds of recursive doubling of this rank, a power of two ranks (as
+  // algo::all_reduce_rd).
+  void plan_rd();
+  // Resolves the links of `entries` (false: one is not ready or too small for `block`).
+  bool resolve(std::vector<Peer>& entries, std::size_t block,
+               std::chrono::steady_clock::time_point now);
+  // A round of recursive doubling has its chunk: reduced into the result, in rank order.
+  void reduce_round(Peer& p);
+  // Sends and takes what `p` can without waiting; false if the operation is stuck (stuck_).
+  bool poll(Peer& p);
   bool step();
   // run_for() without the flush of the links at its end.
   bool spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
@@ -99,10 +113,15 @@ class FastOp {
   OpArgs args_{};              // adopted
   // In the order the slow path sends to them. Entries are reused from one operation to the next
   // (filled by prepare() and start()): building and copying them in was a tenth of a 2-rank
-  // 8-byte all_reduce.
+  // 8-byte all_reduce. peers_: one round with every peer; rd_: recursive doubling's rounds, one
+  // at a time (entry at_ and on).
   std::vector<Peer> peers_;
-  std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
-  std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
+  std::vector<Peer> rd_;
+  std::vector<Peer>* run_ = &peers_;  // the running operation's
+  bool staged_ = false;               // run_ is rd_
+  std::size_t at_ = 0;                // rd_: the round under way
+  std::vector<const void*> srcs_;     // rank-ordered sources of a reduction
+  std::vector<std::byte> own_copy_;   // this rank's contribution when it aliases the result
   std::uint32_t fp_ = 0;
   std::size_t elt_ = 0;
   bool reduces_ = false;

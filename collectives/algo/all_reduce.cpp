@@ -1,6 +1,7 @@
 // all_reduce: one-shot, direct (reduce-scatter + all-gather among all ranks), ring and recursive
 // doubling.
 #include "collectives/algo/common.hpp"
+#include "collectives/algorithms.hpp"
 
 namespace coccl::detail::algo {
 
@@ -129,10 +130,11 @@ Task all_reduce_ring(Op& op) {
   }
 }
 
-// Recursive doubling: log2(n) rounds, each with one peer (rank XOR 2^k). Ranks past the largest
-// power of two first fold their data into the rank 2^k below them and get the result back at the
-// end. Both partners of a round combine the same two operands (IEEE operations commute), so every
-// rank ends with bit-identical results. For small sizes on many ranks: O(log n) peers and rounds.
+// Recursive doubling: log2(n) rounds, each with one peer (rd_partner: the rank whose Gray code,
+// with many ranks whose number, differs in bit k). Ranks past the largest power of two first fold
+// their data into the rank 2^k below them and get the result back at the end. Both partners of a
+// round combine the same two operands (IEEE operations commute), so every rank ends with
+// bit-identical results. For small sizes on many ranks: O(log n) peers and rounds.
 Task all_reduce_rd(Op& op) {
   const auto& a = op.args();
   const int n = op.n(), r = op.rank();
@@ -140,12 +142,13 @@ Task all_reduce_rd(Op& op) {
   int pof2 = 1;
   while (pof2 <= n / 2) pof2 *= 2;
   const int rem = n - pof2;
+  const bool gray = rd_in_gray_order(op.comm());
   std::vector<int> peers;
   if (r >= pof2) {
     peers.push_back(r - pof2);
   } else {
     if (r < rem) peers.push_back(r + pof2);
-    for (int m = 1; m < pof2; m <<= 1) peers.push_back(r ^ m);
+    for (int m = 1; m < pof2; m <<= 1) peers.push_back(rd_partner(r, m, gray));
   }
   co_await op.connect(peers);
   copy_in_place(a, e);
@@ -168,7 +171,7 @@ Task all_reduce_rd(Op& op) {
       op.release(r + pof2);
     }
     for (int m = 1; m < pof2; m <<= 1) {
-      const int p = r ^ m;
+      const int p = rd_partner(r, m, gray);
       co_await op.put(p, buf, len);
       Chunk ch = co_await op.take(p, len);
       if (r < p)

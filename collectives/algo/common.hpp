@@ -248,6 +248,19 @@ Task exchange(Op& op, std::vector<Block> sends, std::vector<Block> recvs);
 Task reduce_from_all(Op& op, std::byte* dst, const std::byte* own, std::size_t elems,
                      const std::vector<int>& peers_in_order, ReduceOp rop);
 
+// Recursive doubling's partner of rank `r` (below the largest power of two) in the round of bit
+// `m`. In Gray-code order (`gray`; few ranks, see rd_in_gray_order) ranks sit on the hypercube at
+// corner r ^ (r >> 1), so ring neighbours are partners too (consecutive Gray codes differ in one
+// bit, the last and the first as well) and the check of ring neighbours that every operation makes
+// (run_op) rides on the algorithm's own messages. Otherwise the partner is r XOR m, an entry the
+// directory of a large communicator keeps (transport/directory.cpp).
+inline int rd_partner(int r, int m, bool gray) {
+  if (!gray) return r ^ m;
+  int corner = (r ^ (r >> 1)) ^ m, rank = 0;
+  for (; corner != 0; corner >>= 1) rank ^= corner;
+  return rank;
+}
+
 // 0, 1, ..., n - 1.
 std::vector<int> all_ranks(int n);
 

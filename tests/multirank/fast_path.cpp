@@ -16,7 +16,8 @@
 //
 // "fast_handover" runs with COCCL_SPIN_US=0: an operation whose peers are late is handed to
 // the proxy thread at once. Operations started behind it wait for it (ordering), one cancelled
-// while it waits is removed, and a small operation queued behind a large one waits its turn.
+// while it waits is removed, a small operation queued behind a large one waits its turn, and an
+// operation handed over between two rounds of recursive doubling completes on the proxy thread.
 #include "collectives/fast_path.hpp"
 
 #include <algorithm>
@@ -258,10 +259,12 @@ int run_fast_mixed(Worker& w) {
   if (w.rank != 0) params::fast_max_bytes.set_override("0");
   Communicator mixed = w.comm.split(0, w.rank);
   params::fast_max_bytes.set_override(std::nullopt);
-  // The first operation makes the links: the slow path.
+  // The first operations make the links: the slow path. An all_gather links every pair; a small
+  // all_reduce between ranks acting as hosts only its recursive doubling partners.
   all_reduce_case(w, mixed, DataType::int32, ReduceOp::sum, 1, false);
   const Communicator parent = w.comm;
   w.comm = mixed;
+  all_gather_case(w, DataType::uint8, 1, false);
   FastCount count(mixed);
   const std::uint64_t eligible = eligible_cases(w);
   expect_taken(w, "operations with the other ranks on the slow path", count.taken(),
@@ -386,6 +389,27 @@ int run_fast_handover(Worker& w) {
   std::int64_t after = 0;
   w.comm.all_reduce(&one, &after, 1, DataType::int64, ReduceOp::sum);
   if (after != want) w.fail("after", std::to_string(after));
+
+  // 4. Rank 1 starts first, rank 0 next, the others late. Rank 1 is handed over at once. Rank 0
+  //    finds rank 1's chunk waiting: with recursive doubling (4 ranks as hosts) its first round
+  //    completes and the operation is handed over in its second, whose partner is late; with one
+  //    round it is handed over waiting for the late ones.
+  if (w.rank != 1) std::this_thread::sleep_for(std::chrono::milliseconds(w.rank == 0 ? 100 : 400));
+  //    Started on the proxy thread, as A above: with COCCL_SPIN_US=0 the proxy thread naps at
+  //    once, and a blocking caller would find its role taken and queue the operation.
+  FastCount late(w.comm);
+  std::int64_t rounds = 0;
+  std::promise<boost::system::error_code> rounds_done;
+  asio::post(w.comm.executor(), [&] {
+    w.comm.async_all_reduce(&one, &rounds, 1, DataType::int64, ReduceOp::sum,
+                            [&](boost::system::error_code ec) { rounds_done.set_value(ec); });
+  });
+  const boost::system::error_code rounds_ec = rounds_done.get_future().get();
+  if (rounds_ec || rounds != want)
+    w.fail("handed over between rounds", rounds_ec.message() + ", " + std::to_string(rounds));
+  if (w.rank <= 1 && !w.has("off") && late.handed() != 1)
+    w.fail("handed over between rounds",
+           std::to_string(late.handed()) + " operations handed over, expected 1");
   return exit_ok;
 }
 
