@@ -93,11 +93,12 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     // set once.
     const int r = c_.rank();
     for (int i = static_cast<int>(peers_.size()) + 1; i < n; ++i) {
-      if (!c_.peers().ready(r + i < n ? r + i : r + i - n, now)) break;
-      Peer& made = peers_.emplace_back();
       // (r + i) mod n without a division (a tenth of this call).
-      made.rank = r + i < n ? r + i : r + i - n;
-      made.pair = &c_.checks().pair(made.rank);
+      const int p = r + i < n ? r + i : r + i - n;
+      if (!c_.peers().ready(p, now)) break;
+      Peer& made = peers_.emplace_back();
+      made.rank = p;
+      made.pair = &c_.checks().pair(p);
     }
     run_ = &peers_;
   }

@@ -132,6 +132,8 @@ void SocketConnection::wake_reader() {
 asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
   for (;;) {
     boost::system::error_code ec;
+    // Whatever pump() left is taken in this round.
+    reader_owed_ = false;
     try {
       LinkHeader h{};
       switch (parse(true, h)) {
@@ -222,7 +224,7 @@ asio::awaitable<void> SocketConnection::read_loop(runtime::Gate::Pass pass) {
 
 void SocketConnection::pump() {
   auto* tcp = socket_.tcp();
-  if (!tcp || reader_busy_ || closed_ || read_error_) return;
+  if (!tcp || reader_busy_ || reader_owed_ || closed_ || read_error_) return;
   LinkHeader h{};
   for (int round = 0;; ++round) {
     Front f;
@@ -230,10 +232,12 @@ void SocketConnection::pump() {
       f = parse(false, h);
     } catch (const std::system_error&) {
       // The reader meets the same frame and closes the link with the reason.
+      reader_owed_ = true;
       wake_reader();
       return;
     }
     if (f != Front::more) {
+      reader_owed_ = true;
       wake_reader();
       return;
     }
@@ -242,6 +246,7 @@ void SocketConnection::pump() {
     if (ec == asio::error::would_block) return;
     if (ec) {
       read_error_ = ec;
+      reader_owed_ = true;
       wake_reader();
       return;
     }

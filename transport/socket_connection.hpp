@@ -126,6 +126,10 @@ class SocketConnection : public Connection, private runtime::Deferred {
   bool fast_active() const noexcept { return fast_active_; }
   // The reader coroutine is reading a body too large for the buffer: the stream is its own.
   bool reader_busy() const noexcept { return reader_busy_; }
+  // pump() left the reader a frame or an error that it has not taken yet (a put too large to
+  // buffer, an abort notice, the peer's end): past the chunks already delivered, only the reader
+  // can go on, on the loop's thread.
+  bool reader_owed() const noexcept { return reader_owed_; }
   // Reads the next n bytes of the stream into dst: those the reader already holds, then the rest
   // (straight into dst where it is large, with up to `spare` bytes more that dst has room for,
   // which the reader keeps). Returns the stream's error, if any; touches nothing of this object
@@ -258,6 +262,7 @@ class SocketConnection : public Connection, private runtime::Deferred {
   Waiter read_waiter_;
   bool read_armed_ = false;
   bool reader_busy_ = false;
+  bool reader_owed_ = false;  // see reader_owed()
   boost::system::error_code read_error_;
   // Frames the fast path holds back (write_held()).
   std::vector<std::byte> held_;

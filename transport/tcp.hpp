@@ -34,10 +34,12 @@ class TcpConnection : public SocketConnection {
   // their proxy threads): a put is held back and leaves with the operation's other frames at its
   // next peek() or flush(), in one write; peek() reads what the socket holds without waiting.
   // A peer that said goodbye after its last chunk (both may come in one read) leaves that chunk
-  // to be taken; nothing can be put to it.
+  // to be taken; nothing can be put to it. Chunks ahead of a frame or an error that pump() left to
+  // the reader are taken too; then the link waits for the reader (the operation is handed over at
+  // once, not polled until its spin ends).
   bool pollable() const noexcept override {
-    return socket_.tcp() && !closed_ && (!departed_ || filled_ != consumed_) && !reader_busy() &&
-           (fast_active() || fast_writable());
+    return socket_.tcp() && !closed_ && ((!departed_ && !reader_owed()) || filled_ != consumed_) &&
+           !reader_busy() && (fast_active() || fast_writable());
   }
   bool try_put_gathered(const void* head, std::size_t head_n, const void* src, std::size_t n,
                         std::uint32_t fingerprint) override;

@@ -452,13 +452,15 @@ TEST(Cancellation, QueuedOperationIsRemovedAndTerminalCancellationInFlightAborts
 // with errc::mismatch and a message naming the operation and both ranks of a disagreeing pair;
 // every rank fails (the mismatch, or the operation after it) and none reads wrong data.
 void expect_op_mismatch(const std::string& flag, int nranks, const std::vector<int>& involved,
-                        const std::string& op_name, std::vector<std::string> env = {}) {
+                        const std::string& op_name, std::vector<std::string> env = {},
+                        std::vector<std::vector<std::string>> rank_env = {}) {
   LaunchOptions o;
   o.scenario = "op_mismatch";
   o.nranks = nranks;
   o.args = {flag};
   o.env = {"COCCL_TIMEOUT=20"};
   o.env.insert(o.env.end(), env.begin(), env.end());
+  o.rank_env = std::move(rank_env);
   o.deadline = seconds(60);
   const LaunchResult r = launch(o);
   print_errors(r);
@@ -503,6 +505,15 @@ TEST(OpMismatch, AllReduceCountsThatDisagreeOnTheFastPathFailBothRanksOverShm) {
 TEST(OpMismatch, AllReduceCountsThatDisagreeOnTheFastPathFailBothRanksOverTcp) {
   expect_op_mismatch("count", 2, {0, 1}, "all_reduce",
                      {"COCCL_TRANSPORT=tcp", "COCCL_TCP_ENGINE=asio", "COCCL_SPIN_US=60000000"});
+}
+
+// Four ranks, each a host of its own: the fast path runs recursive doubling, and rank 0's
+// header reaches its first partner, rank 1, with the wrong count, and its second, rank 3, later.
+TEST(OpMismatch, AllReduceCountsThatDisagreeInRecursiveDoublingOnTheFastPathFailEveryRank) {
+  std::vector<std::vector<std::string>> hosts;
+  for (int r = 0; r < 4; ++r) hosts.push_back({"COCCL_HOSTID=mismatch-host-" + std::to_string(r)});
+  expect_op_mismatch("count", 4, {0, 1}, "all_reduce",
+                     {"COCCL_TCP_ENGINE=asio", "COCCL_SPIN_US=60000000"}, hosts);
 }
 
 TEST(OpMismatch, BroadcastRootsThatDisagreeFailInsteadOfMovingNothing) {

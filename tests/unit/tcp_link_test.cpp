@@ -488,8 +488,10 @@ TEST(TcpLinkPolled, SmallChunksComeWithoutTheLoopAndALargeOneIsLeftToTheReader) 
     link.conn->take_peeked();
     link.conn->release();
   }
-  // The large frame stops the fast path: peek() has nothing, and the link hands itself over.
+  // The large frame stops the fast path: peek() has nothing, and the link hands itself over
+  // until the reader has taken the frame.
   EXPECT_FALSE(link.conn->peek());
+  EXPECT_FALSE(link.conn->pollable());
   // Its end: the two credits leave in one frame, and the reader is woken for the large chunk.
   link.conn->flush();
   const auto [credit, none] = link.receive();
@@ -503,6 +505,9 @@ TEST(TcpLinkPolled, SmallChunksComeWithoutTheLoopAndALargeOneIsLeftToTheReader) 
   EXPECT_EQ(got->fingerprint, 23u);
   ASSERT_EQ(got->size, large.size());
   EXPECT_EQ(std::memcmp(got->data, large.data(), large.size()), 0);
+  link.conn->release();
+  // The reader took the frame: the link can be polled again.
+  EXPECT_TRUE(link.conn->pollable());
   EXPECT_FALSE(link.failure.ec) << link.failure.why;
 }
 
@@ -560,14 +565,25 @@ TEST(TcpLinkPolled, AFrameSplitIntoPiecesIsTakenWhenWhole) {
   EXPECT_EQ(link.receive().first.type, LinkHeader::credit);
 }
 
-TEST(TcpLinkPolled, AnEndOrAProtocolErrorMetByThePeekFailsTheLinkThroughTheReader) {
-  for (int variant = 0; variant < 2; ++variant) {
-    SCOPED_TRACE(variant == 0 ? "the peer closes" : "a credit for slots never filled");
+// Each stops the fast path at once (the link is no longer pollable, so the operation is handed
+// over instead of polling for what will never come until its spin ends), and the reader fails the
+// link with the reason.
+TEST(TcpLinkPolled, AnEndAnAbortOrAProtocolErrorMetByThePeekFailsTheLinkThroughTheReader) {
+  const char* variants[] = {"the peer closes", "a credit for slots never filled",
+                            "the peer's abort notice"};
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variants[variant]);
     PolledLink link;
     const auto body = payload(16, 7);
+    const std::string why = "rank 1 failed";
     std::vector<std::uint8_t> wire;
     append_frame(wire, LinkHeader{LinkHeader::put, 51, body.size()}, body);
     if (variant == 1) append_frame(wire, LinkHeader{LinkHeader::credit, 0, 1});
+    if (variant == 2)
+      append_frame(wire,
+                   LinkHeader{LinkHeader::abort, static_cast<std::uint32_t>(errc::mismatch),
+                              static_cast<std::uint32_t>(why.size())},
+                   std::vector<std::uint8_t>(why.begin(), why.end()));
     link.send(wire);
     if (variant == 0) link.peer.close();
     // The chunk that came before the end is delivered.
@@ -575,11 +591,21 @@ TEST(TcpLinkPolled, AnEndOrAProtocolErrorMetByThePeekFailsTheLinkThroughTheReade
     ASSERT_TRUE(c);
     EXPECT_EQ(c->fingerprint, 51u);
     link.conn->take_peeked();
-    EXPECT_FALSE(link.conn->peek());
+    // What follows is the reader's: the next peek finds nothing and the link hands over, before
+    // the loop has run.
+    for (int i = 0; i < 1000 && link.conn->pollable(); ++i) {
+      EXPECT_FALSE(link.conn->peek());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_FALSE(link.conn->pollable());
+    EXPECT_FALSE(link.failure.ec) << link.failure.why;
     link.conn->flush();
     ASSERT_TRUE(link.run_until([&] { return link.failure.ec.has_value(); }));
-    EXPECT_EQ(*link.failure.ec, make_error_code(variant == 0 ? errc::peer_lost : errc::bad_message))
-        << link.failure.why;
+    const errc want[] = {errc::peer_lost, errc::bad_message, errc::mismatch};
+    EXPECT_EQ(*link.failure.ec, make_error_code(want[variant])) << link.failure.why;
+    if (variant == 2) {
+      EXPECT_NE(link.failure.why.find(why), std::string::npos) << link.failure.why;
+    }
     EXPECT_FALSE(link.conn->pollable());
   }
 }
