@@ -562,9 +562,11 @@ asio::awaitable<Connection*> Peers::get(int peer, std::size_t bytes) {
   if (by_peer_[peer]) co_return touch();
   if (shut_) throw LinkError(make_error_code(errc::aborted), "communicator is shut down");
   if (!ec) {
-    at(peer).pending.reset();
-    // Whatever holds the peer up is what to name: ask it.
+    // Whatever holds the peer up is what to name: ask it. Until the answer comes this rank still
+    // counts as linking to it, so that a status query names the peer (a neighbour that waits for
+    // this rank would otherwise name only this rank).
     const std::string about = co_await ask_about(peer);
+    at(peer).pending.reset();
     throw LinkError(
         make_error_code(errc::timed_out),
         "rank " + std::to_string(peer) + " did not connect within COCCL_TIMEOUT; " + about);

@@ -1,11 +1,11 @@
-// Faults at random moments: a random rank of a 4-rank job is killed (SIGKILL) or stopped
-// (SIGSTOP) at a random time after launch, which lands in bootstrap, in link setup or in the
-// middle of a collective. Every trial is classified; the test fails on any crash, wrong result,
-// hang beyond COCCL_TIMEOUT, or survivor that does not name the victim. COCCL_CHAOS_TRIALS sets the
-// number of trials of each kind: 50 by default, as in docs/reliability.md (the sanitizer stage of
-// CI runs fewer). COCCL_CHAOS_PARALLEL jobs run side by side (4 by default): a stopped rank's
-// survivors spend most of a trial idle until COCCL_TIMEOUT, so one at a time left the cores idle
-// for most of three minutes.
+// Faults at random moments: a random rank of a 4-rank job (on one host, or each rank a host of its
+// own) is killed (SIGKILL) or stopped (SIGSTOP) at a random time after launch, which lands in
+// bootstrap, in link setup or in the middle of a collective. Every trial is classified; the test
+// fails on any crash, wrong result, hang beyond COCCL_TIMEOUT, or survivor that does not name the
+// victim. COCCL_CHAOS_TRIALS sets the number of trials of each kind: 50 by default, as in
+// docs/reliability.md (the sanitizer stage of CI runs fewer). COCCL_CHAOS_PARALLEL jobs run side by
+// side (4 by default): a stopped rank's survivors spend most of a trial idle until COCCL_TIMEOUT,
+// so one at a time left the cores idle for most of three minutes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -80,12 +80,17 @@ struct Outcome {
   std::string report;
 };
 
-Outcome run_trial(const Trial& t, int signal) {
+// `hosts`: every rank acts as a host of its own (COCCL_HOSTID), so links are tcp and small
+// all_reduce runs recursive doubling, on the fast path where it can.
+Outcome run_trial(const Trial& t, int signal, bool hosts) {
   LaunchOptions o;
   o.scenario = "chaos";
   o.nranks = ranks;
   o.args = {"cold"};
   o.env = {"COCCL_TIMEOUT=3"};
+  if (hosts)
+    for (int r = 0; r < ranks; ++r)
+      o.rank_env.push_back({"COCCL_HOSTID=chaos-" + std::to_string(r)});
   o.signals = {{t.victim, signal, "", std::chrono::milliseconds(t.delay_ms)}};
   if (signal == SIGSTOP) o.reap = {t.victim};
   o.deadline = std::chrono::seconds(60);
@@ -95,7 +100,7 @@ Outcome run_trial(const Trial& t, int signal) {
   return out;
 }
 
-void run_trials(int signal) {
+void run_trials(int signal, bool hosts = false) {
   const int n = env_count("COCCL_CHAOS_TRIALS", 50);
   const int jobs = env_count("COCCL_CHAOS_PARALLEL", 4);
   // The trials are drawn up front, so a seed gives the same victims and moments however many
@@ -114,7 +119,8 @@ void run_trials(int signal) {
     const int last = std::min(n, first + jobs);
     std::vector<std::future<Outcome>> outcomes;
     for (int t = first; t < last; ++t)
-      outcomes.push_back(std::async(std::launch::async, run_trial, std::cref(plan[t]), signal));
+      outcomes.push_back(
+          std::async(std::launch::async, run_trial, std::cref(plan[t]), signal, hosts));
     for (int t = first; t < last; ++t) {
       const Outcome o = outcomes[t - first].get();
       const std::string& verdict = o.verdict;
@@ -133,6 +139,10 @@ void run_trials(int signal) {
 TEST(Chaos, ARankKilledAtARandomMomentIsNamedByEverySurvivor) { run_trials(SIGKILL); }
 
 TEST(Chaos, ARankStoppedAtARandomMomentIsNamedByEverySurvivor) { run_trials(SIGSTOP); }
+
+TEST(Chaos, ARankKilledAtARandomMomentAmongRanksActingAsHostsIsNamedByEverySurvivor) {
+  run_trials(SIGKILL, true);
+}
 
 }  // namespace
 }  // namespace coccl::test
