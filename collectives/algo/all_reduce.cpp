@@ -130,11 +130,11 @@ Task all_reduce_ring(Op& op) {
   }
 }
 
-// Recursive doubling: log2(n) rounds, each with one peer (rd_partner: the rank whose Gray code,
-// with many ranks whose number, differs in bit k). Ranks past the largest power of two first fold
-// their data into the rank 2^k below them and get the result back at the end. Both partners of a
-// round combine the same two operands (IEEE operations commute), so every rank ends with
-// bit-identical results. For small sizes on many ranks: O(log n) peers and rounds.
+// Recursive doubling: log2(n) rounds, each with one peer (rd_partner: the rank whose Gray code
+// differs in bit k; with many ranks, the rank whose number does). Ranks past the largest power of
+// two first fold their data into the rank 2^k below them and get the result back at the end. Both
+// partners of a round combine the same two operands (IEEE operations commute), so every rank ends
+// with bit-identical results. For small sizes on many ranks: O(log n) peers and rounds.
 Task all_reduce_rd(Op& op) {
   const auto& a = op.args();
   const int n = op.n(), r = op.rank();
