@@ -50,7 +50,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
   // sends one to every peer, leaves empty operations to the slow path.
   if (a.count == 0 || block > c_.fast_max_bytes()) return false;
   const std::size_t total = static_cast<std::size_t>(n) * block;
-  staged_ = false;
+  bool staged = false;
   switch (a.kind) {
     case OpKind::all_reduce:
       if (n > 1) {
@@ -59,7 +59,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
         // rounds that fold in ranks past a power of two, or pairs r XOR 2^k, would miss.
         const std::string_view algo = choose_all_reduce(c_, block);
         if (algo == "rd" && (n & (n - 1)) == 0 && rd_in_gray_order(c_))
-          staged_ = true;
+          staged = true;
         else if (algo != "oneshot")
           return false;
       }
@@ -83,7 +83,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
   }
   // As run_op's Use: the links resolved here stay open until end().
   use_.emplace(c_.peers());
-  if (staged_) {
+  if (staged) {
     if (rd_.empty()) plan_rd();
     run_ = &rd_;
   } else {
@@ -102,8 +102,7 @@ bool FastOp::prepare(const OpArgs& a, std::chrono::steady_clock::time_point now)
     }
     run_ = &peers_;
   }
-  if ((!staged_ && peers_.size() + 1 < static_cast<std::size_t>(n)) ||
-      !resolve(*run_, block, now)) {
+  if ((!staged && peers_.size() + 1 < static_cast<std::size_t>(n)) || !resolve(*run_, block, now)) {
     use_.reset();
     return false;
   }
@@ -161,7 +160,7 @@ void FastOp::start(const OpArgs& a) {
     // apart from its data.
     p.joined = p.joined && compactable(*p.header);
     if (p.joined) write_compact_header(*p.header, fp_, p.compact);
-    if (staged_) {
+    if (staged()) {
       // Recursive doubling works in the receive buffer (the input copied there first): each
       // round sends what it holds and reduces the peer's chunk into it.
       p.src = bytes(a.recv);
@@ -187,7 +186,7 @@ void FastOp::start(const OpArgs& a) {
         break;
     }
   }
-  if (reduces_ && !staged_) srcs_.resize(static_cast<std::size_t>(n));
+  if (reduces_ && !staged()) srcs_.resize(static_cast<std::size_t>(n));
   copy_own();
 }
 
@@ -215,7 +214,7 @@ void FastOp::copy_own() {
       break;
     }
     case OpKind::all_reduce:
-      if (staged_ && a.send != a.recv) std::memcpy(a.recv, a.send, block);
+      if (staged() && a.send != a.recv) std::memcpy(a.recv, a.send, block);
       break;
     default:
       break;
@@ -285,14 +284,14 @@ bool FastOp::poll(Peer& p) {
 }
 
 bool FastOp::step() {
-  if (staged_) {
+  if (staged()) {
     // One round at a time: a round sends what the last one left in the buffer.
     for (; at_ < rd_.size(); ++at_) {
       Peer& p = rd_[at_];
       if (!poll(p) || p.sent != 2 || p.got != 2) return false;
       reduce_round(p);
     }
-    if (a_->op == ReduceOp::avg) divide_by(a_->recv, a_->count, a_->type, c_.size());
+    combine();
     return true;
   }
   bool complete = true;
@@ -310,11 +309,10 @@ void FastOp::reduce_round(Peer& p) {
   std::byte* buf = bytes(a.recv);
   // Both partners combine the same two operands in the same order (the lower rank's first), so
   // every rank ends with the same bits, as on the slow path.
-  const ReduceOp op = a.op == ReduceOp::avg ? ReduceOp::sum : a.op;
   if (c_.rank() < p.rank)
-    reduce2(buf, buf, p.chunk.data, a.count, a.type, op);
+    reduce2(buf, buf, p.chunk.data, a.count, a.type, algo::base_op(a.op));
   else
-    reduce2(buf, p.chunk.data, buf, a.count, a.type, op);
+    reduce2(buf, p.chunk.data, buf, a.count, a.type, algo::base_op(a.op));
   p.link->release();
 }
 
@@ -322,6 +320,11 @@ void FastOp::combine() {
   if (!reduces_) return;
   const OpArgs& a = *a_;
   const int n = c_.size(), r = c_.rank();
+  if (staged()) {
+    // The rounds reduced into the receive buffer as they went.
+    if (a.op == ReduceOp::avg) divide_by(a.recv, a.count, a.type, n);
+    return;
+  }
   const std::size_t block = a.count * elt_;
   const std::byte* own = cbytes(a.send) + (a.kind == OpKind::reduce_scatter ? r * block : 0);
   std::byte* dst = bytes(a.recv);
@@ -336,8 +339,7 @@ void FastOp::combine() {
   }
   srcs_[static_cast<std::size_t>(r)] = own;
   for (const Peer& p : peers_) srcs_[static_cast<std::size_t>(p.rank)] = p.chunk.data;
-  const ReduceOp op = a.op == ReduceOp::avg ? ReduceOp::sum : a.op;
-  reduce_n(dst, srcs_.data(), n, a.count, a.type, op);
+  reduce_n(dst, srcs_.data(), n, a.count, a.type, algo::base_op(a.op));
   for (const Peer& p : peers_) p.link->release();
   if (a.op == ReduceOp::avg) divide_by(dst, a.count, a.type, n);
 }
@@ -393,9 +395,9 @@ boost::asio::awaitable<void> FastOp::finish() {
   // One round with every peer (every send, then every take), or recursive doubling's rounds from
   // the one under way.
   std::vector<Peer>& entries = *run_;
-  const std::size_t rounds = staged_ ? entries.size() : 1;
+  const std::size_t rounds = staged() ? entries.size() : 1;
   for (; at_ < rounds; ++at_) {
-    const std::size_t first = staged_ ? at_ : 0, last = staged_ ? at_ + 1 : entries.size();
+    const std::size_t first = staged() ? at_ : 0, last = staged() ? at_ + 1 : entries.size();
     for (std::size_t i = first; i < last; ++i) {
       Peer& p = entries[i];
       // The header was recorded as sent by start(): link() sends nothing more.
@@ -416,12 +418,9 @@ boost::asio::awaitable<void> FastOp::finish() {
       Chunk ch = co_await op.take(p.rank, p.recv_bytes);
       deliver(p, ch.data);
     }
-    if (staged_) reduce_round(entries[at_]);
+    if (staged()) reduce_round(entries[at_]);
   }
-  if (!staged_)
-    combine();
-  else if (a_->op == ReduceOp::avg)
-    divide_by(a_->recv, a_->count, a_->type, c_.size());
+  combine();
   co_await op.settle();
 }
 

@@ -101,6 +101,8 @@ class FastOp {
   bool step();
   // run_for() without the flush of the links at its end.
   bool spin(std::chrono::nanoseconds budget, const runtime::ProxyThread& thread, bool yield);
+  // The reduction's last step: one round's chunks reduced in rank order, or recursive doubling's
+  // result (reduced round by round) divided for avg.
   void combine();
   // Local copies that precede the exchange (own block into place).
   void copy_own();
@@ -118,10 +120,10 @@ class FastOp {
   std::vector<Peer> peers_;
   std::vector<Peer> rd_;
   std::vector<Peer>* run_ = &peers_;  // the running operation's
-  bool staged_ = false;               // run_ is rd_
   std::size_t at_ = 0;                // rd_: the round under way
-  std::vector<const void*> srcs_;     // rank-ordered sources of a reduction
-  std::vector<std::byte> own_copy_;   // this rank's contribution when it aliases the result
+  bool staged() const noexcept { return run_ == &rd_; }
+  std::vector<const void*> srcs_;    // rank-ordered sources of a reduction
+  std::vector<std::byte> own_copy_;  // this rank's contribution when it aliases the result
   std::uint32_t fp_ = 0;
   std::size_t elt_ = 0;
   bool reduces_ = false;

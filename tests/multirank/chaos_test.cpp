@@ -88,9 +88,7 @@ Outcome run_trial(const Trial& t, int signal, bool hosts) {
   o.nranks = ranks;
   o.args = {"cold"};
   o.env = {"COCCL_TIMEOUT=3"};
-  if (hosts)
-    for (int r = 0; r < ranks; ++r)
-      o.rank_env.push_back({"COCCL_HOSTID=chaos-" + std::to_string(r)});
+  if (hosts) o.rank_env = rank_hosts(ranks, ranks, "chaos-");
   o.signals = {{t.victim, signal, "", std::chrono::milliseconds(t.delay_ms)}};
   if (signal == SIGSTOP) o.reap = {t.victim};
   o.deadline = std::chrono::seconds(60);

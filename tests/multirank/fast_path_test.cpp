@@ -42,13 +42,14 @@ std::vector<std::string> always(const std::string& transport) {
 
 // The host each rank acts as, for the transports that name them.
 std::vector<std::vector<std::string>> hosts_of(const std::string& transport, int nranks) {
-  std::vector<std::vector<std::string>> env;
-  if (transport.rfind("hosts", 0) == 0)
-    for (int r = 0; r < nranks; ++r) env.push_back({"COCCL_HOSTID=fast-host-" + std::to_string(r)});
-  if (transport == "two_hosts")
-    for (int r = 0; r < nranks; ++r)
-      env.push_back({"COCCL_HOSTID=fast-host-" + std::to_string(r * 2 / nranks)});
-  return env;
+  if (transport.rfind("hosts", 0) == 0) return rank_hosts(nranks, nranks, "fast-host-");
+  if (transport == "two_hosts") return rank_hosts(nranks, 2, "fast-host-");
+  return {};
+}
+
+// "tcp3ranks" for ("tcp", 3).
+std::string param_name(const ::testing::TestParamInfo<std::pair<std::string, int>>& info) {
+  return info.param.first + std::to_string(info.param.second) + "ranks";
 }
 
 void skip_without_engine(const std::string& transport) {
@@ -115,9 +116,7 @@ INSTANTIATE_TEST_SUITE_P(Links, FastPath,
                                            std::pair<std::string, int>{"hosts", 4},
                                            std::pair<std::string, int>{"hosts_uring", 4},
                                            std::pair<std::string, int>{"two_hosts", 4}),
-                         [](const auto& info) {
-                           return info.param.first + std::to_string(info.param.second) + "ranks";
-                         });
+                         param_name);
 
 // (transport, ranks)
 class FastPathHandover : public ::testing::TestWithParam<std::pair<std::string, int>> {
@@ -139,9 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Links, FastPathHandover,
                                            std::pair<std::string, int>{"tcp_uring", 3},
                                            std::pair<std::string, int>{"hosts", 4},
                                            std::pair<std::string, int>{"hosts_uring", 4}),
-                         [](const auto& info) {
-                           return info.param.first + std::to_string(info.param.second) + "ranks";
-                         });
+                         param_name);
 
 // Over shm, blocking callers on three threads (small operations on the fast path, larger ones
 // driving the loop) and handlers that make blocking calls, refused (tests/multirank/blocking.cpp).

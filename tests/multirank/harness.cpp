@@ -237,4 +237,11 @@ LaunchResult launch(const std::string& scenario, int nranks, std::vector<std::st
   return launch(o);
 }
 
+std::vector<std::vector<std::string>> rank_hosts(int nranks, int hosts, const std::string& prefix) {
+  std::vector<std::vector<std::string>> env;
+  for (int r = 0; r < nranks; ++r)
+    env.push_back({"COCCL_HOSTID=" + prefix + std::to_string(r * hosts / nranks)});
+  return env;
+}
+
 }  // namespace coccl::test

@@ -82,4 +82,9 @@ LaunchResult launch(const LaunchOptions& options);
 LaunchResult launch(const std::string& scenario, int nranks, std::vector<std::string> env,
                     std::vector<std::string> args, std::chrono::seconds deadline);
 
+/// LaunchOptions::rank_env that makes `nranks` ranks act as `hosts` hosts: rank r gets
+/// COCCL_HOSTID=`prefix`h with h = r * hosts / nranks (as coccl-perf --hosts places them), so
+/// ranks of different hosts take the network path. hosts == nranks: each rank a host of its own.
+std::vector<std::vector<std::string>> rank_hosts(int nranks, int hosts, const std::string& prefix);
+
 }  // namespace coccl::test

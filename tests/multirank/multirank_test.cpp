@@ -513,8 +513,7 @@ TEST(OpMismatch, AllReduceCountsThatDisagreeOnTheFastPathFailBothRanksOverTcp) {
 // second round for ranks 1 and 0, which fail: they learn it from the abort notices, on both
 // engines.
 TEST(OpMismatch, AllReduceCountsThatDisagreeInRecursiveDoublingOnTheFastPathFailEveryRank) {
-  std::vector<std::vector<std::string>> hosts;
-  for (int r = 0; r < 4; ++r) hosts.push_back({"COCCL_HOSTID=mismatch-host-" + std::to_string(r)});
+  const auto hosts = rank_hosts(4, 4, "mismatch-host-");
   for (const char* engine : {"asio", "uring"}) {
     SCOPED_TRACE(engine);
     if (std::string(engine) == "uring" && !transport::uring_unavailable().empty()) continue;

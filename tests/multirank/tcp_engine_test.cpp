@@ -204,9 +204,7 @@ TEST(TcpStriping, RanksWithDifferentZeroCopySizesGetEveryResultRight) {
 
 // Each rank its own host (COCCL_HOSTID): every link crosses the network.
 std::vector<std::vector<std::string>> own_hosts(int nranks) {
-  std::vector<std::vector<std::string>> env;
-  for (int r = 0; r < nranks; ++r) env.push_back({"COCCL_HOSTID=slot-host-" + std::to_string(r)});
-  return env;
+  return rank_hosts(nranks, nranks, "slot-host-");
 }
 
 // The quick all_reduce scenario, one rank per entry of `rank_env`.
