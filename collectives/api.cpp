@@ -3,7 +3,10 @@
 #include <boost/asio/append.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
 #include <chrono>
 #include <coccl/coccl.hpp>
 #include <cstdlib>
@@ -243,12 +246,23 @@ FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::e
   return FastOutcome::declined;
 }
 
-bool runs_here(const std::shared_ptr<CommImpl>& impl, const asio::any_io_executor& ex) {
-  return impl->thread().in_thread() && ex == impl->executor();
+bool completes_here(const std::shared_ptr<CommImpl>& impl, const asio::any_io_executor& ex) {
+  if (impl->thread().in_thread() && ex == impl->executor()) return true;
+  // An io_context's executor, as co_spawn and bind_executor store it, with or without a claim
+  // of outstanding work.
+  using Plain = asio::io_context::executor_type;
+  using Counted = std::decay_t<decltype(asio::prefer(std::declval<const Plain&>(),
+                                                     asio::execution::outstanding_work.tracked))>;
+  if (const auto* e = ex.target<Plain>()) return e->running_in_this_thread();
+  if (const auto* e = ex.target<Counted>()) return e->running_in_this_thread();
+  return false;
 }
 
 void complete_done(const std::shared_ptr<CommImpl>& impl, OpHandler handler, std::error_code ec) {
   runtime::complete_later(impl->executor(), std::move(handler), ec);
+  // The loop may be napping while callers borrow its role: without this the handler would wait
+  // for the nap's end (up to 1 ms).
+  impl->thread().owe();
 }
 
 void initiate(const std::shared_ptr<CommImpl>& impl, OpArgs args, OpHandler handler) {

@@ -62,6 +62,8 @@ const std::vector<std::string> all_colls{"allreduce",     "allgather", "broadcas
       " [-G 0|1] [--register 0|1]\n"
       "  [--blocking 0|1]  (host: time the blocking calls from each rank's thread, as the\n"
       "               baselines do, instead of a coroutine awaiting the async forms)\n"
+      "  [--loop comm|own]  (host: the awaiting coroutine runs on the communicator's\n"
+      "               executor, or on an io_context of each rank's own thread)\n"
       "  [--plot FILE.svg|FILE.png]  (busbw and time against size, every library of the\n"
       "               run one series; needs gnuplot)\n"
       "  [--plot-from RUN.json --plot FILE.svg|FILE.png]  (draws a run that --json\n"
@@ -124,7 +126,11 @@ Options parse(int argc, char** argv) {
       o.register_buffers = std::atoi(val().c_str()) != 0;
     else if (a == "--blocking")
       o.blocking = std::atoi(val().c_str()) != 0;
-    else if (a == "--hosts")
+    else if (a == "--loop") {
+      const std::string v = val();
+      if (v != "comm" && v != "own") usage("--loop takes comm or own");
+      o.own_loop = v == "own";
+    } else if (a == "--hosts")
       o.hosts = std::atoi(val().c_str());
     else if (a == "--plot-from")
       o.plot_from = val();
@@ -170,6 +176,7 @@ Options parse(int argc, char** argv) {
     for (const auto& b : o.baselines)
       if (b != "nccl") usage("on --device cuda the baseline is nccl");
     if (o.register_buffers) usage("--register applies to host memory");
+    if (o.own_loop) usage("--loop applies to host memory");
   } else {
     for (const auto& b : o.baselines)
       if (b == "nccl") usage("--baseline nccl needs --device cuda");
@@ -394,7 +401,8 @@ double bus_factor(const std::string& coll, int n) {
 void print_table(const Options& o, int n, const std::vector<Row>& rows) {
   std::printf(
       "# coccl-perf: %d ranks, host memory%s%s, %s, %s, iters %d, warmup %d, median of %d\n", n,
-      o.register_buffers ? " (registered)" : "", o.blocking ? ", blocking calls" : "",
+      o.register_buffers ? " (registered)" : "",
+      o.blocking ? ", blocking calls" : (o.own_loop ? ", awaited on the rank's own loop" : ""),
       std::string(coccl::to_string(o.type)).c_str(), std::string(coccl::to_string(o.op)).c_str(),
       o.iters, o.warmup, o.repeat);
   std::string last;
@@ -461,8 +469,9 @@ int run_rank(coccl::Communicator comm, const Options& o) {
   if (o.device == "cuda") return perf::run_device(std::move(comm), o);
   std::vector<Row> rows;
   try {
-    if (o.blocking) {
-      // On this thread, which may block: the same bench, its timed calls the blocking forms.
+    if (o.blocking || o.own_loop) {
+      // On this thread, which may block: the same bench, its timed calls the blocking forms, or
+      // the awaited forms on this thread's own event loop.
       asio::io_context io;
       auto fut = asio::co_spawn(io, bench_rank(comm, o, &rows), asio::use_future);
       io.run();

@@ -31,6 +31,10 @@ struct Options {
   // --blocking: each rank's own thread times the blocking forms, as the MPI and Gloo baselines do
   // (host only); otherwise a coroutine on the communicator's executor awaits the async forms.
   bool blocking = false;
+  // --loop own: the awaiting coroutine runs on an io_context of the rank's own thread, as a
+  // program with its own event loop runs it, instead of on the communicator's executor (host
+  // only; the blocking forms always run there).
+  bool own_loop = false;
   int hosts = 0;  // --hosts: ranks started here act as this many hosts (COCCL_HOSTID, NCCL_HOSTID)
 };
 

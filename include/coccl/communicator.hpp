@@ -13,6 +13,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/recycling_allocator.hpp>
+#include <boost/asio/system_executor.hpp>
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <coccl/error.hpp>
@@ -194,11 +195,21 @@ struct HandlerSource {
 /// Runs `args` on the fast path if it can, on the calling thread, before the handler is made.
 FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::error_code& ec,
                      HandlerSource source);
-/// True on `impl`'s proxy thread when `ex` is the communicator's executor: a handler bound to it
-/// may simply be posted there.
-bool runs_here(const std::shared_ptr<CommImpl>& impl, const boost::asio::any_io_executor& ex);
+/// True where a handler bound to `ex` may simply be posted to it from this thread: on `impl`'s
+/// proxy thread when `ex` is the communicator's executor, or inside the run of the io_context
+/// that `ex` belongs to (the context outlives the post, and no other thread need be woken).
+bool completes_here(const std::shared_ptr<CommImpl>& impl, const boost::asio::any_io_executor& ex);
+/// completes_here() for an executor of another type: one that can tell it runs on this thread.
+template <typename Executor>
+bool completes_here(const std::shared_ptr<CommImpl>&, const Executor& ex) {
+  if constexpr (requires { ex.running_in_this_thread(); })
+    return ex.running_in_this_thread();
+  else
+    return false;
+}
 /// Completes, later and from the proxy thread, the handler of an operation the fast path finished
-/// inside its initiating call.
+/// inside its initiating call (one whose executor does not run on this thread); wakes the loop
+/// for it.
 void complete_done(const std::shared_ptr<CommImpl>& impl, OpHandler handler, std::error_code ec);
 
 /// Starts a host operation for an async form: the fast path first, with the handler kept as it is
@@ -210,13 +221,15 @@ void start(const std::shared_ptr<CommImpl>& impl, OpArgs args, Handler handler) 
       [](void* h) { return OpHandler(Tracked<Handler>(std::move(*static_cast<Handler*>(h)))); },
       &handler};
   switch (try_fast(impl, args, ec, source)) {
-    case FastOutcome::done:
-      // Never inside the initiating call. A coroutine on the communicator's executor gets its
-      // completion posted straight there (the thread posting is the one that runs it).
-      if constexpr (std::is_same_v<boost::asio::associated_executor_t<Handler>,
-                                   boost::asio::any_io_executor>) {
-        auto ex = boost::asio::get_associated_executor(handler);
-        if (runs_here(impl, ex)) {
+    case FastOutcome::done: {
+      // Never inside the initiating call. A handler whose executor runs on this thread (a
+      // coroutine awaiting on its own event loop, or on the communicator's) gets its completion
+      // posted straight there: no other thread takes part. A handler without an executor of its
+      // own is completed from the proxy thread, as one of an operation queued there.
+      using Executor = boost::asio::associated_executor_t<Handler>;
+      if constexpr (!std::is_same_v<Executor, boost::asio::system_executor>) {
+        const Executor ex = boost::asio::get_associated_executor(handler);
+        if (completes_here(impl, ex)) {
           boost::asio::post(ex,
                             boost::asio::append(std::move(handler), boost::system::error_code(ec)));
           return;
@@ -224,6 +237,7 @@ void start(const std::shared_ptr<CommImpl>& impl, OpArgs args, Handler handler) 
       }
       complete_done(impl, OpHandler(Tracked<Handler>(std::move(handler))), ec);
       return;
+    }
     case FastOutcome::handed_over:
       return;
     case FastOutcome::declined:

@@ -3,8 +3,10 @@
 // "fast_path" runs with the proxy thread never asleep and no limit on the fast path's wait
 // (COCCL_SPIN_US large, set by the test), so that every eligible operation
 // takes it: the counters of CommStatus must count each one, and every result must match the
-// reference, from a blocking caller, from a coroutine on the proxy thread, and from several threads
-// with communicators of their own at once.
+// reference, from a blocking caller, from a coroutine on the proxy thread, from a coroutine and
+// from completion handlers on the caller's own io_context (each handler run there, never inside
+// the call that started its operation), from plain callbacks, and from several threads with
+// communicators of their own at once.
 //
 // "fast_mixed" runs the same cases on a communicator whose rank 0 alone has the fast path: what it
 // sends is taken by the slow path of the others, and what they send by its fast path.
@@ -22,8 +24,10 @@
 
 #include <algorithm>
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
@@ -208,6 +212,89 @@ void awaited_calls(Worker& w) {
   expect_taken(w, "awaited operations", count.taken(), k);
 }
 
+// Operations started on this thread and not yet returned from: a completion handler that runs
+// while one is under way runs inside the call that started an operation.
+thread_local int starting = 0;
+
+// A chain of all_reduces, each started by the completion handler of the one before. `loop` is
+// the thread the handlers must run on (none: any but one inside a starting call). Failures are
+// kept here and counted by the caller's thread afterwards (plain callbacks run on the proxy
+// thread).
+struct Chain {
+  Worker& w;
+  const char* what;
+  int left;
+  std::thread::id loop;
+  std::int64_t mine = 0, sum = 0;
+  std::vector<std::string> failures;
+  std::promise<void> finished;
+};
+
+// Starts the chain's next operation with a handler that `bind` wraps (binds to an executor, or
+// leaves as it is).
+template <typename Bind>
+void chain_step(Chain& c, Bind bind) {
+  const int i = c.left;
+  c.mine = (c.w.rank + 1) * std::int64_t{i};
+  ++starting;
+  c.w.comm.async_all_reduce(
+      &c.mine, &c.sum, 1, DataType::int64, ReduceOp::sum,
+      bind([&c, bind, i](boost::system::error_code ec) {
+        if (starting != 0) c.failures.push_back("completed inside the call that started it");
+        if (c.loop != std::thread::id() && std::this_thread::get_id() != c.loop)
+          c.failures.push_back("completed on another thread than its loop");
+        const std::int64_t want = static_cast<std::int64_t>(c.w.n) * (c.w.n + 1) / 2 * i;
+        if (ec || c.sum != want)
+          c.failures.push_back("operation " + std::to_string(i) + ": " + ec.message() + ", " +
+                               std::to_string(c.sum));
+        if (--c.left > 0)
+          chain_step(c, bind);
+        else
+          c.finished.set_value();
+      }));
+  --starting;
+}
+
+void expect_chain(Worker& w, Chain& c) {
+  for (const std::string& f : c.failures) w.fail(c.what, f);
+}
+
+// A program with its own event loop: a coroutine on an io_context of this thread, and completion
+// handlers bound to it, borrow the proxy thread's role; each completion is posted to the loop.
+// Plain callbacks (no executor of their own) complete from the proxy thread.
+void own_loop_calls(Worker& w) {
+  const int k = 50;
+  {
+    FastCount count(w.comm);
+    asio::io_context io;
+    auto done = asio::co_spawn(io, awaited_all_reduces(w, k), asio::use_future);
+    io.run();
+    done.get();
+    expect_taken(w, "operations awaited on the caller's loop", count.taken(), k);
+  }
+  {
+    FastCount count(w.comm);
+    asio::io_context io;
+    Chain c{w, "handlers bound to the caller's loop", k, std::this_thread::get_id(), 0, 0, {}, {}};
+    chain_step(c,
+               [ex = io.get_executor()](auto h) { return asio::bind_executor(ex, std::move(h)); });
+    io.run();
+    expect_chain(w, c);
+    if (c.left != 0)
+      w.fail(c.what, std::to_string(c.left) + " not completed when the loop ran out");
+    expect_taken(w, c.what, count.taken(), k);
+  }
+  {
+    FastCount count(w.comm);
+    Chain c{w, "plain callbacks", k, std::thread::id(), 0, 0, {}, {}};
+    auto finished = c.finished.get_future();
+    chain_step(c, [](auto h) { return h; });
+    finished.get();
+    expect_chain(w, c);
+    expect_taken(w, c.what, count.taken(), k);
+  }
+}
+
 // Three threads, each with a communicator of its own over the same ranks, all on the one proxy
 // thread, calling at once: they borrow its role in turn.
 void threads_and_communicators(Worker& w) {
@@ -249,6 +336,7 @@ void threads_and_communicators(Worker& w) {
 int run_fast_path(Worker& w) {
   blocking_calls(w);
   awaited_calls(w);
+  own_loop_calls(w);
   threads_and_communicators(w);
   return exit_ok;
 }
