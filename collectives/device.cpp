@@ -794,6 +794,9 @@ void notify_when_done(const std::shared_ptr<CommImpl>& impl, cuda_stream stream,
     }
     static_cast<EventPoller*>(poller.get())->add(ev, std::move(*h));
   });
+  // Posted from the caller's thread: a loop napping while callers borrow its role would otherwise
+  // start watching the event up to 1 ms late.
+  impl->thread().owe();
 }
 
 }  // namespace coccl::detail
