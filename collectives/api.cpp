@@ -246,8 +246,22 @@ FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::e
   return FastOutcome::declined;
 }
 
-bool completes_here(const std::shared_ptr<CommImpl>& impl, const asio::any_io_executor& ex) {
-  if (impl->thread().in_thread() && ex == impl->executor()) return true;
+bool on_loop(const std::shared_ptr<CommImpl>& impl, const asio::any_io_executor& ex) {
+  return impl->thread().in_thread() && ex == impl->executor();
+}
+
+void complete_on_loop(const std::shared_ptr<CommImpl>& impl, OpHandler handler,
+                      std::error_code ec) {
+  struct Completion final : runtime::Ready {
+    Completion(OpHandler h, std::error_code e) : handler(std::move(h)), ec(e) {}
+    void run() override { std::move(handler)(boost::system::error_code(ec)); }
+    OpHandler handler;
+    std::error_code ec;
+  };
+  impl->thread().complete_soon(std::make_unique<Completion>(std::move(handler), ec));
+}
+
+bool completes_here(const asio::any_io_executor& ex) {
   // An io_context's executor, as co_spawn and bind_executor store it, with or without a claim
   // of outstanding work.
   using Plain = asio::io_context::executor_type;

@@ -158,10 +158,10 @@ bool ProxyThread::take_role(std::chrono::nanoseconds patience, bool even_if_owed
 }
 
 void ProxyThread::give_back_role() noexcept {
-  // Coroutines parked on the loop's pollers wait for it: a napping proxy thread is woken now
-  // rather than at the end of its nap. Read while the role is still held (the pollers are the
-  // loop's state).
-  const bool pollers_wait = pollers_waiting();
+  // Coroutines parked on the loop's pollers, and completions listed for it (complete_soon), wait
+  // for it: a napping proxy thread is woken now rather than at the end of its nap. Read while
+  // the role is still held (both are the loop's state).
+  const bool pollers_wait = pollers_waiting() || !ready_.empty();
   role_held = nullptr;
   lent_.store(true, std::memory_order_relaxed);
   // Sequentially consistent, paired with hold_role()'s napping_ store and holder_ load: either the
@@ -195,6 +195,7 @@ bool ProxyThread::drive(const std::function<void()>& start, const std::atomic<in
     owed_.store(false, std::memory_order_relaxed);
     // One handler at a time: one that pins the loop is the last this thread runs.
     while (pinned_ == 0 && ctx_.poll_one() > 0) progress = true;
+    progress |= run_ready(true);
     if (done.load(std::memory_order_acquire) || ctx_.stopped() || pinned_ > 0 ||
         asking_.load(std::memory_order_relaxed) > 0)
       break;
@@ -282,6 +283,28 @@ void ProxyThread::run_deferred() {
   for (Deferred* d : due) d->run_deferred();
 }
 
+bool ProxyThread::run_ready(bool stop_when_pinned) {
+  // A completion resumes a coroutine that may start its next operation and list that one's
+  // completion in turn: up to about `budget` of them run before the loop looks at its pollers and
+  // its io_context again.
+  constexpr std::size_t budget = 256;
+  std::size_t n = 0;
+  while (n < budget && !ready_.empty()) {
+    due_.swap(ready_);
+    std::size_t i = 0;
+    for (; i < due_.size() && !(stop_when_pinned && pinned_ > 0); ++i, ++n) {
+      std::unique_ptr<Ready> r = std::move(due_[i]);
+      r->run();
+    }
+    // Pinned (a thread in drive() stops there): the rest go back ahead of those listed since.
+    ready_.insert(ready_.begin(), std::make_move_iterator(due_.begin() + static_cast<long>(i)),
+                  std::make_move_iterator(due_.end()));
+    due_.clear();
+    if (stop_when_pinned && pinned_ > 0) break;
+  }
+  return n > 0;
+}
+
 bool ProxyThread::pollers_waiting() const noexcept {
   return std::any_of(pollers_.begin(), pollers_.end(),
                      [](const Poller* p) { return p->waiting(); });
@@ -329,6 +352,7 @@ void ProxyThread::run() {
       polled = true;
     }
     if (ctx_.stopped()) break;
+    progress |= run_ready(false);
     // Nothing was ready: only now may the idle pollers act (virtual time must not pass while
     // anything could still run at the present time, a borrower's work just done included).
     if (!progress && polled && !lent)

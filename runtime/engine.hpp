@@ -73,6 +73,14 @@ class Deferred {
   ~Deferred() = default;
 };
 
+/// A completion that a proxy thread's loop runs itself (ProxyThread::complete_soon).
+class Ready {
+ public:
+  virtual ~Ready() = default;
+  /// Runs once, on the loop with its role held, outside the io_context.
+  virtual void run() = 0;
+};
+
 /// True when called from any proxy thread of this process: a blocking call there would stall the
 /// loop that has to complete it.
 bool on_proxy_thread() noexcept;
@@ -199,6 +207,12 @@ class ProxyThread {
   /// not listed), as its owner must before it is destroyed.
   void defer(Deferred* d);
   void cancel_deferred(Deferred* d);
+  /// In this loop (in_thread(), the role held): runs `r` once the handler or poller now running
+  /// has returned, before the loop's next visit to its io_context. What a coroutine on the
+  /// loop's executor awaits may complete at once (the fast path); posted to the io_context, each
+  /// such completion cost a visit of its reactor (an epoll_wait), about a third of an operation
+  /// awaited on one rank. Runs outside the io_context, as the pollers' resumptions do.
+  void complete_soon(std::unique_ptr<Ready> r) { ready_.push_back(std::move(r)); }
 
  private:
   friend class Poller;
@@ -247,6 +261,10 @@ class ProxyThread {
   std::vector<Deferred*> deferred_;
   std::chrono::steady_clock::time_point deferred_since_{};  // when deferred_ became non-empty
   void run_deferred();
+  // complete_soon()'s list, and running it (a thread in drive() stops once the loop is pinned):
+  // true if anything ran. due_ is the list being run, kept for its capacity.
+  std::vector<std::unique_ptr<Ready>> ready_, due_;
+  bool run_ready(bool stop_when_pinned);
   std::size_t pinned_ = 0;  // pin()s held, and registered pollers that are thread_bound()
   std::atomic<bool> stop_{false};
   std::thread thread_;

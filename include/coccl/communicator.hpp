@@ -195,13 +195,19 @@ struct HandlerSource {
 /// Runs `args` on the fast path if it can, on the calling thread, before the handler is made.
 FastOutcome try_fast(const std::shared_ptr<CommImpl>& impl, OpArgs& args, std::error_code& ec,
                      HandlerSource source);
-/// True where a handler bound to `ex` may simply be posted to it from this thread: on `impl`'s
-/// proxy thread when `ex` is the communicator's executor, or inside the run of the io_context
-/// that `ex` belongs to (the context outlives the post, and no other thread need be woken).
-bool completes_here(const std::shared_ptr<CommImpl>& impl, const boost::asio::any_io_executor& ex);
+/// True in `impl`'s loop (its proxy thread, or a thread running its rounds) when `ex` is the
+/// communicator's executor: the loop itself may run the handler (complete_on_loop).
+bool on_loop(const std::shared_ptr<CommImpl>& impl, const boost::asio::any_io_executor& ex);
+/// Runs `handler` with `ec` in `impl`'s loop once the calling handler has returned, without a
+/// visit to the io_context's reactor (ProxyThread::complete_soon); call where on_loop() holds.
+void complete_on_loop(const std::shared_ptr<CommImpl>& impl, OpHandler handler, std::error_code ec);
+/// True where a handler bound to `ex` may simply be posted to it from this thread: inside the
+/// run of the io_context that `ex` belongs to (the context outlives the post, and no other thread
+/// need be woken).
+bool completes_here(const boost::asio::any_io_executor& ex);
 /// completes_here() for an executor of another type: one that can tell it runs on this thread.
 template <typename Executor>
-bool completes_here(const std::shared_ptr<CommImpl>&, const Executor& ex) {
+bool completes_here(const Executor& ex) {
   if constexpr (requires { ex.running_in_this_thread(); })
     return ex.running_in_this_thread();
   else
@@ -222,14 +228,21 @@ void start(const std::shared_ptr<CommImpl>& impl, OpArgs args, Handler handler) 
       &handler};
   switch (try_fast(impl, args, ec, source)) {
     case FastOutcome::done: {
-      // Never inside the initiating call. A handler whose executor runs on this thread (a
-      // coroutine awaiting on its own event loop, or on the communicator's) gets its completion
-      // posted straight there: no other thread takes part. A handler without an executor of its
-      // own is completed from the proxy thread, as one of an operation queued there.
+      // Never inside the initiating call. A coroutine on the communicator's executor is resumed
+      // by the loop right after; a handler whose executor runs on this thread (a coroutine
+      // awaiting on its own event loop) gets its completion posted straight there: no other
+      // thread takes part. A handler without an executor of its own is completed from the proxy
+      // thread, as one of an operation queued there.
       using Executor = boost::asio::associated_executor_t<Handler>;
+      if constexpr (std::is_same_v<Executor, boost::asio::any_io_executor>) {
+        if (on_loop(impl, boost::asio::get_associated_executor(handler))) {
+          complete_on_loop(impl, OpHandler(std::move(handler)), ec);
+          return;
+        }
+      }
       if constexpr (!std::is_same_v<Executor, boost::asio::system_executor>) {
         const Executor ex = boost::asio::get_associated_executor(handler);
-        if (completes_here(impl, ex)) {
+        if (completes_here(ex)) {
           boost::asio::post(ex,
                             boost::asio::append(std::move(handler), boost::system::error_code(ec)));
           return;

@@ -111,6 +111,79 @@ TEST(ProxyThread, RunsPostedWorkOnTheProxyThread) {
   EXPECT_FALSE(t.in_thread());
 }
 
+// A Ready that records that it ran and whether it ran in the loop, may list another in turn, and
+// may signal that it ran.
+class Recorded final : public Ready {
+ public:
+  Recorded(ProxyThread& t, std::vector<int>& order, int id, int then = -1,
+           std::promise<void>* ran = nullptr)
+      : t_(t), order_(order), id_(id), then_(then), ran_(ran) {}
+  void run() override {
+    order_.push_back(id_);
+    in_loop_ = in_loop_ && t_.in_thread() && t_.owned_here();
+    if (then_ >= 0)
+      t_.complete_soon(std::make_unique<Recorded>(t_, order_, then_, -1, ran_));
+    else if (ran_)
+      ran_->set_value();
+  }
+  static inline bool in_loop_ = true;
+
+ private:
+  ProxyThread& t_;
+  std::vector<int>& order_;
+  int id_, then_;
+  std::promise<void>* ran_;
+};
+
+TEST(ProxyThread, RunsCompletionsListedByAHandlerAfterItInOrderOnItsThread) {
+  ProxyThread t(0);
+  std::vector<int> order;
+  Recorded::in_loop_ = true;
+  std::promise<void> last;
+  // Listed by a handler: none runs inside it; they run in the order listed, and one listed by a
+  // completion (a coroutine resumed that starts its next operation) runs after them.
+  asio::post(t.executor(), [&] {
+    t.complete_soon(std::make_unique<Recorded>(t, order, 1, 3, &last));
+    t.complete_soon(std::make_unique<Recorded>(t, order, 2));
+    order.push_back(0);
+  });
+  auto f = last.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(Recorded::in_loop_);
+}
+
+TEST(ProxyThread, RunsAChainOfCompletionsLongerThanOneRoundsBudget) {
+  ProxyThread t(0);
+  std::vector<int> order;
+  std::promise<void> last;
+  // Each lists the next, as a coroutine awaiting one fast operation after another does: the loop
+  // goes on past its per-round budget (256) in later rounds.
+  class Chain final : public Ready {
+   public:
+    Chain(ProxyThread& t, std::vector<int>& order, int left, std::promise<void>& last)
+        : t_(t), order_(order), left_(left), last_(last) {}
+    void run() override {
+      order_.push_back(left_);
+      if (left_ > 0)
+        t_.complete_soon(std::make_unique<Chain>(t_, order_, left_ - 1, last_));
+      else
+        last_.set_value();
+    }
+
+   private:
+    ProxyThread& t_;
+    std::vector<int>& order_;
+    int left_;
+    std::promise<void>& last_;
+  };
+  asio::post(t.executor(), [&] { t.complete_soon(std::make_unique<Chain>(t, order, 1000, last)); });
+  auto f = last.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(order.size(), 1001u);
+  for (int i = 0; i <= 1000; ++i) EXPECT_EQ(order[i], 1000 - i);
+}
+
 TEST(ProxyThread, KeepsVisitingAPollerThatHasWaiters) {
   ProxyThread t(0);
   FakePoller p(-1, /*waiting=*/true);
@@ -478,6 +551,52 @@ TEST(ProxyThreadDrive, APinnedLoopIsNotDrivenAndAPinStopsTheDriverAfterItsHandle
   EXPECT_TRUE(driven);
   done.wait(0, std::memory_order_acquire);
   EXPECT_TRUE(second_on_own.load());
+}
+
+TEST(ProxyThreadDrive, TheCallerRunsCompletionsItsHandlersListAndLeavesThemToTheLoopWhenPinned) {
+  test::ParamOverride spin(params::spin_us, awake_forever);
+  ProxyThread t(0);
+  on_thread(t, [] {});
+  std::vector<int> order;
+  Recorded::in_loop_ = true;
+  std::atomic<int> done{0};
+  // Listed by a handler the caller runs: the caller runs them too.
+  ASSERT_TRUE(t.drive(
+      [&] {
+        asio::post(t.executor(), [&] {
+          t.complete_soon(std::make_unique<Recorded>(t, order, 1));
+          t.complete_soon(std::make_unique<Recorded>(t, order, 2));
+        });
+      },
+      done, 10s, 10ms));
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_TRUE(Recorded::in_loop_);
+  // A handler that pins the loop and lists a completion: the caller stops, the proxy thread runs
+  // it.
+  std::promise<bool> on_own;
+  class OnOwn final : public Ready {
+   public:
+    OnOwn(ProxyThread& t, std::promise<bool>& p) : t_(t), p_(p) {}
+    void run() override {
+      t_.unpin();
+      p_.set_value(t_.on_own_thread());
+    }
+
+   private:
+    ProxyThread& t_;
+    std::promise<bool>& p_;
+  };
+  ASSERT_TRUE(t.drive(
+      [&] {
+        asio::post(t.executor(), [&] {
+          t.pin();
+          t.complete_soon(std::make_unique<OnOwn>(t, on_own));
+        });
+      },
+      done, 10s, 10s));
+  auto f = on_own.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(f.get());
 }
 
 TEST(ProxyThreadDrive, TheCallerStopsWhenAnotherThreadAsksForTheRole) {
