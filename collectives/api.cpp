@@ -128,6 +128,7 @@ void cancel_op(const std::weak_ptr<CommImpl>& impl, const std::weak_ptr<OpContro
   asio::post(comm->executor(), [comm, op, type] {
     if (auto o = op.lock()) comm->cancel(o, type);
   });
+  comm->thread().owe();
 }
 
 // The control of an operation: made when the caller's handler has a cancellation slot (wired to
@@ -403,7 +404,7 @@ Communicator create_from_book(transport::AddressBook& book, const transport::Sec
   auto impl = std::make_shared<CommImpl>(engine(), secret, rank, nranks, CommunicatorOptions{},
                                          memory, std::move(traffic));
   // The launcher's calls block: they run here, the communicator's own steps on its thread.
-  auto on_proxy = [&](auto fn) { runtime::run_on(impl->executor(), fn); };
+  auto on_proxy = [&](auto fn) { runtime::run_on(impl->thread(), fn); };
   try {
     transport::PeerInfo self{};
     on_proxy([&] { self = impl->peers().self_info(); });
