@@ -474,6 +474,9 @@ void spawn(const std::shared_ptr<CommImpl>& impl, asio::awaitable<Communicator> 
             }
             runtime::complete_later(ex, std::move(*h), ec, std::move(comm));
           }));
+  // Started from the caller's thread: a loop napping while callers borrow its role would begin
+  // the split only at the nap's end.
+  impl->thread().owe();
 }
 
 // Completes `handler` with `ec` (nothing started).
