@@ -5,9 +5,9 @@
 // takes it: the counters of CommStatus must count each one, and every result must match the
 // reference, from a blocking caller, from a coroutine on the proxy thread, from a coroutine and
 // from completion handlers on the caller's own io_context (each handler run there, never inside
-// the call that started its operation), from plain callbacks, from a coroutine on the proxy thread
-// beside a blocking caller on another communicator, and from several threads with communicators
-// of their own at once.
+// the call that started its operation), from futures, from plain callbacks, from a coroutine on
+// the proxy thread beside a blocking caller on another communicator, and from several threads
+// with communicators of their own at once.
 //
 // "fast_mixed" runs the same cases on a communicator whose rank 0 alone has the fast path: what it
 // sends is taken by the slow path of the others, and what they send by its fast path.
@@ -284,6 +284,18 @@ void own_loop_calls(Worker& w) {
     if (c.left != 0)
       w.fail(c.what, std::to_string(c.left) + " not completed when the loop ran out");
     expect_taken(w, c.what, count.taken(), k);
+  }
+  {
+    // Futures: the promise is set from the proxy thread.
+    FastCount count(w.comm);
+    for (int i = 1; i <= k; ++i) {
+      std::int64_t mine = (w.rank + 1) * std::int64_t{i}, sum = 0;
+      w.comm.async_all_reduce(&mine, &sum, 1, DataType::int64, ReduceOp::sum, asio::use_future)
+          .get();
+      const std::int64_t want = static_cast<std::int64_t>(w.n) * (w.n + 1) / 2 * i;
+      if (sum != want) w.fail("use_future all_reduce " + std::to_string(i), std::to_string(sum));
+    }
+    expect_taken(w, "operations awaited through futures", count.taken(), k);
   }
   {
     FastCount count(w.comm);
