@@ -5,9 +5,8 @@
 // takes it: the counters of CommStatus must count each one, and every result must match the
 // reference, from a blocking caller, from a coroutine on the proxy thread, from a coroutine and
 // from completion handlers on the caller's own io_context (each handler run there, never inside
-// the call that started its operation), from futures, from plain callbacks, from a coroutine on
-// the proxy thread beside a blocking caller on another communicator, and from several threads
-// with communicators of their own at once.
+// the call that started its operation), from futures, from plain callbacks, and from several
+// threads with communicators of their own at once.
 //
 // "fast_mixed" runs the same cases on a communicator whose rank 0 alone has the fast path: what it
 // sends is taken by the slow path of the others, and what they send by its fast path.
@@ -308,28 +307,6 @@ void own_loop_calls(Worker& w) {
   }
 }
 
-// A coroutine on the proxy thread awaits operations on one communicator while this thread makes
-// blocking calls on another of the same proxy thread: the coroutine's completions, run by the
-// loop itself, interleave with the caller borrowing the loop's role. Every result must match.
-void coroutine_beside_blocking_caller(Worker& w) {
-  Communicator other = w.comm.split(0, w.rank);
-  all_reduce_case(w, other, DataType::int32, ReduceOp::sum, 1, false);  // makes its links
-  // The coroutine's failures are its own (it runs on the proxy thread), counted afterwards.
-  Worker on_loop;
-  on_loop.scenario = w.scenario;
-  on_loop.rank = w.rank;
-  on_loop.n = w.n;
-  on_loop.comm = w.comm;
-  auto awaited =
-      asio::co_spawn(w.comm.executor(), awaited_all_reduces(on_loop, 300), asio::use_future);
-  for (int j = 0; j < 300; ++j)
-    all_reduce_case(w, other, DataType::int32, ReduceOp::sum, 1 + j % 7, j % 2,
-                    200000 + static_cast<std::uint64_t>(j));
-  awaited.get();
-  w.failures += on_loop.failures;
-  other.destroy();
-}
-
 // Three threads, each with a communicator of its own over the same ranks, all on the one proxy
 // thread, calling at once: they borrow its role in turn.
 void threads_and_communicators(Worker& w) {
@@ -372,7 +349,6 @@ int run_fast_path(Worker& w) {
   blocking_calls(w);
   awaited_calls(w);
   own_loop_calls(w);
-  coroutine_beside_blocking_caller(w);
   threads_and_communicators(w);
   return exit_ok;
 }
