@@ -161,13 +161,13 @@ void ProxyThread::give_back_role() noexcept {
   // Coroutines parked on the loop's pollers, and completions listed for it (complete_soon), wait
   // for it: a napping proxy thread is woken now rather than at the end of its nap. Read while
   // the role is still held (both are the loop's state).
-  const bool pollers_wait = pollers_waiting() || !ready_.empty();
+  const bool loop_awaited = pollers_waiting() || !ready_.empty();
   role_held = nullptr;
   lent_.store(true, std::memory_order_relaxed);
   // Sequentially consistent, paired with hold_role()'s napping_ store and holder_ load: either the
   // nap sees the role free and is not begun, or this sees napping_ and wakes it.
   holder_.store(free_role, std::memory_order_seq_cst);
-  if (pollers_wait && napping_.load(std::memory_order_seq_cst)) wake_nap();
+  if (loop_awaited && napping_.load(std::memory_order_seq_cst)) wake_nap();
 }
 
 bool ProxyThread::drive(const std::function<void()>& start, const std::atomic<int>& done,
